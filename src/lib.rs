@@ -1,1 +1,30 @@
-//! lockhub
+//! # lockhub
+//!
+//! A daemon for a building's hub that decides, offline, who may open its
+//! doors. It keeps a SQLite mirror of door keys that the cloud signs and
+//! sends over MQTT, and answers lock boards that speak a framed serial
+//! protocol.
+//!
+//! ## Layout
+//! Pure decisions sit in the middle; I/O sits at the edges and only calls them.
+//!
+//! | module | what lives there |
+//! |---|---|
+//! | [`config`] | `hub.toml` + `secrets.toml`: parsing, every rule, spans for errors |
+//! | [`time`] | [`time::Timestamp`], RFC 3339, the effective clock |
+//! | [`crypto`] | PIN tags (HMAC-SHA256), base64url, hub signatures |
+//! | [`event`] | the cloud's events and the hub's results as plain data |
+//! | [`verify`] | step 1 of an event: size, envelope, signer, `verify_strict`, ids |
+//! | [`lifecycle`] | the key state machine and the plan for one event (pure) |
+//! | [`door`] | the door decision and the lockout rules (pure) |
+//! | [`store`] | the SQLite mirror: migrations, the writer thread, reads |
+//!
+//! `migrations/` holds the schema as append-only SQL files; the invariants of
+//! mqtt.md are enforced there, by SQLite, as the last line of defence.
+
+pub mod config;
+pub mod crypto;
+pub mod event;
+pub mod event;
+pub mod time;
+pub mod verify;
