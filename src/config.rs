@@ -119,7 +119,10 @@ pub struct PinKey {
 
 impl std::fmt::Debug for PinKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PinKey").field("id", &self.id).field("secret", &"<redacted>").finish()
+        f.debug_struct("PinKey")
+            .field("id", &self.id)
+            .field("secret", &"<redacted>")
+            .finish()
     }
 }
 
@@ -150,7 +153,10 @@ impl Config {
 
     /// `P/S/H/<leaf>` for this hub.
     pub fn topic(&self, leaf: &str) -> String {
-        format!("{}/{}/{}/{}", self.mqtt.topic_prefix, self.hub.site_id, self.hub.hub_id, leaf)
+        format!(
+            "{}/{}/{}/{}",
+            self.mqtt.topic_prefix, self.hub.site_id, self.hub.hub_id, leaf
+        )
     }
 
     /// The SQLite file inside `data_dir`.

@@ -92,7 +92,8 @@ fn signed_message(context: &[u8], body: &[u8]) -> Vec<u8> {
 /// Strict Ed25519 verification under a domain context.
 pub fn verify(context: &[u8], key: &VerifyingKey, body: &[u8], sig: &[u8; 64]) -> bool {
     let sig = Signature::from_bytes(sig);
-    key.verify_strict(&signed_message(context, body), &sig).is_ok()
+    key.verify_strict(&signed_message(context, body), &sig)
+        .is_ok()
 }
 
 /// Signs a body under a domain context.
@@ -119,7 +120,10 @@ mod tests {
     #[test]
     fn pin_tag_matches_the_vector() {
         let key = b64u_decode_32("7DSziFstzn18m4kT0DnCq0jReWQxAnkgKl6pfph4WsY").unwrap();
-        assert_eq!(b64u_encode(&pin_tag(&key, b"482913")), "hvm_pP9YTc-eyIwtdnLrzLmxWn26dD2b6tlyRlDbl3Q");
+        assert_eq!(
+            b64u_encode(&pin_tag(&key, b"482913")),
+            "hvm_pP9YTc-eyIwtdnLrzLmxWn26dD2b6tlyRlDbl3Q"
+        );
     }
 
     #[test]
@@ -134,7 +138,10 @@ mod tests {
     fn the_vector_hub_key_has_the_registered_public_key() {
         let seed = b64u_decode_32("qTouxiikSj0xOqGF1EY1r3wDRaCaaT-XQQUqNoXtCgU").unwrap();
         let key = SigningKey::from_bytes(&seed);
-        assert_eq!(b64u_encode(key.verifying_key().as_bytes()), "hnxZGkSHul8kFkNda3meL_Y5hD-IGBBTJ6T2hvrbnJI");
+        assert_eq!(
+            b64u_encode(key.verifying_key().as_bytes()),
+            "hnxZGkSHul8kFkNda3meL_Y5hD-IGBBTJ6T2hvrbnJI"
+        );
     }
 
     #[test]
@@ -142,7 +149,10 @@ mod tests {
         // The identity point (small order).
         let mut identity = [0u8; 32];
         identity[0] = 1;
-        assert_eq!(parse_public_key(&b64u_encode(&identity)), Err(KeyError::Weak));
+        assert_eq!(
+            parse_public_key(&b64u_encode(&identity)),
+            Err(KeyError::Weak)
+        );
         assert_eq!(parse_public_key("AAAA"), Err(KeyError::NotThirtyTwoBytes));
         assert!(parse_public_key("vpDAfBqmiMog0GAAR6GMchsmx2iCa19aGlMs764g2M0").is_ok());
     }

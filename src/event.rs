@@ -189,10 +189,23 @@ pub struct Grant {
 /// One change a batch may carry (no nested batch, no checkpoint).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
-    KeyIssued { key: Grant, supersedes: Vec<String> },
-    KeyRevoked { key_id: String, version: u64, reason: String },
-    CheckinCompleted { reservation_id: String, check_in_id: String, key: Grant },
-    GuestErased { holder_ref: String },
+    KeyIssued {
+        key: Grant,
+        supersedes: Vec<String>,
+    },
+    KeyRevoked {
+        key_id: String,
+        version: u64,
+        reason: String,
+    },
+    CheckinCompleted {
+        reservation_id: String,
+        check_in_id: String,
+        key: Grant,
+    },
+    GuestErased {
+        holder_ref: String,
+    },
 }
 
 /// What a verified body asks for.
@@ -201,7 +214,9 @@ pub enum EventKind {
     Change(Change),
     /// Up to [`MAX_BATCH_ITEMS`] changes in one transaction.
     Batch(Vec<Change>),
-    Checkpoint { head_seq: u64 },
+    Checkpoint {
+        head_seq: u64,
+    },
 }
 
 pub const MAX_BATCH_ITEMS: usize = 500;

@@ -25,6 +25,5 @@
 pub mod config;
 pub mod crypto;
 pub mod event;
-pub mod event;
 pub mod time;
 pub mod verify;

@@ -35,7 +35,10 @@ impl Timestamp {
         // The `time` parser accepts some forms RFC 3339 does not (lowercase
         // `t`/`z`, leap second 60); reject what the contract does not name.
         let b = s.as_bytes();
-        if b.len() < 20 || b[10] != b'T' || !(s.ends_with('Z') || s.contains('+') || s[10..].contains('-')) {
+        if b.len() < 20
+            || b[10] != b'T'
+            || !(s.ends_with('Z') || s.contains('+') || s[10..].contains('-'))
+        {
             return Err(TimeError::NotRfc3339);
         }
         if let Some(dot) = s.find('.') {
@@ -47,7 +50,9 @@ impl Timestamp {
         let dt = OffsetDateTime::parse(s, &Rfc3339).map_err(|_| TimeError::NotRfc3339)?;
         let nanos = dt.unix_timestamp_nanos();
         let micros = nanos.div_euclid(1000);
-        i64::try_from(micros).map(Timestamp).map_err(|_| TimeError::OutOfRange)
+        i64::try_from(micros)
+            .map(Timestamp)
+            .map_err(|_| TimeError::OutOfRange)
     }
 
     /// Formats as RFC 3339 in UTC with microseconds (`2026-11-29T12:00:00.000000Z`).
@@ -124,7 +129,13 @@ mod tests {
 
     #[test]
     fn refuses_dates_without_offset_or_in_other_shapes() {
-        for s in ["2026-11-29T12:00:00", "2026-11-29 12:00:00Z", "yesterday", "", "2026-11-29t12:00:00z"] {
+        for s in [
+            "2026-11-29T12:00:00",
+            "2026-11-29 12:00:00Z",
+            "yesterday",
+            "",
+            "2026-11-29t12:00:00z",
+        ] {
             assert!(Timestamp::parse_rfc3339(s).is_err(), "{s}");
         }
     }
