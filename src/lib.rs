@@ -25,5 +25,6 @@
 pub mod config;
 pub mod crypto;
 pub mod event;
+pub mod store;
 pub mod time;
 pub mod verify;

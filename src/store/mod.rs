@@ -1,0 +1,509 @@
+//! The SQLite mirror: one file, one writer thread, many readers.
+//!
+//! ## Why it is shaped like this
+//! - **Durability.** WAL with `synchronous=FULL`: a commit that returned has
+//!   reached the disk, so an MQTT ack sent after it can never outlive a power
+//!   cut. `quick_check` at open turns a damaged file into a clear error.
+//! - **One owner.** A single thread owns the write connection and runs every
+//!   write inside `BEGIN IMMEDIATE`. Nothing else writes, so there is no
+//!   writer-vs-writer `SQLITE_BUSY` and no interleaving to reason about.
+//! - **Group commit.** Jobs queue on a bounded channel; the writer runs as
+//!   many as are waiting (within a small time budget) in one transaction, each
+//!   inside its own savepoint so one failure rolls back alone, then commits
+//!   once and only then answers every job. Under a flood many events share one
+//!   fsync; each caller still learns of its own job only after the commit.
+//! - **The door first.** Jobs marked [`Priority::Door`] jump the queue, so a
+//!   keypad entry waits for at most one small group, not the whole flood.
+//! - **Invariants in SQL.** The schema (`migrations/`) refuses illegal states
+//!   with constraints and triggers; the Rust code above it is not trusted to
+//!   keep them.
+//!
+//! Store functions are plain `fn(&Connection, ...) -> Result<_, StoreError>`
+//! in the submodules; callers run them on the writer with [`Store::write`].
+
+pub mod alerts;
+pub mod audit;
+mod migrate;
+pub mod outbox;
+
+pub use migrate::{MIGRATIONS, schema_version};
+
+use crate::config::Policy;
+use rusqlite::{Connection, OpenFlags};
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot};
+
+/// How long any connection waits on a lock before giving up.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// Jobs that may wait for the writer; senders wait (asynchronously) past it.
+const QUEUE_DEPTH: usize = 4096;
+/// At most this many jobs share one transaction...
+const MAX_GROUP: usize = 512;
+/// ...and a group stops taking new jobs after this much work, so a door
+/// entry queued behind a flood waits for one short group at most.
+const GROUP_BUDGET: Duration = Duration::from_millis(4);
+
+/// The store boundary's errors.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot open database {path}: {source}")]
+    Open {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
+    #[error("database {path} is damaged: {detail}")]
+    Corrupt { path: PathBuf, detail: String },
+    #[error(
+        "database {path} has schema version {found}, newer than this lockhub knows ({known}); \
+         run a newer lockhub or restore a backup"
+    )]
+    TooNew {
+        path: PathBuf,
+        found: i64,
+        known: i64,
+    },
+    #[error("database {path}: cannot enable {what}")]
+    Pragma { path: PathBuf, what: &'static str },
+    #[error("migration {name} failed: {source}")]
+    Migration {
+        name: &'static str,
+        source: rusqlite::Error,
+    },
+    #[error("cannot create data folder {path}: {source}")]
+    DataDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("the store is closed")]
+    Closed,
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl StoreError {
+    /// The message of a `RAISE(ABORT, ...)` or constraint that refused a write.
+    pub fn constraint_message(&self) -> Option<&str> {
+        match self {
+            StoreError::Sqlite(rusqlite::Error::SqliteFailure(e, msg))
+                if e.code == rusqlite::ErrorCode::ConstraintViolation =>
+            {
+                Some(msg.as_deref().unwrap_or(""))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Whether a job may jump the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Priority {
+    /// A door is waiting on this answer.
+    Door,
+    /// Ingest, outbox bookkeeping, sweeps.
+    Bulk,
+}
+
+/// What a job gives back to the writer: did it succeed (keep its savepoint),
+/// and how to answer its caller once the group's commit is known.
+type Finish = Box<dyn FnOnce(Result<(), &StoreError>) + Send>;
+type JobFn = Box<dyn FnOnce(&Connection) -> (bool, Finish) + Send>;
+
+struct Job {
+    priority: Priority,
+    run: JobFn,
+}
+
+/// A handle to the mirror. Cheap to clone; the writer thread stops when the
+/// last handle is dropped or [`Store::close`] is called.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    path: PathBuf,
+    tx: Mutex<Option<mpsc::Sender<Job>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Ok(mut tx) = self.tx.lock() {
+            tx.take();
+        }
+        if let Some(h) = self.thread.lock().ok().and_then(|mut t| t.take()) {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Opens a connection with the pragmas every lockhub connection needs.
+fn connect(path: &Path, flags: OpenFlags) -> Result<Connection, StoreError> {
+    let conn = Connection::open_with_flags(path, flags).map_err(|source| StoreError::Open {
+        path: path.to_owned(),
+        source,
+    })?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    let corrupt = |e: rusqlite::Error| StoreError::Corrupt {
+        path: path.to_owned(),
+        detail: e.to_string(),
+    };
+    conn.pragma_update(None, "foreign_keys", true)
+        .map_err(corrupt)?;
+    let fk: bool = conn
+        .pragma_query_value(None, "foreign_keys", |r| r.get(0))
+        .map_err(corrupt)?;
+    if !fk {
+        return Err(StoreError::Pragma {
+            path: path.to_owned(),
+            what: "foreign keys",
+        });
+    }
+    Ok(conn)
+}
+
+/// Opens the writer's connection: WAL, `synchronous=FULL`, `secure_delete`,
+/// then `quick_check`.
+fn connect_writer(path: &Path) -> Result<Connection, StoreError> {
+    let conn = connect(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
+    )?;
+    let corrupt = |e: rusqlite::Error| StoreError::Corrupt {
+        path: path.to_owned(),
+        detail: e.to_string(),
+    };
+    let mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
+        .map_err(corrupt)?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(StoreError::Pragma {
+            path: path.to_owned(),
+            what: "WAL journal mode",
+        });
+    }
+    // FULL, not NORMAL: in WAL mode NORMAL may lose the last commits on power
+    // loss, and an acked event must survive one.
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(corrupt)?;
+    let sync: i64 = conn
+        .pragma_query_value(None, "synchronous", |r| r.get(0))
+        .map_err(corrupt)?;
+    if sync != 2 {
+        return Err(StoreError::Pragma {
+            path: path.to_owned(),
+            what: "synchronous=FULL",
+        });
+    }
+    // Guest erasure must not leave names in free pages.
+    conn.pragma_update(None, "secure_delete", true)
+        .map_err(corrupt)?;
+    let check: String = conn
+        .pragma_query_value(None, "quick_check", |r| r.get(0))
+        .map_err(corrupt)?;
+    if check != "ok" {
+        return Err(StoreError::Corrupt {
+            path: path.to_owned(),
+            detail: check,
+        });
+    }
+    Ok(conn)
+}
+
+impl Store {
+    /// Opens (creating if needed) the database at `path`, migrates it, writes
+    /// the retention policy the triggers use, and starts the writer thread.
+    pub fn open(path: &Path, policy: &Policy) -> Result<Store, StoreError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|source| StoreError::DataDir {
+                path: dir.to_owned(),
+                source,
+            })?;
+        }
+        let mut conn = connect_writer(path)?;
+        migrate::migrate(&mut conn, path)?;
+        conn.execute(
+            "UPDATE policy SET dedupe_retention_days = ?1, audit_retention_days = ?2, max_grant_days = ?3
+             WHERE id = 1",
+            (policy.dedupe_retention_days, policy.audit_retention_days, policy.max_grant_days),
+        )?;
+
+        let (tx, rx) = mpsc::channel::<Job>(QUEUE_DEPTH);
+        let thread = std::thread::Builder::new()
+            .name("lockhub-writer".into())
+            .spawn(move || writer_loop(conn, rx))
+            .map_err(|e| StoreError::Invalid(format!("cannot start the writer thread: {e}")))?;
+        Ok(Store {
+            inner: Arc::new(Inner {
+                path: path.to_owned(),
+                tx: Mutex::new(Some(tx)),
+                thread: Mutex::new(Some(thread)),
+            }),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// A new read-only connection (WAL readers never block the writer).
+    pub fn reader(&self) -> Result<Connection, StoreError> {
+        let conn = connect(&self.inner.path, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+        conn.pragma_update(None, "query_only", true)?;
+        Ok(conn)
+    }
+
+    fn sender(&self) -> Result<mpsc::Sender<Job>, StoreError> {
+        self.inner
+            .tx
+            .lock()
+            .map_err(|_| StoreError::Closed)?
+            .clone()
+            .ok_or(StoreError::Closed)
+    }
+
+    fn job<T, F>(priority: Priority, f: F) -> (Job, oneshot::Receiver<Result<T, StoreError>>)
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let (reply, rx) = oneshot::channel();
+        let run: JobFn = Box::new(move |conn| {
+            let result = f(conn);
+            let ok = result.is_ok();
+            let finish: Finish = Box::new(move |commit| {
+                let out = match (result, commit) {
+                    (Ok(v), Ok(())) => Ok(v),
+                    (Ok(_), Err(e)) => Err(StoreError::Invalid(format!("commit failed: {e}"))),
+                    (Err(e), _) => Err(e),
+                };
+                let _ = reply.send(out);
+            });
+            (ok, finish)
+        });
+        (Job { priority, run }, rx)
+    }
+
+    /// Runs `f` on the writer thread inside the current group transaction and
+    /// resolves once that transaction has committed (or with the job's own
+    /// error, in which case everything `f` did was rolled back).
+    pub async fn write<T, F>(&self, priority: Priority, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let (job, rx) = Self::job(priority, f);
+        self.sender()?
+            .send(job)
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        rx.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// [`Store::write`] for threads outside the async runtime (CLI, tests).
+    pub fn write_blocking<T, F>(&self, priority: Priority, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let (job, rx) = Self::job(priority, f);
+        self.sender()?
+            .blocking_send(job)
+            .map_err(|_| StoreError::Closed)?;
+        rx.blocking_recv().map_err(|_| StoreError::Closed)?
+    }
+
+    /// Stops the writer after the jobs already queued, and waits for it: the
+    /// database is closed cleanly when this returns (if no other handle is
+    /// still open).
+    pub fn close(self) {
+        if let Ok(mut tx) = self.inner.tx.lock() {
+            tx.take();
+        }
+        let handle = self.inner.thread.lock().ok().and_then(|mut t| t.take());
+        if let Some(h) = handle {
+            let _ = h.join();
+        }
+    }
+}
+
+/// The writer thread: group jobs into transactions until every sender is gone.
+fn writer_loop(conn: Connection, mut rx: mpsc::Receiver<Job>) {
+    let mut pending: VecDeque<Job> = VecDeque::new();
+    loop {
+        if pending.is_empty() {
+            match rx.blocking_recv() {
+                Some(job) => pending.push_back(job),
+                None => break,
+            }
+        }
+        // Take everything already waiting; door jobs go to the front.
+        while pending.len() < MAX_GROUP {
+            match rx.try_recv() {
+                Ok(job) if job.priority == Priority::Door => {
+                    let at = pending
+                        .iter()
+                        .position(|j| j.priority != Priority::Door)
+                        .unwrap_or(pending.len());
+                    pending.insert(at, job);
+                }
+                Ok(job) => pending.push_back(job),
+                Err(_) => break,
+            }
+        }
+        run_group(&conn, &mut pending);
+    }
+    // Dropping the connection checkpoints the WAL when it is the last one.
+    drop(conn);
+}
+
+/// Runs jobs from the front of `pending` in one transaction and commits.
+fn run_group(conn: &Connection, pending: &mut VecDeque<Job>) {
+    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        let err = StoreError::Sqlite(e);
+        // Nothing ran; fail just the first job so a persistent error cannot
+        // spin, and let the rest try again.
+        if let Some(job) = pending.pop_front() {
+            let (_, finish) = (job.run)(conn);
+            finish(Err(&err));
+        }
+        return;
+    }
+    let started = Instant::now();
+    let mut finishes: Vec<Finish> = Vec::new();
+    while let Some(job) = pending.pop_front() {
+        if conn.execute_batch("SAVEPOINT job").is_err() {
+            pending.push_front(job);
+            break;
+        }
+        let (ok, finish) = (job.run)(conn);
+        let closed = if ok {
+            conn.execute_batch("RELEASE job")
+        } else {
+            conn.execute_batch("ROLLBACK TO job; RELEASE job")
+        };
+        finishes.push(finish);
+        if closed.is_err() || started.elapsed() >= GROUP_BUDGET || finishes.len() >= MAX_GROUP {
+            break;
+        }
+    }
+    match conn.execute_batch("COMMIT") {
+        Ok(()) => finishes.into_iter().for_each(|f| f(Ok(()))),
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            let err = StoreError::Sqlite(e);
+            finishes.into_iter().for_each(|f| f(Err(&err)));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open_temp() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("lockhub.db"), &Policy::default()).unwrap();
+        (dir, store)
+    }
+
+    #[test]
+    fn a_fresh_database_is_wal_full_and_at_the_latest_schema() {
+        let (_dir, store) = open_temp();
+        let r = store.reader().unwrap();
+        let mode: String = r
+            .pragma_query_value(None, "journal_mode", |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+        assert_eq!(schema_version(&r).unwrap(), MIGRATIONS.len() as i64);
+    }
+
+    #[test]
+    fn a_failed_job_rolls_back_alone_and_its_neighbours_commit() {
+        let (_dir, store) = open_temp();
+        let ok = store.write_blocking(Priority::Bulk, |c| {
+            c.execute("UPDATE time_floor SET floor = 10 WHERE id = 1", [])?;
+            Ok(())
+        });
+        assert!(ok.is_ok());
+        let bad = store.write_blocking(Priority::Bulk, |c| {
+            c.execute("UPDATE time_floor SET floor = 20 WHERE id = 1", [])?;
+            Err::<(), _>(StoreError::Invalid("no".into()))
+        });
+        assert!(bad.is_err());
+        let floor: i64 = store
+            .reader()
+            .unwrap()
+            .query_row("SELECT floor FROM time_floor", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(floor, 10);
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_database_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lockhub.db");
+        std::fs::write(&path, vec![0x42u8; 8192]).unwrap();
+        let err = Store::open(&path, &Policy::default())
+            .err()
+            .expect("must refuse");
+        assert!(
+            matches!(err, StoreError::Corrupt { .. } | StoreError::Open { .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_database_newer_than_the_binary_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lockhub.db");
+        drop(Store::open(&path, &Policy::default()).unwrap());
+        let c = Connection::open(&path).unwrap();
+        c.pragma_update(None, "user_version", 999).unwrap();
+        drop(c);
+        let err = Store::open(&path, &Policy::default())
+            .err()
+            .expect("must refuse");
+        assert!(
+            matches!(err, StoreError::TooNew { found: 999, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("newer than this lockhub knows"));
+    }
+
+    #[test]
+    fn many_concurrent_writers_all_commit() {
+        let (_dir, store) = open_temp();
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let s = store.clone();
+                std::thread::spawn(move || {
+                    for i in 0..50i64 {
+                        s.write_blocking(Priority::Bulk, move |c| {
+                            c.execute(
+                                "INSERT INTO seq_seen (seq) VALUES (?1)",
+                                [t * 1000 + i + 1],
+                            )?;
+                            Ok(())
+                        })
+                        .unwrap();
+                    }
+                })
+            })
+            .collect();
+        threads.into_iter().for_each(|t| t.join().unwrap());
+        let n: i64 = store
+            .reader()
+            .unwrap()
+            .query_row("SELECT count(*) FROM seq_seen", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, 400);
+    }
+}

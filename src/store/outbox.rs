@@ -1,0 +1,136 @@
+//! The outbox: everything the hub must tell the cloud, written in the same
+//! transaction as what caused it, so a crash can neither lose a record nor
+//! publish one for a change that never committed.
+//!
+//! Rows hold the *body*; the publisher signs it into a hub envelope when it
+//! sends. A row is marked sent only after the broker's PUBACK; unsent rows are
+//! never pruned (the schema refuses it).
+
+use super::StoreError;
+use crate::time::Timestamp;
+use rusqlite::{Connection, OptionalExtension, params};
+
+/// The hub -> cloud topics that carry signed envelopes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Topic {
+    Results,
+    Audit,
+    Alerts,
+    Sync,
+}
+
+impl Topic {
+    /// The topic's last path segment, also its name in the `outbox` table.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Topic::Results => "results",
+            Topic::Audit => "audit",
+            Topic::Alerts => "alerts",
+            Topic::Sync => "sync",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "results" => Topic::Results,
+            "audit" => Topic::Audit,
+            "alerts" => Topic::Alerts,
+            "sync" => Topic::Sync,
+            _ => return None,
+        })
+    }
+}
+
+/// One unsent record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxRow {
+    pub id: i64,
+    pub topic: Topic,
+    pub body: Vec<u8>,
+}
+
+/// Queues a body for publication. Call inside the transaction that caused it.
+pub fn enqueue(
+    conn: &Connection,
+    topic: Topic,
+    body: &[u8],
+    audit_id: Option<&str>,
+    now: Timestamp,
+) -> Result<i64, StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO outbox (topic, body, audit_id, created_at) VALUES (?1, ?2, ?3, ?4)",
+    )?
+    .execute(params![topic.as_str(), body, audit_id, now.0])?;
+    Ok(conn.last_insert_rowid())
+}
+
+/// The oldest unsent rows, in the order they were written.
+pub fn unsent(
+    conn: &Connection,
+    after_id: i64,
+    limit: usize,
+) -> Result<Vec<OutboxRow>, StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT id, topic, body FROM outbox WHERE sent_at IS NULL AND id > ?1 ORDER BY id LIMIT ?2",
+    )?;
+    let rows = stmt.query_map(params![after_id, limit as i64], |r| {
+        Ok((
+            r.get::<_, i64>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, Vec<u8>>(2)?,
+        ))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (id, topic, body) = row?;
+        let topic = Topic::parse(&topic)
+            .ok_or_else(|| StoreError::Invalid(format!("outbox row {id}: topic")))?;
+        out.push(OutboxRow { id, topic, body });
+    }
+    Ok(out)
+}
+
+/// Marks rows sent (the broker acknowledged them); audit rows behind them
+/// become eligible for retention.
+pub fn mark_sent(conn: &Connection, ids: &[i64], now: Timestamp) -> Result<(), StoreError> {
+    let mut row =
+        conn.prepare_cached("UPDATE outbox SET sent_at = ?2 WHERE id = ?1 AND sent_at IS NULL")?;
+    let mut audit = conn.prepare_cached(
+        "UPDATE audit SET acked_at = ?2
+          WHERE acked_at IS NULL AND audit_id = (SELECT audit_id FROM outbox WHERE id = ?1)",
+    )?;
+    for id in ids {
+        row.execute(params![id, now.0])?;
+        audit.execute(params![id, now.0])?;
+    }
+    Ok(())
+}
+
+/// How many rows wait to be sent.
+pub fn depth(conn: &Connection) -> Result<u64, StoreError> {
+    let n: i64 = conn
+        .prepare_cached("SELECT count(*) FROM outbox WHERE sent_at IS NULL")?
+        .query_row([], |r| r.get(0))?;
+    Ok(n as u64)
+}
+
+/// Deletes sent rows older than `before`. Unsent rows are never touched.
+pub fn prune_sent(conn: &Connection, before: Timestamp) -> Result<usize, StoreError> {
+    Ok(conn.execute(
+        "DELETE FROM outbox WHERE sent_at IS NOT NULL AND sent_at < ?1",
+        [before.0],
+    )?)
+}
+
+/// The oldest unsent row's creation time, if any.
+pub fn oldest_unsent(conn: &Connection) -> Result<Option<Timestamp>, StoreError> {
+    Ok(conn
+        .query_row(
+            "SELECT min(created_at) FROM outbox WHERE sent_at IS NULL",
+            [],
+            |r| r.get::<_, Option<i64>>(0),
+        )
+        .optional()?
+        .flatten()
+        .map(Timestamp))
+}
