@@ -212,12 +212,12 @@ impl Board {
             return;
         }
         let msg = Uplink::DoorSensor { seq: 0, door, open };
-        if self.send(msg, now_ms).is_ok() {
-            if let Some(d) = self.door_mut(door) {
-                // Remember only what was reported, so a refused send is
-                // retried on the next call.
-                d.sensor_open = Some(open);
-            }
+        // Remember only what was reported, so a refused send is retried on
+        // the next call.
+        if self.send(msg, now_ms).is_ok()
+            && let Some(d) = self.door_mut(door)
+        {
+            d.sensor_open = Some(open);
         }
     }
 

@@ -415,10 +415,10 @@ impl<Tx: Wire, Rx: Wire> Link<Tx, Rx> {
             self.hello = None;
         }
 
-        if let Some(nonce) = msg.ping_nonce() {
-            if let Some(pong) = Tx::pong(nonce) {
-                self.push_out(pong);
-            }
+        if let Some(nonce) = msg.ping_nonce()
+            && let Some(pong) = Tx::pong(nonce)
+        {
+            self.push_out(pong);
         }
 
         if let Some(seq) = msg.seq() {
@@ -463,22 +463,22 @@ impl<Tx: Wire, Rx: Wire> Link<Tx, Rx> {
             i += 1;
         }
 
-        if let Some((hello, last)) = &mut self.hello {
-            if now_ms.saturating_sub(*last) >= self.cfg.hello_retry_ms {
-                *last = now_ms;
-                let copy = hello.clone();
-                self.push_out(copy);
-            }
+        if let Some((hello, last)) = &mut self.hello
+            && now_ms.saturating_sub(*last) >= self.cfg.hello_retry_ms
+        {
+            *last = now_ms;
+            let copy = hello.clone();
+            self.push_out(copy);
         }
 
-        if let Some(every) = self.cfg.ping_every_ms {
-            if now_ms >= self.next_ping_ms {
-                if let Some(ping) = Tx::ping(self.next_nonce) {
-                    self.next_nonce = self.next_nonce.wrapping_add(1);
-                    self.push_out(ping);
-                }
-                self.next_ping_ms = now_ms.saturating_add(every);
+        if let Some(every) = self.cfg.ping_every_ms
+            && now_ms >= self.next_ping_ms
+        {
+            if let Some(ping) = Tx::ping(self.next_nonce) {
+                self.next_nonce = self.next_nonce.wrapping_add(1);
+                self.push_out(ping);
             }
+            self.next_ping_ms = now_ms.saturating_add(every);
         }
     }
 

@@ -72,6 +72,10 @@ impl Hub {
     }
 }
 
+/// Decides, given a frame's index in its direction and the message, whether
+/// the line loses it.
+type LineRule<M> = Box<dyn Fn(usize, &M) -> bool>;
+
 /// Runs both ends in 10 ms steps. `drop_up`/`drop_down` decide, per frame
 /// index in that direction, whether the line loses it.
 struct Sim {
@@ -80,8 +84,8 @@ struct Sim {
     hub: Hub,
     up_count: usize,
     down_count: usize,
-    drop_up: Box<dyn Fn(usize, &Uplink) -> bool>,
-    drop_down: Box<dyn Fn(usize, &Downlink) -> bool>,
+    drop_up: LineRule<Uplink>,
+    drop_down: LineRule<Downlink>,
     board_saw: Vec<Downlink>,
 }
 
@@ -138,7 +142,7 @@ impl Sim {
 }
 
 /// A line that loses only the first frame matching `pred`.
-fn drop_first<M: 'static>(pred: impl Fn(&M) -> bool + 'static) -> Box<dyn Fn(usize, &M) -> bool> {
+fn drop_first<M: 'static>(pred: impl Fn(&M) -> bool + 'static) -> LineRule<M> {
     let done = std::cell::Cell::new(false);
     Box::new(move |_, m| {
         if !done.get() && pred(m) {
