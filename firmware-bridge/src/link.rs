@@ -13,7 +13,8 @@
 //!   reports [`LinkEvent::Failed`] after the 4th unanswered send;
 //! - acks every sequenced copy it receives but hands each seq to the caller
 //!   once (it remembers the last [`SEEN_WINDOW`] seqs), and forgets them when
-//!   the peer says `Hello`;
+//!   the peer says `Hello`; a seq that comes back with *different* content
+//!   is not a resend and is delivered (see [`LinkStats::seq_reused`]);
 //! - answers `Ping` with `Pong`, sends `Ping` if configured (hub), and tracks
 //!   liveness (down after 6 s without a valid frame, up on the next one);
 //! - on the hub, refuses `Unlock` until the board has answered the hub's
@@ -30,6 +31,7 @@ use heapless::{Deque, Vec};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::frame::{MAX_PAYLOAD, crc32};
 use crate::msg::{Downlink, Uplink};
 
 /// How many received seqs a link remembers to spot resent copies
@@ -252,6 +254,9 @@ pub enum Liveness {
 pub struct LinkStats {
     /// Resent copies received (acked again, not delivered).
     pub duplicates: u32,
+    /// Seqs received again with different content, so treated as new:
+    /// the peer restarted without its `Hello` reaching us.
+    pub seq_reused: u32,
     /// Acks for nothing pending (late, or for a message already failed).
     pub stale_acks: u32,
     /// Messages dropped because the outbox was full.
@@ -267,35 +272,64 @@ struct Pending<Tx> {
     last_sent_ms: u64,
 }
 
-/// Ring of recently received seqs.
+/// Ring of recently received seqs, each with a fingerprint of the message.
+///
+/// Why the fingerprint: a resent copy is byte-identical to the original, so
+/// "same seq, different content" cannot be a resend. It happens when the
+/// peer restarted and its `Hello` was lost (the contract has no ack for
+/// `Hello`); without this, the restarted board's first 32 entries would be
+/// acked and silently ignored as duplicates.
 struct SeqWindow {
-    seqs: [u16; SEEN_WINDOW],
+    seqs: [(u16, u32); SEEN_WINDOW],
     len: usize,
     next: usize,
+}
+
+/// What the window says about a received seq.
+enum Seen {
+    New,
+    Duplicate,
+    /// Seq seen before with other content: the peer reused it.
+    Reused,
 }
 
 impl SeqWindow {
     const fn new() -> Self {
         Self {
-            seqs: [0; SEEN_WINDOW],
+            seqs: [(0, 0); SEEN_WINDOW],
             len: 0,
             next: 0,
         }
     }
-    fn contains(&self, seq: u16) -> bool {
-        self.seqs.iter().take(self.len).any(|&s| s == seq)
-    }
-    fn insert(&mut self, seq: u16) {
-        if let Some(slot) = self.seqs.get_mut(self.next) {
-            *slot = seq;
+    /// Look `seq` up and remember it with `fp`.
+    fn check_and_insert(&mut self, seq: u16, fp: u32) -> Seen {
+        let found = self.seqs.iter_mut().take(self.len).find(|(s, _)| *s == seq);
+        match found {
+            Some((_, old)) if *old == fp => Seen::Duplicate,
+            Some((_, old)) => {
+                *old = fp;
+                Seen::Reused
+            }
+            None => {
+                if let Some(slot) = self.seqs.get_mut(self.next) {
+                    *slot = (seq, fp);
+                }
+                self.next = (self.next + 1) % SEEN_WINDOW;
+                self.len = (self.len + 1).min(SEEN_WINDOW);
+                Seen::New
+            }
         }
-        self.next = (self.next + 1) % SEEN_WINDOW;
-        self.len = (self.len + 1).min(SEEN_WINDOW);
     }
     fn clear(&mut self) {
         self.len = 0;
         self.next = 0;
     }
+}
+
+/// CRC-32 of the message's postcard encoding; identical for resent copies.
+fn fingerprint<M: Serialize>(msg: &M) -> u32 {
+    let mut buf = [0u8; MAX_PAYLOAD];
+    postcard::to_slice(msg, &mut buf).map_or(0, |b| crc32(b))
 }
 
 /// One end of one serial link. See the module docs for the driving loop.
@@ -423,11 +457,16 @@ impl<Tx: Wire, Rx: Wire> Link<Tx, Rx> {
 
         if let Some(seq) = msg.seq() {
             self.push_out(Tx::ack(seq));
-            if self.seen.contains(seq) {
-                self.stats.duplicates = self.stats.duplicates.saturating_add(1);
-                return None;
+            match self.seen.check_and_insert(seq, fingerprint(&msg)) {
+                Seen::New => {}
+                Seen::Duplicate => {
+                    self.stats.duplicates = self.stats.duplicates.saturating_add(1);
+                    return None;
+                }
+                Seen::Reused => {
+                    self.stats.seq_reused = self.stats.seq_reused.saturating_add(1);
+                }
             }
-            self.seen.insert(seq);
         }
         Some(msg)
     }
@@ -760,6 +799,30 @@ mod tests {
             1,
         );
         assert!(hub.on_rx(t, 2).is_some(), "restarted board's seq 1 is new");
+    }
+
+    #[test]
+    fn restarted_board_whose_hello_was_lost_is_not_ignored_as_duplicates() {
+        let mut hub = ready_hub(0);
+        let before = Uplink::Keypad {
+            seq: 1,
+            door: 0,
+            pin: Pin::from_digits("1111").unwrap(),
+        };
+        let after = Uplink::Keypad {
+            seq: 1,
+            door: 0,
+            pin: Pin::from_digits("2222").unwrap(),
+        };
+        assert!(hub.on_rx(before.clone(), 0).is_some());
+        assert!(hub.on_rx(before, 10).is_none(), "a true resend");
+        // Board rebooted, its Hello got lost, it counts from 1 again.
+        assert_eq!(hub.on_rx(after.clone(), 5000), Some(after.clone()));
+        assert_eq!(hub.stats().seq_reused, 1);
+        assert!(
+            hub.on_rx(after, 5250).is_none(),
+            "its resend is a duplicate"
+        );
     }
 
     #[test]
