@@ -9,6 +9,8 @@
 
 use crate::time::Timestamp;
 use serde::Serialize;
+use serde_json::{Map, Value};
+use std::collections::BTreeSet;
 use uuid::Uuid;
 
 /// What happened to an event (mqtt.md 'Results').
@@ -276,4 +278,458 @@ impl EventResult {
 pub struct SchemaError {
     pub reason: Reason,
     pub item: Option<usize>,
+}
+
+// ---------------------------------------------------------------------------
+// Parsing (step 4 of mqtt.md 'Deciding an event').
+//
+// Everything below is pure: bytes and a [`SchemaContext`] in, an
+// [`EventKind`] or a stable [`Reason`] out. It runs only on bodies that
+// [`crate::verify::verify_envelope`] has authenticated and bound to this hub,
+// so a failure here is answered with a step-4 code and the event still claims
+// its id and counts toward the watermark.
+// ---------------------------------------------------------------------------
+
+/// The longest id the hub accepts for `key_id`, `check_in_id`,
+/// `reservation_id`, `holder_ref` and `supersedes` entries.
+pub const MAX_ID_CHARS: usize = 64;
+/// The longest free text the hub accepts (`holder_name`, a revoke `reason`).
+/// Generous for a name or a reason code, small enough that a hostile body
+/// cannot park megabytes in every key row and audit line.
+pub const MAX_TEXT_CHARS: usize = 256;
+
+/// What step 4 needs from the configuration: which door names and which PIN
+/// key ids exist on this hub. Built once from the loaded config; owning sets
+/// keeps lookups cheap and the type free of borrowed lifetimes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SchemaContext {
+    pub doors: BTreeSet<String>,
+    pub pin_key_ids: BTreeSet<String>,
+}
+
+impl SchemaContext {
+    pub fn new<D, P>(doors: D, pin_key_ids: P) -> Self
+    where
+        D: IntoIterator,
+        D::Item: Into<String>,
+        P: IntoIterator,
+        P::Item: Into<String>,
+    {
+        SchemaContext {
+            doors: doors.into_iter().map(Into::into).collect(),
+            pin_key_ids: pin_key_ids.into_iter().map(Into::into).collect(),
+        }
+    }
+
+    /// The door names and PIN key ids of a loaded config (never its secrets).
+    pub fn from_config(config: &crate::config::Config) -> Self {
+        Self::new(
+            config.doors.iter().map(|d| d.name.clone()),
+            config.secrets.pin_keys.iter().map(|k| k.id.clone()),
+        )
+    }
+}
+
+/// Parses JSON refusing duplicate object keys anywhere in the document.
+///
+/// `serde_json` keeps the last of two equal keys; another parser (the cloud's
+/// own tests, an auditor's tool) may keep the first. A signed body that two
+/// honest parsers read differently is not a statement the cloud made, so the
+/// hub refuses it rather than pick a meaning. Keys are compared after
+/// unescaping, so `"a"` and `"\u0061"` collide. Nesting is bounded by
+/// serde_json's recursion limit (128), so deep input is an error, not a
+/// stack overflow. Numbers keep serde_json's rules: an integer literal
+/// that does not fit 64 bits becomes a float, which every integer field then
+/// refuses; a float that overflows (`1e400`) is a parse error.
+pub fn parse_json_strict(bytes: &[u8]) -> Option<Value> {
+    serde_json::from_slice::<NoDup>(bytes).ok().map(|v| v.0)
+}
+
+struct NoDup(Value);
+
+impl<'de> serde::Deserialize<'de> for NoDup {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(NoDupVisitor)
+    }
+}
+
+struct NoDupVisitor;
+
+impl<'de> serde::de::Visitor<'de> for NoDupVisitor {
+    type Value = NoDup;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("JSON without duplicate object keys")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<NoDup, E> {
+        Ok(NoDup(Value::Bool(v)))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<NoDup, E> {
+        Ok(NoDup(Value::Number(v.into())))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<NoDup, E> {
+        Ok(NoDup(Value::Number(v.into())))
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<NoDup, E> {
+        serde_json::Number::from_f64(v)
+            .map(|n| NoDup(Value::Number(n)))
+            .ok_or_else(|| E::custom("non-finite number"))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<NoDup, E> {
+        Ok(NoDup(Value::String(v.to_owned())))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<NoDup, E> {
+        Ok(NoDup(Value::String(v)))
+    }
+
+    fn visit_unit<E>(self) -> Result<NoDup, E> {
+        Ok(NoDup(Value::Null))
+    }
+
+    fn visit_none<E>(self) -> Result<NoDup, E> {
+        Ok(NoDup(Value::Null))
+    }
+
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<NoDup, D::Error> {
+        serde::Deserialize::deserialize(d)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<NoDup, A::Error> {
+        let mut out = Vec::new();
+        while let Some(NoDup(v)) = seq.next_element()? {
+            out.push(v);
+        }
+        Ok(NoDup(Value::Array(out)))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<NoDup, A::Error> {
+        let mut out = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let NoDup(v) = map.next_value()?;
+            if out.contains_key(&key) {
+                return Err(serde::de::Error::custom("duplicate object key"));
+            }
+            out.insert(key, v);
+        }
+        Ok(NoDup(Value::Object(out)))
+    }
+}
+
+/// A UUID in the one form the contract writes: 36 characters, hyphenated,
+/// either case. `uuid` alone would also take the braced, URN and
+/// 32-digit forms; accepting several spellings of one id invites two
+/// components to disagree about whether ids are equal.
+pub fn parse_uuid_strict(s: &str) -> Option<Uuid> {
+    let b = s.as_bytes();
+    if b.len() != 36 {
+        return None;
+    }
+    for (i, c) in b.iter().enumerate() {
+        let ok = match i {
+            8 | 13 | 18 | 23 => *c == b'-',
+            _ => c.is_ascii_hexdigit(),
+        };
+        if !ok {
+            return None;
+        }
+    }
+    Uuid::try_parse(s).ok()
+}
+
+/// An integer JSON number in `lo..=hi`. Floats (`1.0`, `1e2`), negatives and
+/// integers past 64 bits (which serde_json reads as floats) are refused.
+pub fn json_int_in(v: &Value, lo: u64, hi: u64) -> Option<u64> {
+    v.as_u64().filter(|n| (lo..=hi).contains(n))
+}
+
+/// `key_id` (mqtt.md 'Grant'): 1..=64 of `[A-Za-z0-9._-]`.
+pub fn is_key_id(s: &str) -> bool {
+    (1..=MAX_ID_CHARS).contains(&s.len())
+        && s.bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
+}
+
+/// The other cloud ids (`check_in_id`, `reservation_id`, `holder_ref`): the
+/// page gives no alphabet, so any text of 1..=64 characters without control
+/// characters. Control characters (NUL above all) have no business in an id
+/// and would travel into SQLite rows and audit lines.
+fn is_ref_id(s: &str) -> bool {
+    let n = s.chars().count();
+    (1..=MAX_ID_CHARS).contains(&n) && !s.chars().any(char::is_control)
+}
+
+/// Free text up to [`MAX_TEXT_CHARS`] characters without control characters.
+fn is_text(s: &str, min: usize) -> bool {
+    let n = s.chars().count();
+    (min..=MAX_TEXT_CHARS).contains(&n) && !s.chars().any(char::is_control)
+}
+
+type Obj = Map<String, Value>;
+
+const BAD: Reason = Reason::InvalidGrant;
+
+/// A required string field.
+fn req_str<'v>(o: &'v Obj, k: &str) -> Result<&'v str, Reason> {
+    o.get(k).and_then(Value::as_str).ok_or(BAD)
+}
+
+/// An optional string field: absent and `null` both mean "not given" (many
+/// serialisers write `null` for a missing option); any other type is refused.
+fn opt_str<'v>(o: &'v Obj, k: &str) -> Result<Option<&'v str>, Reason> {
+    match o.get(k) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(_) => Err(BAD),
+    }
+}
+
+fn req_key_id(o: &Obj, k: &str) -> Result<String, Reason> {
+    let s = req_str(o, k)?;
+    if is_key_id(s) {
+        Ok(s.to_owned())
+    } else {
+        Err(BAD)
+    }
+}
+
+fn req_ref_id(o: &Obj, k: &str) -> Result<String, Reason> {
+    let s = req_str(o, k)?;
+    if is_ref_id(s) {
+        Ok(s.to_owned())
+    } else {
+        Err(BAD)
+    }
+}
+
+fn opt_ref_id(o: &Obj, k: &str) -> Result<Option<String>, Reason> {
+    match opt_str(o, k)? {
+        None => Ok(None),
+        Some(s) if is_ref_id(s) => Ok(Some(s.to_owned())),
+        Some(_) => Err(BAD),
+    }
+}
+
+fn req_version(o: &Obj, k: &str) -> Result<u64, Reason> {
+    o.get(k).and_then(|v| json_int_in(v, 1, MAX_SEQ)).ok_or(BAD)
+}
+
+fn req_time(o: &Obj, k: &str) -> Result<Timestamp, Reason> {
+    Timestamp::parse_rfc3339(req_str(o, k)?).map_err(|_| BAD)
+}
+
+/// The shape of a grant: every rule of mqtt.md 'Grant' that does not need
+/// the config. Failing any of them is `invalid_grant`. Door names and the PIN
+/// key id are checked afterwards by [`check_grant_refs`], so that a grant
+/// that is both malformed and names an unknown door gets `invalid_grant`
+/// (the page's order within step 4).
+///
+/// Beyond the page: a `pre_issued` grant must carry `reservation_id`. The
+/// page says pre-issued keys carry it, and step 5 refuses a pre-issued key
+/// whose reservation was checked in by looking up that reservation; a
+/// pre-issued key without one would slip past the reservation tombstone.
+fn parse_grant_shape(v: &Value) -> Result<Grant, Reason> {
+    let o = v.as_object().ok_or(BAD)?;
+    let key_id = req_key_id(o, "key_id")?;
+    let version = req_version(o, "version")?;
+    let state = match req_str(o, "state")? {
+        "pre_issued" => GrantState::PreIssued,
+        "active" => GrantState::Active,
+        _ => return Err(BAD),
+    };
+    let check_in_id = opt_ref_id(o, "check_in_id")?;
+    let reservation_id = opt_ref_id(o, "reservation_id")?;
+    match state {
+        GrantState::Active if check_in_id.is_none() => return Err(BAD),
+        GrantState::PreIssued if reservation_id.is_none() => return Err(BAD),
+        _ => {}
+    }
+    let doors_v = o.get("doors").and_then(Value::as_array).ok_or(BAD)?;
+    if doors_v.is_empty() {
+        return Err(BAD);
+    }
+    let mut doors = Vec::with_capacity(doors_v.len());
+    let mut seen = BTreeSet::new();
+    for d in doors_v {
+        let d = d.as_str().ok_or(BAD)?;
+        if !seen.insert(d) {
+            return Err(BAD);
+        }
+        doors.push(d.to_owned());
+    }
+    let valid_from = req_time(o, "valid_from")?;
+    let valid_until = req_time(o, "valid_until")?;
+    if valid_from >= valid_until {
+        return Err(BAD);
+    }
+    let pin_tag = crate::crypto::b64u_decode_32(req_str(o, "pin_tag")?)
+        .map(PinTag)
+        .ok_or(BAD)?;
+    let pin_key_id = req_str(o, "pin_key_id")?.to_owned();
+    let holder_ref = opt_ref_id(o, "holder_ref")?;
+    let holder_name = match opt_str(o, "holder_name")? {
+        None => None,
+        Some(s) if is_text(s, 0) => Some(s.to_owned()),
+        Some(_) => return Err(BAD),
+    };
+    Ok(Grant {
+        key_id,
+        version,
+        state,
+        check_in_id,
+        reservation_id,
+        doors,
+        valid_from,
+        valid_until,
+        pin_tag,
+        pin_key_id,
+        holder_ref,
+        holder_name,
+    })
+}
+
+/// The config-dependent grant rules, in the page's order: every door first
+/// (`unknown_door`), then the PIN key (`unknown_pin_key`).
+fn check_grant_refs(g: &Grant, ctx: &SchemaContext) -> Result<(), Reason> {
+    if g.doors.iter().any(|d| !ctx.doors.contains(d)) {
+        return Err(Reason::UnknownDoor);
+    }
+    if !ctx.pin_key_ids.contains(&g.pin_key_id) {
+        return Err(Reason::UnknownPinKey);
+    }
+    Ok(())
+}
+
+/// One change (a top-level event or a batch item), `type` already read.
+///
+/// Malformed fields of non-grant changes (`key.revoked`, `guest.erased`)
+/// are also `invalid_grant`: the contract has no other step-4 code for a
+/// malformed field, and `bad_envelope` would wrongly tell the cloud that the
+/// event was not authenticated (and so claimed nothing).
+fn parse_change(ty: &str, o: &Obj, ctx: &SchemaContext) -> Result<Change, Reason> {
+    let change = match ty {
+        "key.issued" => {
+            let key = parse_grant_shape(o.get("key").ok_or(BAD)?)?;
+            let supersedes = match o.get("supersedes") {
+                None | Some(Value::Null) => Vec::new(),
+                Some(Value::Array(a)) => a
+                    .iter()
+                    .map(|v| v.as_str().filter(|s| is_key_id(s)).map(str::to_owned))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or(BAD)?,
+                Some(_) => return Err(BAD),
+            };
+            // Revoking the key being issued, in the same transaction, leaves
+            // it final before it is written: a contradiction, not a request.
+            if supersedes.contains(&key.key_id) {
+                return Err(BAD);
+            }
+            check_grant_refs(&key, ctx)?;
+            Change::KeyIssued { key, supersedes }
+        }
+        "key.revoked" => {
+            let key_id = req_key_id(o, "key_id")?;
+            let version = req_version(o, "version")?;
+            let reason = req_str(o, "reason")?;
+            if !is_text(reason, 1) {
+                return Err(BAD);
+            }
+            Change::KeyRevoked {
+                key_id,
+                version,
+                reason: reason.to_owned(),
+            }
+        }
+        "checkin.completed" => {
+            let reservation_id = req_ref_id(o, "reservation_id")?;
+            let check_in_id = req_ref_id(o, "check_in_id")?;
+            let mut key = parse_grant_shape(o.get("key").ok_or(BAD)?)?;
+            // The page: the key is activated with the same check_in_id. A
+            // body whose key says otherwise contradicts itself; the hub does
+            // not guess which half the cloud meant.
+            if key.state != GrantState::Active
+                || key.check_in_id.as_deref() != Some(check_in_id.as_str())
+            {
+                return Err(BAD);
+            }
+            match key.reservation_id.as_deref() {
+                None => key.reservation_id = Some(reservation_id.clone()),
+                Some(r) if r == reservation_id => {}
+                Some(_) => return Err(BAD),
+            }
+            check_grant_refs(&key, ctx)?;
+            Change::CheckinCompleted {
+                reservation_id,
+                check_in_id,
+                key,
+            }
+        }
+        "guest.erased" => Change::GuestErased {
+            holder_ref: req_ref_id(o, "holder_ref")?,
+        },
+        _ => return Err(Reason::UnsupportedType),
+    };
+    Ok(change)
+}
+
+/// Step 4: the body of an authenticated event, read against this hub's
+/// doors and PIN keys.
+///
+/// - A batch holds 0..=[`MAX_BATCH_ITEMS`] items. The page says "up to 500";
+///   an empty batch is a valid, signed request to change nothing (the store
+///   answers it `noop`), and refusing it would only turn a harmless cloud
+///   edge case into a rejection. More than 500 is `invalid_grant` with no
+///   `item`.
+/// - An item that is not an object, has no string `type`, or is a `batch` or
+///   `checkpoint` is `unsupported_type` at its index: those are not types an
+///   item may have.
+/// - The first failing item, by index, decides: `SchemaError { reason, item }`.
+/// - A body that is not a JSON object cannot reach here after
+///   [`crate::verify::verify_envelope`]; if it does, it is `bad_envelope`.
+pub fn parse_body(body: &[u8], ctx: &SchemaContext) -> Result<EventKind, SchemaError> {
+    let top = |reason| SchemaError { reason, item: None };
+    let v = parse_json_strict(body).ok_or(top(Reason::BadEnvelope))?;
+    let o = v.as_object().ok_or(top(Reason::BadEnvelope))?;
+    let ty = o
+        .get("type")
+        .and_then(Value::as_str)
+        .ok_or(top(Reason::BadEnvelope))?;
+    match ty {
+        "checkpoint" => {
+            let head_seq = o
+                .get("head_seq")
+                .and_then(|v| json_int_in(v, 0, MAX_SEQ))
+                .ok_or(top(BAD))?;
+            Ok(EventKind::Checkpoint { head_seq })
+        }
+        "batch" => {
+            let items = o.get("items").and_then(Value::as_array).ok_or(top(BAD))?;
+            if items.len() > MAX_BATCH_ITEMS {
+                return Err(top(BAD));
+            }
+            let mut out = Vec::with_capacity(items.len());
+            for (i, item) in items.iter().enumerate() {
+                let at = |reason| SchemaError {
+                    reason,
+                    item: Some(i),
+                };
+                let io = item.as_object().ok_or(at(Reason::UnsupportedType))?;
+                let ity = io
+                    .get("type")
+                    .and_then(Value::as_str)
+                    .ok_or(at(Reason::UnsupportedType))?;
+                if matches!(ity, "batch" | "checkpoint") {
+                    return Err(at(Reason::UnsupportedType));
+                }
+                out.push(parse_change(ity, io, ctx).map_err(at)?);
+            }
+            Ok(EventKind::Batch(out))
+        }
+        _ => parse_change(ty, o, ctx).map(EventKind::Change).map_err(top),
+    }
 }
