@@ -1,8 +1,8 @@
 //! The cloud's key events as plain data, and what the hub answers.
 //!
 //! An event arrives as a signed envelope ([`crate::verify`] checks it); once
-//! its signature holds, its body is parsed here into an [`Event`]. Nothing in
-//! this module touches the database: the store turns an [`Event`] into
+//! its signature holds, its body is parsed here into an [`EventKind`]. Nothing in
+//! this module touches the database: the store turns an [`EventKind`] into
 //! changes, and every answer it gives is an [`EventResult`] built from the
 //! stable codes below. Those codes are a contract with the cloud team
 //! (mqtt.md 'Deciding an event'): never rename one.
@@ -731,5 +731,559 @@ pub fn parse_body(body: &[u8], ctx: &SchemaContext) -> Result<EventKind, SchemaE
             Ok(EventKind::Batch(out))
         }
         _ => parse_change(ty, o, ctx).map(EventKind::Change).map_err(top),
+    }
+}
+
+#[cfg(test)]
+mod parse_tests {
+    use super::*;
+    use serde_json::json;
+
+    const TAG: &str = "hvm_pP9YTc-eyIwtdnLrzLmxWn26dD2b6tlyRlDbl3Q";
+
+    fn ctx() -> SchemaContext {
+        SchemaContext::new(["101", "102"], ["k1"])
+    }
+
+    fn grant() -> Value {
+        json!({
+            "key_id": "k-1", "version": 1, "state": "active", "check_in_id": "c-1",
+            "doors": ["101"], "valid_from": "2099-01-01T00:00:00Z",
+            "valid_until": "2099-01-31T00:00:00Z", "pin_tag": TAG, "pin_key_id": "k1"
+        })
+    }
+
+    fn grant_with(k: &str, v: Value) -> Value {
+        let mut g = grant();
+        g[k] = v;
+        g
+    }
+
+    fn grant_without(k: &str) -> Value {
+        let mut g = grant();
+        g.as_object_mut().unwrap().remove(k);
+        g
+    }
+
+    fn issued(key: Value) -> Value {
+        json!({"type": "key.issued", "key": key})
+    }
+
+    fn parse(v: &Value) -> Result<EventKind, SchemaError> {
+        parse_body(&serde_json::to_vec(v).unwrap(), &ctx())
+    }
+
+    fn err(v: &Value) -> Reason {
+        let e = parse(v).expect_err("must be refused");
+        assert_eq!(e.item, None);
+        e.reason
+    }
+
+    fn issued_key(v: &Value) -> Grant {
+        match parse(v).unwrap() {
+            EventKind::Change(Change::KeyIssued { key, .. }) => key,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_well_formed_key_issued_parses_into_a_grant() {
+        let mut g = grant();
+        g["holder_ref"] = json!("g-1");
+        g["holder_name"] = json!("Ada Guest");
+        g["reservation_id"] = json!("r-1");
+        g["future_field"] = json!({"x": 1});
+        let key = issued_key(&issued(g));
+        assert_eq!(key.key_id, "k-1");
+        assert_eq!(key.version, 1);
+        assert_eq!(key.state, GrantState::Active);
+        assert_eq!(key.check_in_id.as_deref(), Some("c-1"));
+        assert_eq!(key.reservation_id.as_deref(), Some("r-1"));
+        assert_eq!(key.doors, ["101"]);
+        assert_eq!(key.pin_tag.0, crate::crypto::b64u_decode_32(TAG).unwrap());
+        assert_eq!(key.pin_key_id, "k1");
+        assert_eq!(key.holder_ref.as_deref(), Some("g-1"));
+        assert_eq!(key.holder_name.as_deref(), Some("Ada Guest"));
+        assert!(key.valid_from < key.valid_until);
+    }
+
+    #[test]
+    fn an_unknown_type_is_unsupported_type() {
+        for ty in ["key.expired", "KEY.ISSUED", "", "batch.v2"] {
+            assert_eq!(err(&json!({"type": ty})), Reason::UnsupportedType, "{ty}");
+        }
+    }
+
+    #[test]
+    fn key_ids_outside_the_alphabet_or_length_are_invalid_grant() {
+        let long = "k".repeat(65);
+        for id in ["", "k 1", "k/1", "ключ", "k\u{0}1", long.as_str()] {
+            assert_eq!(
+                err(&issued(grant_with("key_id", json!(id)))),
+                Reason::InvalidGrant,
+                "{id:?}"
+            );
+        }
+        let max = "A.z_9-".repeat(10) + "abcd";
+        assert_eq!(
+            issued_key(&issued(grant_with("key_id", json!(max))))
+                .key_id
+                .len(),
+            64
+        );
+    }
+
+    #[test]
+    fn a_version_that_is_not_an_integer_from_one_to_two_pow_53_minus_one_is_invalid_grant() {
+        for v in [
+            json!(0),
+            json!(-1),
+            json!(1.0),
+            json!(MAX_SEQ + 1),
+            json!(u64::MAX),
+            json!("1"),
+            Value::Null,
+        ] {
+            assert_eq!(
+                err(&issued(grant_with("version", v.clone()))),
+                Reason::InvalidGrant,
+                "{v}"
+            );
+        }
+        let body = br#"{"type":"key.issued","key":{"key_id":"k","version":1e400}}"#;
+        assert!(parse_body(body, &ctx()).is_err());
+        assert_eq!(
+            issued_key(&issued(grant_with("version", json!(MAX_SEQ)))).version,
+            MAX_SEQ
+        );
+    }
+
+    #[test]
+    fn a_state_other_than_pre_issued_or_active_is_invalid_grant() {
+        for s in ["revoked", "expired", "ACTIVE", ""] {
+            assert_eq!(
+                err(&issued(grant_with("state", json!(s)))),
+                Reason::InvalidGrant
+            );
+        }
+    }
+
+    #[test]
+    fn an_active_grant_without_check_in_id_is_invalid_grant() {
+        assert_eq!(
+            err(&issued(grant_without("check_in_id"))),
+            Reason::InvalidGrant
+        );
+        assert_eq!(
+            err(&issued(grant_with("check_in_id", Value::Null))),
+            Reason::InvalidGrant
+        );
+        assert_eq!(
+            err(&issued(grant_with("check_in_id", json!("")))),
+            Reason::InvalidGrant
+        );
+    }
+
+    #[test]
+    fn a_pre_issued_grant_must_name_its_reservation() {
+        let mut g = grant_with("state", json!("pre_issued"));
+        g.as_object_mut().unwrap().remove("check_in_id");
+        assert_eq!(err(&issued(g.clone())), Reason::InvalidGrant);
+        g["reservation_id"] = json!("r-1");
+        let key = issued_key(&issued(g));
+        assert_eq!(key.state, GrantState::PreIssued);
+        assert_eq!(key.check_in_id, None);
+    }
+
+    #[test]
+    fn doors_must_be_a_non_empty_list_of_distinct_strings() {
+        for d in [
+            json!([]),
+            json!("101"),
+            json!(["101", "101"]),
+            json!([101]),
+            Value::Null,
+        ] {
+            assert_eq!(
+                err(&issued(grant_with("doors", d.clone()))),
+                Reason::InvalidGrant,
+                "{d}"
+            );
+        }
+        assert_eq!(
+            issued_key(&issued(grant_with("doors", json!(["102", "101"])))).doors,
+            ["102", "101"]
+        );
+    }
+
+    #[test]
+    fn a_door_missing_from_the_config_is_unknown_door() {
+        for d in [
+            json!(["999"]),
+            json!(["101", "999"]),
+            json!([""]),
+            json!(["101 "]),
+        ] {
+            assert_eq!(
+                err(&issued(grant_with("doors", d.clone()))),
+                Reason::UnknownDoor,
+                "{d}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_window_must_be_two_rfc3339_instants_with_from_before_until() {
+        let same = grant_with("valid_until", json!("2099-01-01T00:00:00Z"));
+        assert_eq!(err(&issued(same)), Reason::InvalidGrant);
+        let backwards = grant_with("valid_until", json!("2098-12-31T00:00:00Z"));
+        assert_eq!(err(&issued(backwards)), Reason::InvalidGrant);
+        // Compared as instants: 01:00+02:00 is before 00:00Z.
+        let offset = grant_with("valid_until", json!("2099-01-01T01:00:00+02:00"));
+        assert_eq!(err(&issued(offset)), Reason::InvalidGrant);
+        let later = grant_with("valid_until", json!("2099-01-01T03:00:00+02:00"));
+        assert!(parse(&issued(later)).is_ok());
+        for bad in [
+            json!("2099-01-31"),
+            json!("tomorrow"),
+            json!(4_070_908_800u64),
+        ] {
+            assert_eq!(
+                err(&issued(grant_with("valid_from", bad))),
+                Reason::InvalidGrant
+            );
+        }
+    }
+
+    #[test]
+    fn a_pin_tag_that_is_not_base64url_of_32_bytes_is_invalid_grant() {
+        let short = crate::crypto::b64u_encode(&[7; 31]);
+        let long = crate::crypto::b64u_encode(&[7; 33]);
+        let std = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, [0xfb; 32]);
+        for t in [short.as_str(), long.as_str(), std.as_str(), "", "!!!"] {
+            assert_eq!(
+                err(&issued(grant_with("pin_tag", json!(t)))),
+                Reason::InvalidGrant,
+                "{t}"
+            );
+        }
+        let padded = format!("{TAG}=");
+        assert!(parse(&issued(grant_with("pin_tag", json!(padded)))).is_ok());
+    }
+
+    #[test]
+    fn a_pin_key_the_hub_does_not_have_is_unknown_pin_key() {
+        assert_eq!(
+            err(&issued(grant_with("pin_key_id", json!("k2")))),
+            Reason::UnknownPinKey
+        );
+        assert_eq!(
+            err(&issued(grant_with("pin_key_id", json!(1)))),
+            Reason::InvalidGrant
+        );
+    }
+
+    #[test]
+    fn holder_fields_are_optional_bounded_strings() {
+        assert!(parse(&issued(grant_with("holder_name", Value::Null))).is_ok());
+        assert!(
+            parse(&issued(grant_with(
+                "holder_name",
+                json!("Zoë O'Brien-Ñandú")
+            )))
+            .is_ok()
+        );
+        let long = "n".repeat(MAX_TEXT_CHARS + 1);
+        for (k, v) in [
+            ("holder_name", json!(long)),
+            ("holder_name", json!(5)),
+            ("holder_name", json!("Ada\u{0}Guest")),
+            ("holder_ref", json!("")),
+            ("holder_ref", json!("g".repeat(65))),
+            ("holder_ref", json!(["g-1"])),
+            ("reservation_id", json!(false)),
+        ] {
+            assert_eq!(
+                err(&issued(grant_with(k, v.clone()))),
+                Reason::InvalidGrant,
+                "{k} = {v}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_missing_or_non_object_key_is_invalid_grant() {
+        assert_eq!(err(&json!({"type": "key.issued"})), Reason::InvalidGrant);
+        assert_eq!(err(&issued(json!("k-1"))), Reason::InvalidGrant);
+        for k in [
+            "key_id",
+            "version",
+            "state",
+            "doors",
+            "valid_from",
+            "valid_until",
+            "pin_tag",
+            "pin_key_id",
+        ] {
+            assert_eq!(err(&issued(grant_without(k))), Reason::InvalidGrant, "{k}");
+        }
+    }
+
+    #[test]
+    fn within_one_event_invalid_grant_beats_unknown_door_which_beats_unknown_pin_key() {
+        let mut g = grant_with("doors", json!(["999"]));
+        g["pin_key_id"] = json!("k9");
+        assert_eq!(err(&issued(g.clone())), Reason::UnknownDoor);
+        g["version"] = json!(0);
+        assert_eq!(err(&issued(g.clone())), Reason::InvalidGrant);
+        // A malformed `supersedes` is also judged before the doors.
+        let mut e = issued(grant_with("doors", json!(["999"])));
+        e["supersedes"] = json!(["bad id"]);
+        assert_eq!(err(&e), Reason::InvalidGrant);
+    }
+
+    #[test]
+    fn supersedes_is_an_optional_list_of_key_ids_other_than_the_key_itself() {
+        let mut e = issued(grant());
+        e["supersedes"] = json!(["k-0", "k-old"]);
+        match parse(&e).unwrap() {
+            EventKind::Change(Change::KeyIssued { supersedes, .. }) => {
+                assert_eq!(supersedes, ["k-0", "k-old"])
+            }
+            other => panic!("{other:?}"),
+        }
+        e["supersedes"] = Value::Null;
+        assert!(parse(&e).is_ok());
+        for bad in [json!("k-0"), json!([1]), json!([""]), json!(["k-1"])] {
+            e["supersedes"] = bad.clone();
+            assert_eq!(err(&e), Reason::InvalidGrant, "{bad}");
+        }
+    }
+
+    #[test]
+    fn key_revoked_needs_a_key_id_a_version_and_a_reason() {
+        let ok =
+            json!({"type": "key.revoked", "key_id": "k-1", "version": 3, "reason": "checkout"});
+        assert_eq!(
+            parse(&ok).unwrap(),
+            EventKind::Change(Change::KeyRevoked {
+                key_id: "k-1".into(),
+                version: 3,
+                reason: "checkout".into()
+            })
+        );
+        for (k, v) in [
+            ("key_id", json!("k 1")),
+            ("version", json!(0)),
+            ("version", json!(2.5)),
+            ("reason", json!("")),
+            ("reason", json!("r".repeat(MAX_TEXT_CHARS + 1))),
+            ("reason", Value::Null),
+        ] {
+            let mut e = ok.clone();
+            e[k] = v.clone();
+            assert_eq!(err(&e), Reason::InvalidGrant, "{k} = {v}");
+        }
+    }
+
+    fn checkin(key: Value) -> Value {
+        json!({"type": "checkin.completed", "reservation_id": "r-1", "check_in_id": "c-1", "key": key})
+    }
+
+    #[test]
+    fn checkin_completed_activates_a_key_with_the_same_check_in_and_reservation() {
+        match parse(&checkin(grant())).unwrap() {
+            EventKind::Change(Change::CheckinCompleted {
+                reservation_id,
+                check_in_id,
+                key,
+            }) => {
+                assert_eq!(
+                    (reservation_id.as_str(), check_in_id.as_str()),
+                    ("r-1", "c-1")
+                );
+                // The key is filled in with the reservation it belongs to.
+                assert_eq!(key.reservation_id.as_deref(), Some("r-1"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(parse(&checkin(grant_with("reservation_id", json!("r-1")))).is_ok());
+    }
+
+    #[test]
+    fn a_checkin_whose_key_is_pre_issued_or_names_another_check_in_or_reservation_is_invalid_grant()
+    {
+        let mut pre = grant_with("state", json!("pre_issued"));
+        pre["reservation_id"] = json!("r-1");
+        assert_eq!(err(&checkin(pre)), Reason::InvalidGrant);
+        assert_eq!(
+            err(&checkin(grant_with("check_in_id", json!("c-2")))),
+            Reason::InvalidGrant
+        );
+        assert_eq!(
+            err(&checkin(grant_with("reservation_id", json!("r-2")))),
+            Reason::InvalidGrant
+        );
+        let mut e = checkin(grant());
+        e.as_object_mut().unwrap().remove("reservation_id");
+        assert_eq!(err(&e), Reason::InvalidGrant);
+        assert_eq!(
+            err(&checkin(grant_with("doors", json!(["999"])))),
+            Reason::UnknownDoor
+        );
+    }
+
+    #[test]
+    fn guest_erased_needs_a_holder_ref() {
+        assert_eq!(
+            parse(&json!({"type": "guest.erased", "holder_ref": "g-1"})).unwrap(),
+            EventKind::Change(Change::GuestErased {
+                holder_ref: "g-1".into()
+            })
+        );
+        for v in [json!(""), Value::Null, json!(1)] {
+            assert_eq!(
+                err(&json!({"type": "guest.erased", "holder_ref": v})),
+                Reason::InvalidGrant
+            );
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_carries_a_head_seq_of_zero_or_more() {
+        for n in [0, 12, MAX_SEQ] {
+            assert_eq!(
+                parse(&json!({"type": "checkpoint", "head_seq": n})).unwrap(),
+                EventKind::Checkpoint { head_seq: n }
+            );
+        }
+        for v in [
+            json!(-1),
+            json!(1.5),
+            json!(MAX_SEQ + 1),
+            json!("3"),
+            Value::Null,
+        ] {
+            assert_eq!(
+                err(&json!({"type": "checkpoint", "head_seq": v})),
+                Reason::InvalidGrant
+            );
+        }
+        assert_eq!(err(&json!({"type": "checkpoint"})), Reason::InvalidGrant);
+    }
+
+    fn batch(items: Vec<Value>) -> Value {
+        json!({"type": "batch", "items": items})
+    }
+
+    fn revoke(id: &str) -> Value {
+        json!({"type": "key.revoked", "key_id": id, "version": 1, "reason": "x"})
+    }
+
+    #[test]
+    fn a_batch_parses_its_items_in_order() {
+        let kind = parse(&batch(vec![issued(grant()), revoke("k-2")])).unwrap();
+        match kind {
+            EventKind::Batch(items) => {
+                assert_eq!(items.len(), 2);
+                assert!(matches!(items[0], Change::KeyIssued { .. }));
+                assert!(matches!(items[1], Change::KeyRevoked { .. }));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_empty_batch_is_accepted_and_more_than_500_items_is_invalid_grant() {
+        assert_eq!(parse(&batch(vec![])).unwrap(), EventKind::Batch(vec![]));
+        assert!(parse(&batch(vec![revoke("k-1"); MAX_BATCH_ITEMS])).is_ok());
+        assert_eq!(
+            err(&batch(vec![revoke("k-1"); MAX_BATCH_ITEMS + 1])),
+            Reason::InvalidGrant
+        );
+        assert_eq!(err(&json!({"type": "batch"})), Reason::InvalidGrant);
+        assert_eq!(
+            err(&json!({"type": "batch", "items": {}})),
+            Reason::InvalidGrant
+        );
+    }
+
+    #[test]
+    fn the_first_failing_batch_item_gives_the_reason_and_its_index() {
+        let mut bad_door = issued(grant_with("doors", json!(["999"])));
+        bad_door["type"] = json!("key.issued");
+        let e = parse(&batch(vec![
+            revoke("k-1"),
+            bad_door,
+            json!({"type": "nope"}),
+        ]))
+        .unwrap_err();
+        assert_eq!(
+            e,
+            SchemaError {
+                reason: Reason::UnknownDoor,
+                item: Some(1)
+            }
+        );
+        let e = parse(&batch(vec![revoke("k-1"), revoke("k-2"), revoke("bad id")])).unwrap_err();
+        assert_eq!(
+            e,
+            SchemaError {
+                reason: Reason::InvalidGrant,
+                item: Some(2)
+            }
+        );
+    }
+
+    #[test]
+    fn nested_batches_checkpoints_and_typeless_items_are_unsupported_type_at_their_index() {
+        for item in [
+            batch(vec![revoke("k-1")]),
+            json!({"type": "checkpoint", "head_seq": 1}),
+            json!({"key_id": "k-1"}),
+            json!({"type": 7}),
+            json!("key.revoked"),
+            json!(null),
+        ] {
+            assert_eq!(
+                parse(&batch(vec![revoke("k-0"), item.clone()])),
+                Err(SchemaError {
+                    reason: Reason::UnsupportedType,
+                    item: Some(1)
+                }),
+                "{item}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_strict_parser_refuses_duplicate_keys_at_any_depth() {
+        assert!(parse_json_strict(br#"{"a":1,"b":{"c":[{"d":1,"e":2}]}}"#).is_some());
+        assert!(parse_json_strict(br#"{"a":1,"a":1}"#).is_none());
+        assert!(parse_json_strict(br#"{"a":1,"\u0061":1}"#).is_none());
+        assert!(parse_json_strict(br#"[{"x":{"y":1,"y":2}}]"#).is_none());
+        assert!(parse_json_strict(br#"{"a":"\ud800"}"#).is_none());
+        assert!(parse_json_strict(b"{\"a\":1e400}").is_none());
+        assert!(parse_json_strict(b"{\"a\":18446744073709551616}").unwrap()["a"].is_f64());
+    }
+
+    #[test]
+    fn duplicate_keys_in_a_grant_are_refused_by_parse_body_too() {
+        let body = br#"{"type":"guest.erased","holder_ref":"g-1","holder_ref":"g-2"}"#;
+        assert_eq!(
+            parse_body(body, &ctx()).unwrap_err().reason,
+            Reason::BadEnvelope
+        );
+    }
+
+    #[test]
+    fn uuids_are_accepted_only_hyphenated_in_either_case() {
+        let id = "00000001-94a1-4c39-8f5e-6b1e2d3c4a0f";
+        assert_eq!(parse_uuid_strict(id), parse_uuid_strict(&id.to_uppercase()));
+        assert!(parse_uuid_strict(id).is_some());
+        assert!(parse_uuid_strict("0000000194a14c398f5e6b1e2d3c4a0f").is_none());
+        assert!(parse_uuid_strict("00000001-94a1-4c39-8f5e-6b1e2d3c4a0f\n").is_none());
+        assert!(parse_uuid_strict("00000001-94a1-4c39-8f5e+6b1e2d3c4a0f").is_none());
+        assert!(parse_uuid_strict("0000000é-94a1-4c39-8f5e-6b1e2d3c4a0").is_none());
     }
 }

@@ -86,7 +86,7 @@ pub struct Rejection {
 ///    `bad_signature` (non-canonical `s`, small-order keys and points
 ///    included).
 /// 8. Only now the body is parsed: not UTF-8 JSON, not an object, duplicate
-///    keys, or a malformed header (see [`parse_header`]): `bad_envelope`.
+///    keys, or a malformed header (see `parse_header`): `bad_envelope`.
 /// 9. Body `event_id` != envelope `event_id` (as UUIDs, so case-insensitive):
 ///    `event_id_mismatch`; then `site_id` (as a UUID): `wrong_site`; then
 ///    `hub_id` (exact, case-sensitive, as in topics): `wrong_hub`.
