@@ -860,6 +860,30 @@ mod tests {
     }
 
     #[test]
+    fn mutating_any_byte_of_a_signed_body_never_panics_and_never_passes_a_broken_header() {
+        let schema = crate::event::SchemaContext::new(["101"], ["k1"]);
+        let body = good_body();
+        for i in 0..body.len() {
+            for b in [0u8, b'"', b'1'] {
+                let mut m = body.clone();
+                m[i] = b;
+                if let Ok(ev) = run(&envelope(&m)) {
+                    // Whatever got through is a well-formed header for us.
+                    assert_eq!(ev.header.event_id, Uuid::parse_str(ID).unwrap());
+                    let _ = crate::event::parse_body(&ev.body, &schema);
+                }
+            }
+        }
+        // And the same for the envelope text around a fixed signature.
+        let raw = envelope(&body);
+        for i in 0..raw.len() {
+            let mut m = raw.clone();
+            m[i] = b'"';
+            let _ = run(&m);
+        }
+    }
+
+    #[test]
     fn signers_within_thirty_days_of_not_after_are_expiring() {
         let day = Timestamp::MICROS_PER_DAY;
         let mk = |id: &str, not_after: Option<Timestamp>| Signer {
