@@ -960,11 +960,14 @@ mod parse_tests {
         let short = crate::crypto::b64u_encode(&[7; 31]);
         let long = crate::crypto::b64u_encode(&[7; 33]);
         let std = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, [0xfb; 32]);
-        for t in [short.as_str(), long.as_str(), std.as_str(), "", "!!!"] {
+        for (i, t) in [short.as_str(), long.as_str(), std.as_str(), "", "!!!"]
+            .into_iter()
+            .enumerate()
+        {
             assert_eq!(
                 err(&issued(grant_with("pin_tag", json!(t)))),
                 Reason::InvalidGrant,
-                "{t}"
+                "pin tag case {i}"
             );
         }
         let padded = format!("{TAG}=");
