@@ -396,8 +396,20 @@ fn parse_toml<'i>(d: &mut Diag<'_>, text: &'i str) -> Option<Spanned<DeTable<'i>
     if errors.is_empty() {
         return Some(doc);
     }
-    for e in errors {
-        let span = e.span().unwrap_or(0..0);
+    // The parser often reports a cascade after the first mistake on a line;
+    // one message per line is the useful part.
+    let mut errors: Vec<_> = errors
+        .into_iter()
+        .map(|e| (e.span().unwrap_or(0..0), e))
+        .collect();
+    errors.sort_by_key(|(span, _)| span.start);
+    let mut last_line = 0;
+    for (span, e) in errors {
+        let line = d.line_of(&span);
+        if line == last_line {
+            continue;
+        }
+        last_line = line;
         let mut message = e.message().to_owned();
         if message == "duplicate key" {
             // The span is the key itself: name it (key names are not secrets,
@@ -451,9 +463,18 @@ impl<'a, 'i> Table<'a, 'i> {
 
     fn check_unknown(&self, d: &mut Diag<'_>, allowed: &[&str]) {
         for (k, _) in self.t.iter() {
-            if !allowed.contains(&k.get_ref().as_ref()) {
-                let name = d.key_name(k.get_ref());
-                d.at(k.span(), format!("unknown key {name} in {}", self.what));
+            let key: &str = k.get_ref();
+            if !allowed.contains(&key) {
+                let name = d.key_name(key);
+                let hint = allowed
+                    .iter()
+                    .find(|a| edit_distance(a, key) <= 2)
+                    .map(|a| format!(" (did you mean `{a}`?)"))
+                    .unwrap_or_default();
+                d.at(
+                    k.span(),
+                    format!("unknown key {name} in {}{hint}", self.what),
+                );
             }
         }
     }
@@ -634,6 +655,22 @@ impl<'a, 'i> Table<'a, 'i> {
             }
         }
     }
+}
+
+/// Levenshtein distance, for "did you mean" on unknown keys.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
 }
 
 /// 1..=64 of `[A-Za-z0-9._-]` (hub ids; mqtt.md key ids).
@@ -1182,7 +1219,7 @@ fn read_serials(
     d: &mut Diag<'_>,
     root: &Table<'_, '_>,
     base: &Path,
-) -> (Option<Vec<SerialConfig>>, Vec<String>) {
+) -> (Option<Vec<SerialConfig>>, Option<Vec<String>>) {
     let tables = root.tables(d, "serial", "[[serial]]", &["name", "port", "baud"]);
     let mut names = Vec::new();
     let mut ports = Vec::new();
@@ -1215,14 +1252,21 @@ fn read_serials(
         .map(|(p, span)| (p.as_str(), span.clone()))
         .collect();
     check_unique(d, "serial port", &port_refs);
-    let all_names = names.iter().map(|(n, _)| (*n).to_owned()).collect();
+    // Doors are checked against these names only when every [[serial]] was
+    // readable with a name: otherwise "not configured" would be a cascade.
+    let readable = match root.get("serial") {
+        None => true,
+        Some(v) => matches!(v.get_ref(), DeValue::Array(a) if a.len() == tables.len()),
+    };
+    let all_names = (readable && names.len() == tables.len())
+        .then(|| names.iter().map(|(n, _)| (*n).to_owned()).collect());
     (serials.into_iter().collect(), all_names)
 }
 
 fn read_doors(
     d: &mut Diag<'_>,
     root: &Table<'_, '_>,
-    serial_names: &[String],
+    serial_names: &Option<Vec<String>>,
 ) -> Option<Vec<DoorConfig>> {
     let tables = root.tables(
         d,
@@ -1238,20 +1282,21 @@ fn read_doors(
         if let Some((n, span)) = &name {
             names.push((*n, span.clone()));
         }
-        let serial = t.str(d, "serial", true).and_then(|(s, span)| {
-            if serial_names.iter().any(|n| n == s) {
-                Some(s.to_owned())
-            } else {
-                d.at(
-                    span,
-                    format!(
-                        "door serial `{}` is not configured in a [[serial]]",
-                        s.escape_debug()
-                    ),
-                );
-                None
-            }
-        });
+        let serial = t
+            .str(d, "serial", true)
+            .and_then(|(s, span)| match serial_names {
+                Some(names) if !names.iter().any(|n| n == s) => {
+                    d.at(
+                        span,
+                        format!(
+                            "door serial `{}` is not configured in a [[serial]]",
+                            s.escape_debug()
+                        ),
+                    );
+                    None
+                }
+                _ => Some(s.to_owned()),
+            });
         let index = t.int_in::<u8>(d, "index", true, 0, MAX_DOOR_INDEX.into());
         let unlock_ms = t.int_in::<u16>(d, "unlock_ms", true, 1, u16::MAX.into());
         if let (Some(s), Some((i, span))) = (&serial, &index) {
@@ -1431,4 +1476,91 @@ fn secret_32(d: &mut Diag<'_>, t: &Table<'_, '_>) -> Option<[u8; 32]> {
     };
     d.at(span, message);
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn line_col_is_one_based_and_counts_characters() {
+        let text = "ab\ncdé f\n\nx";
+        assert_eq!(line_col(text, 0), (1, 1));
+        assert_eq!(line_col(text, 1), (1, 2));
+        assert_eq!(line_col(text, 2), (1, 3)); // the newline itself
+        assert_eq!(line_col(text, 3), (2, 1));
+        assert_eq!(line_col(text, 8), (2, 5)); // after the two-byte é
+        assert_eq!(line_col(text, 6), (2, 3)); // inside é: its start
+        assert_eq!(line_col(text, 9), (2, 6));
+        assert_eq!(line_col(text, 10), (3, 1));
+        assert_eq!(line_col(text, 11), (4, 1));
+        assert_eq!(line_col(text, 12), (4, 2));
+        assert_eq!(line_col(text, 999), (4, 2)); // clamped to the end
+        assert_eq!(line_col("", 5), (1, 1));
+    }
+
+    #[test]
+    fn mqtt_urls() {
+        let ok = |u: &str| parse_mqtt_url(u).unwrap();
+        assert_eq!(
+            ok("mqtt://127.0.0.1:1883"),
+            (false, "127.0.0.1".into(), 1883)
+        );
+        assert_eq!(ok("mqtt://broker"), (false, "broker".into(), 1883));
+        assert_eq!(
+            ok("mqtts://broker.example"),
+            (true, "broker.example".into(), 8883)
+        );
+        assert_eq!(ok("mqtts://b:443"), (true, "b".into(), 443));
+        assert_eq!(ok("mqtt://[::1]:1884"), (false, "::1".into(), 1884));
+        assert_eq!(ok("mqtts://[fe80::1]"), (true, "fe80::1".into(), 8883));
+        for bad in [
+            "",
+            "tcp://b",
+            "MQTT://b",
+            "mqtt://",
+            "mqtt://:1883",
+            "mqtt://b:",
+            "mqtt://b:0",
+            "mqtt://b:+1",
+            "mqtt://b:65536",
+            "mqtt://b:1:2",
+            "mqtt://b/",
+            "mqtt://b?x",
+            "mqtt://u:p@b",
+            "mqtt://[::1",
+            "mqtt://[nope]",
+            "mqtt://[::1]x",
+            "mqtt://b c",
+        ] {
+            assert!(parse_mqtt_url(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn ids() {
+        assert!(is_id("hub-lobby-1"));
+        assert!(is_id(&"a".repeat(64)));
+        assert!(!is_id(&"a".repeat(65)));
+        assert!(!is_id(""));
+        assert!(!is_id("a b"));
+        assert!(!is_id("é"));
+    }
+
+    #[test]
+    fn errors_display_one_per_line() {
+        let e = |line: Option<usize>, msg: &str| ConfigError {
+            file: PathBuf::from("/etc/lockhub/hub.toml"),
+            line,
+            column: line.map(|_| 3),
+            message: msg.into(),
+        };
+        let all = ConfigErrors {
+            errors: vec![e(Some(2), "one"), e(None, "two")],
+        };
+        assert_eq!(
+            all.to_string(),
+            "/etc/lockhub/hub.toml:2:3: one\n/etc/lockhub/hub.toml: two"
+        );
+    }
 }
