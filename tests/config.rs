@@ -179,7 +179,7 @@ fn mqtts_defaults_to_port_8883_and_resolves_its_files() {
 #[test]
 fn relative_paths_resolve_from_the_config_folder_not_the_working_directory() {
     let fx = Fixture::with_hub_edits(&[("file = \"secrets.toml\"", "file = \"keys/s.toml\"")]);
-    fx.write_private("keys/s.toml", SECRETS_TOML);
+    fx.write_private("keys/s.toml", &SECRETS_TOML);
     // The test runs in the package root; the config lives elsewhere.
     assert_ne!(std::env::current_dir().unwrap(), fx.dir.path());
     let c = load(&fx).unwrap_or_else(|e| panic!("{e}"));
@@ -282,7 +282,7 @@ fn duplicate_serial_names_and_signer_ids_are_refused() {
     only_error(&fx, &fx.hub(), 28, 8, "duplicate serial name `board-a`");
 
     let fx = Fixture::new();
-    fx.write_hub(&(common::hub_toml() + "\n" + common::TRUST_TOML));
+    fx.write_hub(&(common::hub_toml() + "\n" + &*common::TRUST_TOML));
     only_error(&fx, &fx.hub(), 28, 6, "duplicate signer id `cloud-2026-11`");
 }
 
@@ -302,12 +302,12 @@ fn duplicate_pin_key_ids_are_refused_in_the_secrets_file() {
 fn keys_that_are_not_32_bytes_are_refused_in_the_secrets_file() {
     let short = crypto::b64u_encode(&[9u8; 31]);
     let pin = edit(
-        SECRETS_TOML,
+        &SECRETS_TOML,
         &[("7DSziFstzn18m4kT0DnCq0jReWQxAnkgKl6pfph4WsY", &short)],
     );
     secrets_error(&pin, 6, 10, "must be 32 bytes");
     let hub = edit(
-        SECRETS_TOML,
+        &SECRETS_TOML,
         &[("qTouxiikSj0xOqGF1EY1r3wDRaCaaT-XQQUqNoXtCgU", "not base64!")],
     );
     secrets_error(&hub, 2, 10, "not base64url");
@@ -643,7 +643,7 @@ fn toml_syntax_errors_come_with_line_and_column() {
 
 #[test]
 fn secrets_syntax_errors_carry_the_secrets_path() {
-    let text = edit(SECRETS_TOML, &[("id = \"k1\"", "id = k1")]);
+    let text = edit(&SECRETS_TOML, &[("id = \"k1\"", "id = k1")]);
     let fx = Fixture::new();
     fx.write_secrets(&text);
     let errs = errors(&fx);
@@ -698,7 +698,7 @@ fn three_problems_are_all_reported_in_order() {
 #[test]
 fn problems_in_both_files_are_reported_together() {
     let fx = Fixture::with_hub_edits(&[("index = 0", "index = 99")]);
-    fx.write_secrets(&edit(SECRETS_TOML, &[("id = \"k1\"", "id = \"\"")]));
+    fx.write_secrets(&edit(&SECRETS_TOML, &[("id = \"k1\"", "id = \"\"")]));
     set_mode(&fx.secrets(), 0o644);
     let errs = errors(&fx);
     let files: Vec<&Path> = errs.iter().map(|e| e.file.as_path()).collect();
@@ -721,22 +721,22 @@ fn a_wrong_secret_value_never_appears_in_output() {
     let wrong = "WRONGsecretWRONGsecretWRONGsecretWRONGsec"; // 41 chars: decodes to 30 bytes
     let cases = [
         edit(
-            SECRETS_TOML,
+            &SECRETS_TOML,
             &[("7DSziFstzn18m4kT0DnCq0jReWQxAnkgKl6pfph4WsY", wrong)],
         ),
         edit(
-            SECRETS_TOML,
+            &SECRETS_TOML,
             &[("\"7DSziFstzn18m4kT0DnCq0jReWQxAnkgKl6pfph4WsY\"", wrong)],
         ),
         edit(
-            SECRETS_TOML,
+            &SECRETS_TOML,
             &[(
                 "\"7DSziFstzn18m4kT0DnCq0jReWQxAnkgKl6pfph4WsY\"",
                 &format!("\"{wrong}"),
             )],
         ),
         edit(
-            SECRETS_TOML,
+            &SECRETS_TOML,
             &[(
                 "7DSziFstzn18m4kT0DnCq0jReWQxAnkgKl6pfph4WsY",
                 &format!("{wrong}!!"),
@@ -746,7 +746,7 @@ fn a_wrong_secret_value_never_appears_in_output() {
         SECRETS_TOML.to_owned() + &format!("{wrong}\n"),
         SECRETS_TOML.to_owned() + &format!("secret = \"{wrong}\"\n"),
         edit(
-            SECRETS_TOML,
+            &SECRETS_TOML,
             &[("[hub_key]\n", &format!("[hub_key]\nsecret = \"{wrong}\"\n"))],
         ),
     ];

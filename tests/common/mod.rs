@@ -5,20 +5,21 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-/// `spec/vectors/mqtt/trust.toml`, verbatim.
-pub const TRUST_TOML: &str = "[[trust.signer]]
-id = \"cloud-2026-11\"
-public_key = \"vpDAfBqmiMog0GAAR6GMchsmx2iCa19aGlMs764g2M0\"
-";
+/// The shared vectors folder (`../shared/spec/vectors/mqtt` from the project root).
+pub const VECTORS_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/spec/vectors/mqtt");
 
-/// `spec/vectors/mqtt/secrets.toml`, verbatim.
-pub const SECRETS_TOML: &str = "[hub_key]
-secret = \"qTouxiikSj0xOqGF1EY1r3wDRaCaaT-XQQUqNoXtCgU\"
+fn read_vector(name: &str) -> String {
+    std::fs::read_to_string(format!("{VECTORS_DIR}/{name}"))
+        .unwrap_or_else(|e| panic!("cannot read the shared vector {name}: {e}"))
+}
 
-[[pin_key]]
-id = \"k1\"
-secret = \"7DSziFstzn18m4kT0DnCq0jReWQxAnkgKl6pfph4WsY\"
-";
+/// `spec/vectors/mqtt/trust.toml`, read from the shared folder.
+pub static TRUST_TOML: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| read_vector("trust.toml"));
+
+/// `spec/vectors/mqtt/secrets.toml`, read from the shared folder.
+pub static SECRETS_TOML: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| read_vector("secrets.toml"));
 
 /// The vectors' hub public key (spec/vectors/mqtt/README.md).
 pub const HUB_PUBLIC_KEY: &str = "hnxZGkSHul8kFkNda3meL_Y5hD-IGBBTJ6T2hvrbnJI";
@@ -53,7 +54,7 @@ data_dir = \"data\"
 [mqtt]
 url = \"mqtt://127.0.0.1:1883\"
 
-{TRUST_TOML}
+{trust}
 [secrets]
 file = \"secrets.toml\"
 
@@ -67,7 +68,8 @@ name = \"101\"
 serial = \"board-a\"
 index = 0
 unlock_ms = 5000
-"
+",
+        trust = &*TRUST_TOML
     )
 }
 
@@ -83,7 +85,7 @@ impl Fixture {
             dir: tempfile::tempdir().expect("tempdir"),
         };
         fx.write_hub(&hub_toml());
-        fx.write_secrets(SECRETS_TOML);
+        fx.write_secrets(&SECRETS_TOML);
         fx
     }
 
