@@ -25,6 +25,7 @@
 pub mod config;
 pub mod crypto;
 pub mod event;
+pub mod lifecycle;
 pub mod store;
 pub mod time;
 pub mod verify;
