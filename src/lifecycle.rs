@@ -422,7 +422,7 @@ mod tests {
     fn a_window_of_exactly_max_grant_days_is_not_clamped() {
         let mut g = grant(1, GrantState::Active);
         g.valid_until = g.valid_from.saturating_add_days(60);
-        assert_eq!(clamp(g.valid_from, g.valid_until, 60).clamped, false);
+        assert!(!clamp(g.valid_from, g.valid_until, 60).clamped);
     }
 
     #[test]
