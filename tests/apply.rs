@@ -1,9 +1,9 @@
 //! `store::apply` against real SQLite files: every type, every result code
 //! this layer produces, batches, dedupe, the seq bookkeeping, and a race.
 
-mod common;
+mod store_common;
 
-use common::*;
+use store_common::*;
 use lockhub::event::{Change, EventKind, EventResult, GrantState, Outcome, Reason, SchemaError};
 use lockhub::store::Priority;
 use lockhub::store::apply::{record_step1_rejection, seq_status};
