@@ -3,12 +3,12 @@
 
 mod store_common;
 
-use store_common::*;
 use lockhub::event::{Change, EventKind, EventResult, GrantState, Outcome, Reason, SchemaError};
 use lockhub::store::Priority;
 use lockhub::store::apply::{record_step1_rejection, seq_status};
 use lockhub::time::Timestamp;
 use std::sync::{Arc, Barrier};
+use store_common::*;
 
 use GrantState::{Active, PreIssued};
 
