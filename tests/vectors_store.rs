@@ -8,9 +8,7 @@
 use lockhub::config::{Policy, Signer};
 use lockhub::crypto;
 use lockhub::event::{EventResult, Outcome, Reason, SchemaContext, parse_body};
-use lockhub::store::apply::{
-    ApplyContext, apply_event, record_step1_rejection, scrub_wal, seq_status,
-};
+use lockhub::store::apply::{ApplyContext, apply_event, record_step1_rejection, seq_status};
 use lockhub::store::{Priority, Store};
 use lockhub::time::Timestamp;
 use lockhub::verify::{VerifyContext, verify_envelope};
@@ -193,7 +191,7 @@ fn the_twenty_vectors_replayed_against_the_store_give_their_results_and_final_st
         if erased {
             // What the daemon does after an erasure commits: no page that
             // held the name may stay in the WAL.
-            scrub_wal(&db).unwrap();
+            store.scrub_wal_blocking().unwrap();
             assert!(
                 !file_holds(&db, NAME),
                 "case {n}: the database file holds the name"

@@ -28,7 +28,6 @@ use crate::lifecycle::{self, GrantPlan, KeyState, KeyView, Placement, RevokePlan
 use crate::time::Timestamp;
 use crate::verify::VerifiedEvent;
 use rusqlite::{Connection, OptionalExtension, params};
-use std::path::Path;
 use uuid::Uuid;
 
 /// The revoke reason of keys listed in a `key.issued`'s `supersedes`.
@@ -57,7 +56,7 @@ pub struct Applied {
     pub gap: bool,
     /// The checkpoint's `head_seq`, when this (non-duplicate) event is one.
     pub head_seq: Option<u64>,
-    /// A guest erasure changed rows: after the commit, run [`scrub_wal`] so
+    /// A guest erasure changed rows: after the commit, run [`super::Store::scrub_wal`] so
     /// the pre-erasure pages do not linger in the WAL file.
     pub erased: bool,
 }
@@ -177,23 +176,6 @@ pub fn seq_status(conn: &Connection) -> Result<SeqStatus, StoreError> {
         head_seq,
         last_sign_of_life: life.map(Timestamp),
     })
-}
-
-/// Checkpoints the WAL into the database and truncates it, so that pages
-/// written before a guest erasure (which still hold the name) leave the WAL
-/// file. Runs on its own connection, outside any transaction: call it after
-/// the erasure committed. `secure_delete` on the writer has already zeroed
-/// the freed space in the pages being copied.
-pub fn scrub_wal(db_path: &Path) -> Result<(), StoreError> {
-    let conn = Connection::open(db_path)?;
-    conn.busy_timeout(std::time::Duration::from_secs(5))?;
-    let busy: i64 = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))?;
-    if busy != 0 {
-        return Err(StoreError::Invalid(
-            "WAL checkpoint blocked by a reader; retry".into(),
-        ));
-    }
-    Ok(())
 }
 
 /// Maps a write that SQLite refused to the stable code for it, when the
