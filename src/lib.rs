@@ -26,5 +26,6 @@ pub mod config;
 pub mod crypto;
 pub mod event;
 pub mod store;
+pub mod sync;
 pub mod time;
 pub mod verify;
