@@ -18,6 +18,7 @@
 //! | [`lifecycle`] | the key state machine and the plan for one event (pure) |
 //! | [`door`] | the door decision and the lockout rules (pure) |
 //! | [`store`] | the SQLite mirror: migrations, the writer thread, reads |
+//! | [`sim`] | simulated peers (a signing cloud, a lock board) for tests, demo, benchmarks |
 //!
 //! `migrations/` holds the schema as append-only SQL files; the invariants of
 //! mqtt.md are enforced there, by SQLite, as the last line of defence.
@@ -25,6 +26,7 @@
 pub mod config;
 pub mod crypto;
 pub mod event;
+pub mod sim;
 pub mod store;
 pub mod sync;
 pub mod time;

@@ -25,13 +25,16 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::CheckConfig { file } => {
-            // The loader lands with the config work; until then say so plainly.
-            eprintln!(
-                "{}: check-config is not available in this build",
-                file.display()
-            );
-            ExitCode::from(1)
-        }
+        Command::CheckConfig { file } => match lockhub::config::load(&file) {
+            Ok(_) => {
+                println!("{}: ok", file.display());
+                ExitCode::SUCCESS
+            }
+            Err(errors) => {
+                // One problem per line, FILE:LINE:COL: message; never a secret.
+                eprintln!("{errors}");
+                ExitCode::from(2)
+            }
+        },
     }
 }
