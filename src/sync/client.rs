@@ -354,12 +354,8 @@ pub async fn poll_loop(
                         let _ = sinks.session.send(ev).await;
                     }
                     Event::Incoming(Packet::Publish(publish)) => {
-                        if sinks
-                            .inbound
-                            .send(Inbound { epoch, publish })
-                            .await
-                            .is_err()
-                        {
+                        let sent = sinks.inbound.send(Inbound { epoch, publish }).await;
+                        if sent.is_err() {
                             break;
                         }
                     }

@@ -165,10 +165,10 @@ impl Publisher {
                 _ = tokio::time::sleep(retry) => {}
                 _ = tick.tick() => {
                     ticks = ticks.wrapping_add(1);
-                    if ticks % BACKLOG_EVERY_TICKS == 0 {
+                    if ticks.is_multiple_of(BACKLOG_EVERY_TICKS) {
                         self.check_backlog().await;
                     }
-                    if ticks % PRUNE_EVERY_TICKS == 0 {
+                    if ticks.is_multiple_of(PRUNE_EVERY_TICKS) {
                         self.prune().await;
                     }
                 }
