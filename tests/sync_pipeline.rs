@@ -109,6 +109,7 @@ impl Decide for RecordOnce {
             seq: None,
             checkpoint_head: None,
             sign_of_life: true,
+            erased: false,
         })
     }
 }

@@ -52,6 +52,8 @@ pub struct Decided {
     /// It counts as a sign of life for `cloud_stale` (an authenticated
     /// event, or a checkpoint issued recently).
     pub sign_of_life: bool,
+    /// A guest erasure committed: the decider scrubs the WAL afterwards.
+    pub erased: bool,
 }
 
 /// How a message is decided: the daemon plugs in verification and the
@@ -66,6 +68,9 @@ pub trait Decide: Send + Sync + 'static {
     /// Everything else, inside the writer's transaction: the effect, the
     /// dedupe record and the result (on the outbox) together.
     fn commit(&self, conn: &Connection, checked: Self::Checked) -> Result<Decided, StoreError>;
+
+    /// Runs after a batch committed (outside the transaction).
+    fn after_commit(&self, _decided: &[Decided]) {}
 }
 
 type Commit = Pin<Box<dyn Future<Output = Result<(Vec<Decided>, bool), StoreError>> + Send>>;
@@ -170,6 +175,7 @@ pub async fn run<D: Decide>(
                 }
                 if committed > 0 {
                     sinks.outbox.notify_one();
+                    decider.after_commit(&decided);
                 }
                 for d in decided {
                     let _ = sinks.decided.send(d).await;
