@@ -26,6 +26,7 @@
 pub mod config;
 pub mod crypto;
 pub mod event;
+pub mod lifecycle;
 pub mod sim;
 pub mod store;
 pub mod sync;

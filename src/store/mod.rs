@@ -22,6 +22,7 @@
 //! in the submodules; callers run them on the writer with [`Store::write`].
 
 pub mod alerts;
+pub mod apply;
 pub mod audit;
 mod migrate;
 pub mod outbox;
