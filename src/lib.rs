@@ -25,6 +25,7 @@
 
 pub mod config;
 pub mod crypto;
+pub mod daemon;
 pub mod event;
 pub mod lifecycle;
 pub mod sim;

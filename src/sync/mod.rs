@@ -24,6 +24,7 @@
 //! seq bookkeeping notices and the hub asks for them again (`gap`).
 
 pub mod client;
+pub mod decide;
 pub mod ingest;
 pub mod plan;
 pub mod publisher;
