@@ -25,8 +25,11 @@
 
 pub mod config;
 pub mod crypto;
+pub mod daemon;
 pub mod event;
+pub mod lifecycle;
 pub mod sim;
 pub mod store;
+pub mod sync;
 pub mod time;
 pub mod verify;

@@ -2,6 +2,8 @@
 //! written into a temporary folder with the secrets file at mode 0600.
 #![allow(dead_code)]
 
+pub mod mosquitto;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
