@@ -30,7 +30,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         "lockhub starting"
     );
     let seq = decide::initial_seq(&store.reader()?)?;
-    let decider = Arc::new(decide::HubDecider::new(&config));
+    let decider = Arc::new(decide::HubDecider::new(&config, store.clone()));
     let sync = match sync::start(
         SyncSettings::from_config(&config),
         store.clone(),

@@ -6,12 +6,11 @@ use super::plan::SeqView;
 use super::ratelimit::TokenBucket;
 use crate::config::{Config, Signer};
 use crate::event::{self, EventKind, EventResult, Outcome, SchemaContext, SchemaError};
-use crate::store::StoreError;
+use crate::store::{Store, StoreError};
 use crate::store::apply::{self, ApplyContext};
 use crate::time::Timestamp;
 use crate::verify::{self, VerifiedEvent, VerifyContext};
 use rusqlite::Connection;
-use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
@@ -33,13 +32,14 @@ pub struct HubDecider {
     schema: SchemaContext,
     apply: ApplyContext,
     cloud_stale: Duration,
-    db_path: PathBuf,
+    /// For the WAL scrub after a guest erasure.
+    store: Store,
     limiter: Mutex<TokenBucket>,
     origin: Instant,
 }
 
 impl HubDecider {
-    pub fn new(config: &Config) -> Self {
+    pub fn new(config: &Config, store: Store) -> Self {
         let origin = Instant::now();
         HubDecider {
             ring: config.trust.clone(),
@@ -54,7 +54,7 @@ impl HubDecider {
                 policy: config.policy,
             },
             cloud_stale: Duration::from_secs(u64::from(config.policy.cloud_stale_s)),
-            db_path: config.database_path(),
+            store,
             limiter: Mutex::new(TokenBucket::step1_results(Duration::ZERO)),
             origin,
         }
@@ -147,10 +147,11 @@ impl Decide for HubDecider {
 
     fn after_commit(&self, decided: &[Decided]) {
         if decided.iter().any(|d| d.erased) {
-            let path = self.db_path.clone();
-            // Off the async threads: a WAL checkpoint is disk work.
-            tokio::task::spawn_blocking(move || {
-                if let Err(e) = apply::scrub_wal(&path) {
+            // The writer runs the scrub between transactions, after this
+            // commit; ingest does not wait for it.
+            let store = self.store.clone();
+            tokio::spawn(async move {
+                if let Err(e) = store.scrub_wal().await {
                     tracing::warn!(error = %e, "WAL scrub after a guest erasure will be retried by the next one");
                 }
             });
