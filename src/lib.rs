@@ -17,13 +17,16 @@
 //! | [`verify`] | step 1 of an event: size, envelope, signer, `verify_strict`, ids |
 //! | [`lifecycle`] | the key state machine and the plan for one event (pure) |
 //! | [`door`] | the door decision and the lockout rules (pure) |
+//! | [`clock`] | the effective time: system clock, durable floor, monotonic time; trust (pure) |
 //! | [`store`] | the SQLite mirror: migrations, the writer thread, reads |
 //!
 //! `migrations/` holds the schema as append-only SQL files; the invariants of
 //! mqtt.md are enforced there, by SQLite, as the last line of defence.
 
+pub mod clock;
 pub mod config;
 pub mod crypto;
+pub mod door;
 pub mod event;
 pub mod store;
 pub mod time;
