@@ -58,6 +58,13 @@ pub struct DoorOutcome {
 const COUNTED_REASONS_SQL: &str =
     "('bad_format', 'unknown_pin', 'outside_window', 'pin_ambiguous')";
 
+/// The probe for one tag (public so a test can check its query plan).
+pub const CANDIDATES_SQL: &str =
+    "SELECT k.key_id, k.pin_key_id, k.state, k.valid_from, k.valid_until,
+        k.check_in_id, k.holder_ref, k.holder_name
+   FROM key_doors d JOIN keys k ON k.key_id = d.key_id
+  WHERE d.door = ?1 AND d.pin_tag = ?2 AND d.live = 1 AND k.pin_key_id = ?3";
+
 /// The live keys holding one of `tags` at `door`: one index probe per tag on
 /// `key_doors (door, pin_tag) WHERE live = 1`, so the cost does not grow
 /// with the number of keys.
@@ -66,12 +73,7 @@ pub fn candidates(
     door: &str,
     tags: &[(String, [u8; 32])],
 ) -> Result<Vec<Candidate>, StoreError> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT k.key_id, k.pin_key_id, k.state, k.valid_from, k.valid_until,
-                k.check_in_id, k.holder_ref, k.holder_name
-           FROM key_doors d JOIN keys k ON k.key_id = d.key_id
-          WHERE d.door = ?1 AND d.pin_tag = ?2 AND d.live = 1 AND k.pin_key_id = ?3",
-    )?;
+    let mut stmt = conn.prepare_cached(CANDIDATES_SQL)?;
     let mut out = Vec::new();
     for (pin_key_id, tag) in tags {
         let rows = stmt.query_map(params![door, &tag[..], pin_key_id], |r| {
