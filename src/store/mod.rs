@@ -24,8 +24,12 @@
 pub mod alerts;
 pub mod apply;
 pub mod audit;
+pub mod door;
+pub mod floor;
+pub mod keys;
 mod migrate;
 pub mod outbox;
+pub mod sweep;
 
 pub use migrate::{MIGRATIONS, schema_version};
 
