@@ -1,15 +1,17 @@
 //! `lockhub run`: the daemon's lifetime in one function.
 //!
-//! Open the store, start the sync layer (and, with the door work, the serial
-//! tasks), wait for shutdown, then stop in the reverse order: the offline
-//! status is published and the connection closed cleanly, and the store's
+//! Open the store, start the sync layer and the serial tasks, wait for
+//! shutdown, then stop in the reverse order: the doors first, then the
+//! offline status is published and the connection closed cleanly, and the store's
 //! writer finishes its queue and is joined, so the database is closed.
 
+use crate::clock::LiveClock;
 use crate::config::Config;
-use crate::store::{Store, StoreError};
+use crate::serial::{self, SerialSettings};
+use crate::store::{Store, StoreError, floor};
 use crate::sync::{self, SyncError, SyncSettings, decide};
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// The daemon boundary's errors: all of them stop it at start-up.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +31,13 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         db = %store.path().display(),
         "lockhub starting"
     );
+    // The doors decide by the effective time (mqtt.md 'Time'), never the
+    // raw system clock.
+    let clock = Arc::new(Mutex::new(LiveClock::start(floor::load(&store.reader()?)?)));
+    let now: serial::TimeSource = Arc::new(move || match clock.lock() {
+        Ok(mut c) => c.now(),
+        Err(poisoned) => poisoned.into_inner().now(),
+    });
     let seq = decide::initial_seq(&store.reader()?)?;
     let decider = Arc::new(decide::HubDecider::new(&config, store.clone()));
     let sync = match sync::start(
@@ -44,8 +53,17 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         }
     };
 
+    let serial = serial::spawn(
+        SerialSettings::from_config(&config),
+        store.clone(),
+        now,
+        Some(sync.outbox_notify()),
+    );
+
     shutdown.await;
     tracing::info!("lockhub stopping");
+    // Doors first: no decision is taken while the cloud link closes.
+    serial.shutdown().await;
     sync.shutdown().await;
     store.close();
     tracing::info!("lockhub stopped");
