@@ -5,8 +5,10 @@
 //! status is published and the connection closed cleanly, and the store's
 //! writer finishes its queue and is joined, so the database is closed.
 
+use crate::clock::SharedClock;
 use crate::config::Config;
-use crate::store::{Store, StoreError};
+use crate::maintenance::Maintenance;
+use crate::store::{Store, StoreError, floor};
 use crate::sync::{self, SyncError, SyncSettings, decide};
 use std::future::Future;
 use std::sync::Arc;
@@ -29,8 +31,17 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         db = %store.path().display(),
         "lockhub starting"
     );
-    let seq = decide::initial_seq(&store.reader()?)?;
-    let decider = Arc::new(decide::HubDecider::new(&config, store.clone()));
+    let reader = store.reader()?;
+    let seq = decide::initial_seq(&reader)?;
+    // The effective clock starts from the durable floor: a hub that boots
+    // with its clock at 1970 still knows roughly when it is.
+    let clock = SharedClock::start(floor::load(&reader)?);
+    drop(reader);
+    let decider = Arc::new(decide::HubDecider::new(
+        &config,
+        store.clone(),
+        clock.clone(),
+    ));
     let sync = match sync::start(
         SyncSettings::from_config(&config),
         store.clone(),
@@ -44,8 +55,22 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         }
     };
 
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let housekeeping = tokio::spawn(
+        Maintenance {
+            store: store.clone(),
+            clock: clock.clone(),
+            policy: config.policy,
+            trust_ring: config.trust.clone(),
+            outbox_wake: sync.outbox_notify(),
+        }
+        .run(stop_rx),
+    );
+
     shutdown.await;
     tracing::info!("lockhub stopping");
+    let _ = stop_tx.send(true);
+    let _ = housekeeping.await;
     sync.shutdown().await;
     store.close();
     tracing::info!("lockhub stopped");

@@ -20,6 +20,7 @@
 //! | [`clock`] | the effective time: system clock, durable floor, monotonic time; trust (pure) |
 //! | [`store`] | the SQLite mirror: migrations, the writer thread, reads |
 //! | [`sync`] | MQTT: the event loop, verify→apply ingest with in-order acks, the outbox publisher, sync requests |
+//! | [`maintenance`] | housekeeping: clock trust, time floor, expiry sweep, retention, signer expiry |
 //! | [`daemon`] | `run(config, shutdown)`: wires the store, sync and the serial ports together |
 //! | [`sim`] | simulated peers (a signing cloud, a lock board) for tests, demo, benchmarks |
 //!
@@ -33,6 +34,7 @@ pub mod daemon;
 pub mod door;
 pub mod event;
 pub mod lifecycle;
+pub mod maintenance;
 pub mod sim;
 pub mod store;
 pub mod sync;
