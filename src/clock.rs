@@ -27,6 +27,7 @@
 //! expiry sweep, which makes keys final for ever, waits.
 
 use crate::time::Timestamp;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How far a verified `issued_at` may run ahead of the system clock before
@@ -175,6 +176,40 @@ impl LiveClock {
 
     pub fn trusted(&self) -> bool {
         self.trust() == Trust::Trusted
+    }
+}
+
+/// One [`LiveClock`] shared by every task of the daemon (sync, doors,
+/// maintenance), so they all see the same effective time and every
+/// `issued_at` raises it for all of them.
+#[derive(Debug, Clone)]
+pub struct SharedClock(Arc<Mutex<LiveClock>>);
+
+impl SharedClock {
+    /// Starts from the durable floor ([`crate::store::floor::load`]).
+    pub fn start(floor: Timestamp) -> SharedClock {
+        SharedClock(Arc::new(Mutex::new(LiveClock::start(floor))))
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut LiveClock) -> T) -> T {
+        // A panic while holding the lock cannot leave the clock's two
+        // integers half-written; keep using it.
+        let mut guard = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut guard)
+    }
+
+    /// The effective time now.
+    pub fn now(&self) -> Timestamp {
+        self.with(LiveClock::now)
+    }
+
+    /// A verified `issued_at` raises the effective time.
+    pub fn observe_issued_at(&self, issued_at: Timestamp) {
+        self.with(|c| c.observe_issued_at(issued_at))
+    }
+
+    pub fn trust(&self) -> Trust {
+        self.with(|c| c.trust())
     }
 }
 

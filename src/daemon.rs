@@ -5,13 +5,14 @@
 //! offline status is published and the connection closed cleanly, and the store's
 //! writer finishes its queue and is joined, so the database is closed.
 
-use crate::clock::LiveClock;
+use crate::clock::SharedClock;
 use crate::config::Config;
+use crate::maintenance::Maintenance;
 use crate::serial::{self, SerialSettings};
 use crate::store::{Store, StoreError, floor};
 use crate::sync::{self, SyncError, SyncSettings, decide};
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// The daemon boundary's errors: all of them stop it at start-up.
 #[derive(Debug, thiserror::Error)]
@@ -31,15 +32,17 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         db = %store.path().display(),
         "lockhub starting"
     );
-    // The doors decide by the effective time (mqtt.md 'Time'), never the
-    // raw system clock.
-    let clock = Arc::new(Mutex::new(LiveClock::start(floor::load(&store.reader()?)?)));
-    let now: serial::TimeSource = Arc::new(move || match clock.lock() {
-        Ok(mut c) => c.now(),
-        Err(poisoned) => poisoned.into_inner().now(),
-    });
-    let seq = decide::initial_seq(&store.reader()?)?;
-    let decider = Arc::new(decide::HubDecider::new(&config, store.clone()));
+    let reader = store.reader()?;
+    let seq = decide::initial_seq(&reader)?;
+    // The effective clock starts from the durable floor: a hub that boots
+    // with its clock at 1970 still knows roughly when it is.
+    let clock = SharedClock::start(floor::load(&reader)?);
+    drop(reader);
+    let decider = Arc::new(decide::HubDecider::new(
+        &config,
+        store.clone(),
+        clock.clone(),
+    ));
     let sync = match sync::start(
         SyncSettings::from_config(&config),
         store.clone(),
@@ -53,6 +56,22 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         }
     };
 
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let housekeeping = tokio::spawn(
+        Maintenance {
+            store: store.clone(),
+            clock: clock.clone(),
+            policy: config.policy,
+            trust_ring: config.trust.clone(),
+            outbox_wake: sync.outbox_notify(),
+        }
+        .run(stop_rx),
+    );
+    // The doors decide by the same effective clock (mqtt.md 'Time').
+    let now: serial::TimeSource = {
+        let clock = clock.clone();
+        Arc::new(move || clock.now())
+    };
     let serial = serial::spawn(
         SerialSettings::from_config(&config),
         store.clone(),
@@ -64,6 +83,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     tracing::info!("lockhub stopping");
     // Doors first: no decision is taken while the cloud link closes.
     serial.shutdown().await;
+    let _ = stop_tx.send(true);
+    let _ = housekeeping.await;
     sync.shutdown().await;
     store.close();
     tracing::info!("lockhub stopped");

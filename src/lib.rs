@@ -21,6 +21,7 @@
 //! | [`store`] | the SQLite mirror: migrations, the writer thread, reads |
 //! | [`serial`] | the lock boards: one task per port, keypad -> decision -> Unlock/Deny, door sensors, liveness |
 //! | [`sync`] | MQTT: the event loop, verify→apply ingest with in-order acks, the outbox publisher, sync requests |
+//! | [`maintenance`] | housekeeping: clock trust, time floor, expiry sweep, retention, signer expiry |
 //! | [`daemon`] | `run(config, shutdown)`: wires the store, sync and the serial ports together |
 //! | [`sim`] | simulated peers (a signing cloud, a lock board) for tests, demo, benchmarks |
 //!
@@ -34,6 +35,7 @@ pub mod daemon;
 pub mod door;
 pub mod event;
 pub mod lifecycle;
+pub mod maintenance;
 pub mod serial;
 pub mod sim;
 pub mod store;

@@ -20,6 +20,12 @@ enum Command {
         /// Path to hub.toml.
         file: PathBuf,
     },
+    /// List the local key mirror (key, state, doors, window); never PIN tags.
+    Keys {
+        /// Path to hub.toml.
+        #[arg(long)]
+        config: PathBuf,
+    },
     /// Run the daemon until SIGTERM or SIGINT.
     Run {
         /// Path to hub.toml.
@@ -60,6 +66,26 @@ fn parse_door_name(s: &str) -> Result<(String, u8), String> {
 
 /// `lockhub run`: logs to stderr; a config problem is exit 2, anything
 /// else that stops the daemon exit 1.
+/// `lockhub keys`: read-only, safe while the daemon runs.
+fn keys(path: &std::path::Path) -> ExitCode {
+    let config = match lockhub::config::load(path) {
+        Ok(c) => c,
+        Err(errors) => {
+            eprintln!("{errors}");
+            return ExitCode::from(2);
+        }
+    };
+    let listed = lockhub::store::open_read_only(&config.database_path())
+        .and_then(|conn| lockhub::store::keys::print_keys(&conn, &mut std::io::stdout().lock()));
+    match listed {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lockhub keys: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
 fn run(path: &std::path::Path) -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -111,6 +137,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Run { config } => run(&config),
+        Command::Keys { config } => keys(&config),
         Command::CheckConfig { file } => match lockhub::config::load(&file) {
             Ok(_) => {
                 println!("{}: ok", file.display());

@@ -31,7 +31,7 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::config::{Config, PinKey, Policy};
-use crate::store::{Priority, Store};
+use crate::store::Store;
 use crate::time::Timestamp;
 use port::DoorTarget;
 use record::Record;
@@ -40,9 +40,6 @@ use record::Record;
 /// daemon passes its clock here, tests a plain function.
 pub type TimeSource = Arc<dyn Fn() -> Timestamp + Send + Sync>;
 
-/// How often raised `keypad_lockout` alerts are checked for lockouts that
-/// have ended, so the alert ends with the lockout and not at the next entry.
-const LOCKOUT_SWEEP: Duration = Duration::from_secs(10);
 /// How long [`SerialHandle::shutdown`] waits for a port task.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -190,8 +187,9 @@ impl SerialHandle {
     }
 }
 
-/// Starts one task per port (and its recorder), plus the lockout-alert
-/// sweep. `outbox_wake` is notified after audit rows and alerts commit, so
+/// Starts one task per port and its recorder. (The `keypad_lockout` alert
+/// of a lockout that ended is cleared by [`crate::maintenance`].)
+/// `outbox_wake` is notified after audit rows and alerts commit, so
 /// the publisher sends them at once.
 pub fn spawn(
     settings: SerialSettings,
@@ -223,47 +221,9 @@ pub fn spawn(
         });
         ports.push(tokio::spawn(port::run_port(shared, stop_rx.clone())));
     }
-    others.push(tokio::spawn(lockout_sweep(
-        store,
-        now,
-        outbox_wake,
-        stop_rx,
-    )));
     SerialHandle {
         stop,
         ports,
         others,
-    }
-}
-
-/// Clears `keypad_lockout` alerts whose lockout has ended.
-async fn lockout_sweep(
-    store: Store,
-    now: TimeSource,
-    outbox_wake: Option<Arc<Notify>>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut tick = tokio::time::interval(LOCKOUT_SWEEP);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stop.changed() => return,
-        }
-        let at = now();
-        match store
-            .write(Priority::Bulk, move |c| {
-                crate::store::door::clear_expired_lockouts(c, at)
-            })
-            .await
-        {
-            Ok(0) => {}
-            Ok(n) => {
-                tracing::info!(cleared = n, "keypad lockouts ended");
-                if let Some(w) = &outbox_wake {
-                    w.notify_one();
-                }
-            }
-            Err(e) => tracing::error!(error = %e, "cannot clear ended lockouts"),
-        }
     }
 }

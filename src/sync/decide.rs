@@ -4,6 +4,7 @@
 use super::ingest::{Decide, Decided};
 use super::plan::SeqView;
 use super::ratelimit::TokenBucket;
+use crate::clock::SharedClock;
 use crate::config::{Config, Signer};
 use crate::event::{self, EventKind, EventResult, Outcome, SchemaContext, SchemaError};
 use crate::store::apply::{self, ApplyContext};
@@ -34,12 +35,14 @@ pub struct HubDecider {
     cloud_stale: Duration,
     /// For the WAL scrub after a guest erasure.
     store: Store,
+    /// The hub's effective time, shared with the doors and housekeeping.
+    clock: SharedClock,
     limiter: Mutex<TokenBucket>,
     origin: Instant,
 }
 
 impl HubDecider {
-    pub fn new(config: &Config, store: Store) -> Self {
+    pub fn new(config: &Config, store: Store, clock: SharedClock) -> Self {
         let origin = Instant::now();
         HubDecider {
             ring: config.trust.clone(),
@@ -55,6 +58,7 @@ impl HubDecider {
             },
             cloud_stale: Duration::from_secs(u64::from(config.policy.cloud_stale_s)),
             store,
+            clock,
             limiter: Mutex::new(TokenBucket::step1_results(Duration::ZERO)),
             origin,
         }
@@ -62,7 +66,7 @@ impl HubDecider {
 
     /// The hub's effective time.
     fn now(&self) -> Timestamp {
-        Timestamp::now_system()
+        self.clock.now()
     }
 }
 
@@ -79,6 +83,9 @@ impl Decide for HubDecider {
         };
         match verify::verify_envelope(payload, &ctx) {
             Ok(ev) => {
+                // A verified issued_at raises the effective time (mqtt.md
+                // 'Time'); the applier raises the durable floor with it.
+                self.clock.observe_issued_at(ev.header.issued_at);
                 let kind = event::parse_body(&ev.body, &self.schema);
                 tracing::debug!(event_id = %ev.header.event_id, seq = ?ev.header.seq, signer = %ev.signer, "event verified");
                 Checked::Verified(Box::new(ev), kind)

@@ -18,8 +18,9 @@
 //!
 //! The door never waits on this: nothing here holds a lock the door needs,
 //! and rows pile up durably while the broker is away (`outbox_backlog` is
-//! raised past [`BacklogLimits`]). Sent rows are pruned after
-//! [`SENT_RETENTION`]; unsent rows never (the schema refuses it).
+//! raised past [`BacklogLimits`]). Sent rows are pruned by the daemon's
+//! maintenance task ([`crate::store::sweep::prune`]); unsent rows never (the
+//! schema refuses it).
 //!
 //! [`CLIENT_INFLIGHT`]: super::client::CLIENT_INFLIGHT
 
@@ -39,12 +40,9 @@ use tokio::sync::{Notify, mpsc, oneshot};
 
 /// Publishes awaiting their PUBACK at most (below rumqttc's inflight limit).
 pub const WINDOW: usize = 64;
-/// Sent rows are kept this long (for local inspection), then pruned.
-pub const SENT_RETENTION: Duration = Duration::from_secs(7 * 86_400);
 /// How often the backlog is measured and anything missed is retried.
 const TICK: Duration = Duration::from_secs(1);
 const BACKLOG_EVERY_TICKS: u32 = 10;
-const PRUNE_EVERY_TICKS: u32 = 3600;
 /// How long a clean shutdown waits for the broker to take the offline status.
 pub const OFFLINE_ACK_TIMEOUT: Duration = Duration::from_secs(2);
 /// Subject of the `outbox_backlog` alert.
@@ -147,7 +145,6 @@ impl Publisher {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut ticks: u32 = 0;
-        self.prune().await;
         loop {
             self.flush_acked().await;
             self.fill();
@@ -167,9 +164,6 @@ impl Publisher {
                     ticks = ticks.wrapping_add(1);
                     if ticks.is_multiple_of(BACKLOG_EVERY_TICKS) {
                         self.check_backlog().await;
-                    }
-                    if ticks.is_multiple_of(PRUNE_EVERY_TICKS) {
-                        self.prune().await;
                     }
                 }
                 cmd = cmd_rx.recv() => {
@@ -324,18 +318,6 @@ impl Publisher {
             .await;
         if let Err(e) = res {
             tracing::error!(error = %e, "cannot record the outbox_backlog alert");
-        }
-    }
-
-    async fn prune(&mut self) {
-        let before =
-            Timestamp::now_system().saturating_add_micros(-(SENT_RETENTION.as_micros() as i64));
-        if let Err(e) = self
-            .store
-            .write(Priority::Bulk, move |c| outbox::prune_sent(c, before))
-            .await
-        {
-            tracing::warn!(error = %e, "cannot prune sent outbox rows");
         }
     }
 
