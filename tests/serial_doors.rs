@@ -16,10 +16,6 @@ use lockhub::sim::board::SimEvent;
 use pty::Pty;
 use serial_hub::*;
 
-fn relay_opened(door: u8) -> impl Fn(&SimEvent) -> bool {
-    move |e| *e == SimEvent::RelayOpened { door }
-}
-
 fn denied(door: u8, locked_out: bool) -> impl Fn(&SimEvent) -> bool {
     move |e| *e == SimEvent::Denied { door, locked_out }
 }

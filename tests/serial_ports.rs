@@ -15,10 +15,6 @@ use pty::Pty;
 use serial_hub::*;
 use tokio::time::Instant;
 
-fn relay_opened(door: u8) -> impl Fn(&SimEvent) -> bool {
-    move |e| *e == SimEvent::RelayOpened { door }
-}
-
 /// Hub timings shortened so offline/online shows within a test: ping every
 /// 300 ms, down after 1.5 s of silence.
 fn quick_link() -> LinkConfig {

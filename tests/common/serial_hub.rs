@@ -225,6 +225,11 @@ pub async fn until_linked(sim: &mut Sim) {
     sim.run_for(Duration::from_millis(100)).await.unwrap();
 }
 
+/// Matches the relay at `door` opening.
+pub fn relay_opened(door: u8) -> impl Fn(&SimEvent) -> bool {
+    move |e| *e == SimEvent::RelayOpened { door }
+}
+
 /// Counts events matching `f` among those not yet taken.
 pub fn count(sim: &Sim, f: impl Fn(&SimEvent) -> bool) -> usize {
     sim.events().filter(|e| f(e)).count()
