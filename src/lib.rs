@@ -18,6 +18,10 @@
 //! | [`lifecycle`] | the key state machine and the plan for one event (pure) |
 //! | [`door`] | the door decision and the lockout rules (pure) |
 //! | [`store`] | the SQLite mirror: migrations, the writer thread, reads |
+//! | [`provision`] | `lockhub provision`: writes hub.toml + secrets.toml safely, fresh keys |
+//! | [`status`] | `lockhub status`: a read-only snapshot of the database for operators |
+//! | [`notify`] | systemd `sd_notify` (READY, WATCHDOG, STOPPING) without libsystemd |
+//! | [`logging`] | the tracing subscriber: text or JSON on stderr, the filter |
 //!
 //! `migrations/` holds the schema as append-only SQL files; the invariants of
 //! mqtt.md are enforced there, by SQLite, as the last line of defence.
@@ -25,6 +29,10 @@
 pub mod config;
 pub mod crypto;
 pub mod event;
+pub mod logging;
+pub mod notify;
+pub mod provision;
+pub mod status;
 pub mod store;
 pub mod time;
 pub mod verify;

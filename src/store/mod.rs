@@ -23,6 +23,7 @@
 
 pub mod alerts;
 pub mod audit;
+pub mod links;
 mod migrate;
 pub mod outbox;
 
