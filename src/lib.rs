@@ -22,6 +22,7 @@
 //! | [`status`] | `lockhub status`: a read-only snapshot of the database for operators |
 //! | [`notify`] | systemd `sd_notify` (READY, WATCHDOG, STOPPING) without libsystemd |
 //! | [`logging`] | the tracing subscriber: text or JSON on stderr, the filter |
+//! | [`sim`] | simulated peers (a signing cloud, a lock board) for tests, demo, benchmarks |
 //!
 //! `migrations/` holds the schema as append-only SQL files; the invariants of
 //! mqtt.md are enforced there, by SQLite, as the last line of defence.
@@ -32,6 +33,7 @@ pub mod event;
 pub mod logging;
 pub mod notify;
 pub mod provision;
+pub mod sim;
 pub mod status;
 pub mod store;
 pub mod time;

@@ -89,14 +89,17 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     match cli.command {
-        Command::CheckConfig { file } => {
-            // The loader lands with the config work; until then say so plainly.
-            eprintln!(
-                "{}: check-config is not available in this build",
-                file.display()
-            );
-            ExitCode::from(1)
-        }
+        Command::CheckConfig { file } => match lockhub::config::load(&file) {
+            Ok(_) => {
+                println!("{}: ok", file.display());
+                ExitCode::SUCCESS
+            }
+            Err(errors) => {
+                // One problem per line, FILE:LINE:COL: message; never a secret.
+                eprintln!("{errors}");
+                ExitCode::from(2)
+            }
+        },
         Command::Provision(args) => match provision(*args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -42,6 +42,7 @@
 //! `pin_keys` are optional. A bundle with `pin_keys` holds secrets: treat it
 //! like the secrets file (delete it after provisioning).
 
+use crate::config::{is_id, parse_mqtt_url};
 use crate::crypto::{b64u_decode_32, b64u_encode, parse_public_key};
 use crate::time::Timestamp;
 use ed25519_dalek::SigningKey;
@@ -94,6 +95,8 @@ pub enum ProvisionError {
     },
     #[error("unknown user {0:?} (not in /etc/passwd)")]
     UnknownUser(String),
+    #[error("wrote the files, but check-config refuses them (a lockhub bug, please report):\n{0}")]
+    Check(String),
     #[error("the operating system's random number generator failed: {0}")]
     Random(String),
 }
@@ -386,13 +389,6 @@ fn random32() -> Result<[u8; 32], ProvisionError> {
     Ok(b)
 }
 
-/// config.md's id rule: 1..=64 of `[A-Za-z0-9._-]`.
-fn is_id(s: &str) -> bool {
-    (1..=64).contains(&s.len())
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-}
-
 fn invalid(msg: impl Into<String>) -> ProvisionError {
     ProvisionError::Invalid(msg.into())
 }
@@ -468,17 +464,7 @@ fn validate(req: &mut Request) -> Result<([u8; 32], Vec<NewPinKey>), ProvisionEr
         )));
     }
     let url = req.mqtt.url.trim().to_owned();
-    let rest = url
-        .strip_prefix("mqtt://")
-        .or_else(|| url.strip_prefix("mqtts://"))
-        .ok_or_else(|| {
-            invalid(format!(
-                "MQTT URL {url:?} must start with mqtt:// or mqtts://"
-            ))
-        })?;
-    if rest.is_empty() || rest.starts_with(':') || rest.starts_with('/') {
-        return Err(invalid(format!("MQTT URL {url:?} names no host")));
-    }
+    parse_mqtt_url(&url).map_err(|e| invalid(format!("MQTT URL {url:?}: {e}")))?;
     req.mqtt.url = url;
     if let Some(id) = &req.mqtt.client_id
         && id.is_empty()
@@ -674,6 +660,8 @@ pub fn provision(mut req: Request, target: &Target) -> Result<Provisioned, Provi
         None,
         target.force,
     )?;
+    // The promise is that check-config passes; hold provisioning to it.
+    crate::config::load(&config).map_err(|e| ProvisionError::Check(e.to_string()))?;
 
     Ok(Provisioned {
         site_id: req.site_id,

@@ -47,6 +47,11 @@ impl Timestamp {
                 return Err(TimeError::NotRfc3339);
             }
         }
+        // Seconds field "60" (a leap second) names no instant the hub can
+        // order consistently; the contract's producers never send one.
+        if b.get(17..19) == Some(b"60") {
+            return Err(TimeError::NotRfc3339);
+        }
         let dt = OffsetDateTime::parse(s, &Rfc3339).map_err(|_| TimeError::NotRfc3339)?;
         let nanos = dt.unix_timestamp_nanos();
         let micros = nanos.div_euclid(1000);

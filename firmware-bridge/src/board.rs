@@ -1,0 +1,713 @@
+//! The board: what the lock-board firmware does, as a clock-free state
+//! machine that a real HAL and the hub's `sim-board` drive the same way.
+//!
+//! Inputs are method calls ([`Board::on_frame_bytes`], [`Board::on_key`],
+//! [`Board::on_door_sensor`], [`Board::on_tamper`]); time advances with
+//! [`Board::poll`], which also yields the frames to write to the UART.
+//! Outputs are *levels* the HAL reads every loop ([`Board::relay_open`],
+//! [`Board::deny_feedback`], [`Board::link_up`]) rather than edge events:
+//! a HAL that misses an iteration still ends up with the right relay state,
+//! and "relay locked at power-up and when the link is lost" holds by
+//! construction, because `relay_open` is false unless the link is alive.
+//!
+//! A typical main loop:
+//! ```
+//! use firmware_bridge::{Board, BoardConfig};
+//! let mut board = Board::new(BoardConfig::new(1, 2), 0);
+//! let now = 10;
+//! // board.on_frame_bytes(&uart_rx_bytes, now);
+//! // board.on_key(door, key, now); ...
+//! for frame in board.poll(now) {
+//!     // uart.write_all(&frame);
+//!     let _ = frame;
+//! }
+//! let _relay0 = board.relay_open(0, now);
+//! ```
+
+use heapless::Vec;
+
+use crate::frame::{DecoderStats, Frame, FrameDecoder, to_frame};
+use crate::link::{BoardLink, LinkConfig, LinkError, LinkEvent};
+use crate::msg::{DenyReason, Downlink, PIN_MAX_DIGITS, Pin, Uplink};
+
+/// Doors a board can have (`serial.md`: door index 0..=15).
+pub const MAX_DOORS: usize = 16;
+
+/// Keypad buffer per door: one more than the longest valid PIN, so an
+/// over-long entry is still sent (as 13 digits) and the hub denies it as
+/// `bad_format` and counts it toward the lockout, instead of the board
+/// silently truncating it into something that might be valid.
+pub const ENTRY_MAX: usize = PIN_MAX_DIGITS + 1;
+
+/// Board identity and timings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BoardConfig {
+    /// Sent in `Hello`.
+    pub board_id: u8,
+    /// Firmware version sent in `Hello`.
+    pub fw_major: u8,
+    /// Firmware version sent in `Hello`.
+    pub fw_minor: u8,
+    /// Doors wired to this board (clamped to [`MAX_DOORS`]); inputs and
+    /// commands for other doors are ignored (commands are still acked).
+    pub door_count: u8,
+    /// Send `Heartbeat` this often. The contract sets no period.
+    pub heartbeat_every_ms: u64,
+    /// How long the deny indication stays on after a `Deny`.
+    pub deny_feedback_ms: u64,
+    /// A half-typed entry is cleared after this long without a key, so the
+    /// next person does not inherit digits. The contract sets none.
+    pub entry_timeout_ms: u64,
+    /// Link timings (the contract's, normally).
+    pub link: LinkConfig,
+}
+
+impl BoardConfig {
+    /// Defaults: firmware 1.0, heartbeat every 10 s, deny shown 2 s, entry
+    /// cleared after 15 s idle, contract link timings.
+    pub const fn new(board_id: u8, door_count: u8) -> Self {
+        Self {
+            board_id,
+            fw_major: 1,
+            fw_minor: 0,
+            door_count,
+            heartbeat_every_ms: 10_000,
+            deny_feedback_ms: 2_000,
+            entry_timeout_ms: 15_000,
+            link: LinkConfig::board(),
+        }
+    }
+}
+
+/// What a key press did; lets a simulator or a buzzer give feedback.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyAction {
+    /// Unknown door, or a key that means nothing ('A'..'D' etc.), or '#'
+    /// on an empty entry.
+    Ignored,
+    /// A digit was added to the entry (or dropped past [`ENTRY_MAX`]; the
+    /// entry is then sent over-long so the hub denies it).
+    Digit,
+    /// '*' cleared the entry.
+    Cleared,
+    /// '#' sent the entry as `Keypad` with this seq.
+    Submitted(u16),
+    /// '#' could not send (pending table full); the entry is discarded.
+    NotSent(LinkError),
+}
+
+/// Counters a firmware can expose for diagnostics (saturating).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BoardStats {
+    /// Sequenced uplinks never acked after all resends.
+    pub uplinks_failed: u32,
+    /// Uplinks the link refused to queue (pending table or outbox full).
+    pub uplinks_not_sent: u32,
+    /// Commands for a door this board does not have.
+    pub unknown_door_commands: u32,
+    /// Frames that could not be encoded (never expected).
+    pub encode_errors: u32,
+}
+
+#[derive(Clone, Default)]
+struct Door {
+    entry: Vec<u8, ENTRY_MAX>,
+    last_key_ms: u64,
+    relay_until: Option<u64>,
+    deny: Option<(DenyReason, u64)>,
+    sensor_open: Option<bool>,
+}
+
+impl Door {
+    fn clear_entry(&mut self) {
+        // Overwrite the digits, not only the length.
+        for b in self.entry.iter_mut() {
+            *b = 0;
+        }
+        self.entry.clear();
+    }
+}
+
+/// The board state machine. See the module docs.
+pub struct Board {
+    cfg: BoardConfig,
+    link: BoardLink,
+    decoder: FrameDecoder<Downlink>,
+    doors: [Door; MAX_DOORS],
+    boot_ms: u64,
+    next_heartbeat_ms: u64,
+    stats: BoardStats,
+}
+
+impl Board {
+    /// Power-up at `now_ms`: all relays locked, `Hello` queued.
+    pub fn new(cfg: BoardConfig, now_ms: u64) -> Self {
+        let mut board = Self {
+            cfg: BoardConfig {
+                door_count: cfg.door_count.min(MAX_DOORS as u8),
+                ..cfg
+            },
+            link: BoardLink::new(cfg.link, now_ms),
+            decoder: FrameDecoder::new(),
+            doors: Default::default(),
+            boot_ms: now_ms,
+            next_heartbeat_ms: now_ms.saturating_add(cfg.heartbeat_every_ms),
+            stats: BoardStats::default(),
+        };
+        board.send_hello(now_ms);
+        board
+    }
+
+    /// Bytes read from the UART, in order, any chunking.
+    pub fn on_frame_bytes(&mut self, bytes: &[u8], now_ms: u64) {
+        for &b in bytes {
+            let Some(Ok(msg)) = self.decoder.push(b) else {
+                continue;
+            };
+            if let Some(msg) = self.link.on_rx(msg, now_ms) {
+                self.act(msg, now_ms);
+            }
+        }
+    }
+
+    /// A key at `door`'s keypad: '0'..='9' add a digit, '*' clears, '#'
+    /// submits. Other keys are ignored.
+    pub fn on_key(&mut self, door: u8, key: char, now_ms: u64) -> KeyAction {
+        let Some(d) = self.door_mut(door) else {
+            return KeyAction::Ignored;
+        };
+        match key {
+            '0'..='9' => {
+                // Cannot fail: `key` is an ASCII digit.
+                let _ = d.entry.push(key as u8);
+                d.last_key_ms = now_ms;
+                KeyAction::Digit
+            }
+            '*' => {
+                d.clear_entry();
+                KeyAction::Cleared
+            }
+            '#' if d.entry.is_empty() => KeyAction::Ignored,
+            '#' => {
+                let pin = Pin::from_wire_bytes(&d.entry).unwrap_or_default();
+                d.clear_entry();
+                let msg = Uplink::Keypad { seq: 0, door, pin };
+                match self.send(msg, now_ms) {
+                    Ok(Some(seq)) => KeyAction::Submitted(seq),
+                    Ok(None) => KeyAction::Ignored,
+                    Err(e) => KeyAction::NotSent(e),
+                }
+            }
+            _ => KeyAction::Ignored,
+        }
+    }
+
+    /// Door contact level. Sends `DoorSensor` only when the level changes
+    /// (the first call always sends), so a HAL may call it every loop.
+    pub fn on_door_sensor(&mut self, door: u8, open: bool, now_ms: u64) {
+        let Some(d) = self.door_mut(door) else {
+            return;
+        };
+        if d.sensor_open == Some(open) {
+            return;
+        }
+        let msg = Uplink::DoorSensor { seq: 0, door, open };
+        // Remember only what was reported, so a refused send is retried on
+        // the next call.
+        if self.send(msg, now_ms).is_ok()
+            && let Some(d) = self.door_mut(door)
+        {
+            d.sensor_open = Some(open);
+        }
+    }
+
+    /// The tamper switch fired (call on the edge, not every loop).
+    pub fn on_tamper(&mut self, now_ms: u64) -> Result<u16, LinkError> {
+        match self.send(Uplink::Tamper { seq: 0 }, now_ms)? {
+            Some(seq) => Ok(seq),
+            None => Err(LinkError::OutboxFull),
+        }
+    }
+
+    /// Advance time: resends, link liveness, heartbeat, timeouts. Returns
+    /// the frames to write, in order (drain it; frames left unread are
+    /// returned by the next `poll`).
+    pub fn poll(&mut self, now_ms: u64) -> Frames<'_> {
+        self.link.poll(now_ms);
+        while let Some(ev) = self.link.pop_event() {
+            match ev {
+                LinkEvent::Down => {
+                    // Lock everything; an Unlock must come again once the
+                    // link is back.
+                    for d in self.doors.iter_mut() {
+                        d.relay_until = None;
+                    }
+                }
+                LinkEvent::Failed(_) => {
+                    self.stats.uplinks_failed = self.stats.uplinks_failed.saturating_add(1);
+                }
+                LinkEvent::Acked(_) | LinkEvent::Up => {}
+            }
+        }
+        let timeout = self.cfg.entry_timeout_ms;
+        for d in self.doors.iter_mut() {
+            if !d.entry.is_empty() && now_ms.saturating_sub(d.last_key_ms) >= timeout {
+                d.clear_entry();
+            }
+        }
+        if now_ms >= self.next_heartbeat_ms {
+            let uptime_s = now_ms.saturating_sub(self.boot_ms) / 1000;
+            let uptime_s = u32::try_from(uptime_s).unwrap_or(u32::MAX);
+            let _ = self.send(Uplink::Heartbeat { uptime_s }, now_ms);
+            self.next_heartbeat_ms = now_ms.saturating_add(self.cfg.heartbeat_every_ms);
+        }
+        Frames {
+            link: &mut self.link,
+            encode_errors: &mut self.stats.encode_errors,
+        }
+    }
+
+    /// Whether `door`'s relay should be energised (open) at `now_ms`.
+    /// False at power-up, after the `Unlock` time ran out, and whenever the
+    /// link is not alive.
+    pub fn relay_open(&self, door: u8, now_ms: u64) -> bool {
+        self.link.alive_at(now_ms)
+            && self
+                .door(door)
+                .and_then(|d| d.relay_until)
+                .is_some_and(|until| now_ms < until)
+    }
+
+    /// The deny indication to show at `door` (e.g. red LED; blink pattern
+    /// for locked out), if one is active at `now_ms`.
+    pub fn deny_feedback(&self, door: u8, now_ms: u64) -> Option<DenyReason> {
+        match self.door(door)?.deny {
+            Some((reason, until)) if now_ms < until => Some(reason),
+            _ => None,
+        }
+    }
+
+    /// Whether the hub has been heard from within the liveness window.
+    pub fn link_up(&self, now_ms: u64) -> bool {
+        self.link.alive_at(now_ms)
+    }
+
+    /// Digits typed so far at `door` (for a "***" display; never the digits).
+    pub fn entry_len(&self, door: u8) -> usize {
+        self.door(door).map_or(0, |d| d.entry.len())
+    }
+
+    /// The configuration in force (door count clamped).
+    pub fn config(&self) -> &BoardConfig {
+        &self.cfg
+    }
+
+    /// Board counters.
+    pub fn stats(&self) -> BoardStats {
+        self.stats
+    }
+
+    /// Frames received from the hub, good and dropped by reason.
+    pub fn decoder_stats(&self) -> DecoderStats {
+        self.decoder.stats()
+    }
+
+    /// The link, for diagnostics (pending count, liveness, counters).
+    pub fn link(&self) -> &BoardLink {
+        &self.link
+    }
+
+    fn act(&mut self, msg: Downlink, now_ms: u64) {
+        match msg {
+            Downlink::Unlock { door, ms, .. } => match self.door_mut(door) {
+                Some(d) => {
+                    let until = now_ms.saturating_add(u64::from(ms));
+                    d.relay_until = Some(d.relay_until.map_or(until, |u| u.max(until)));
+                    d.deny = None;
+                }
+                None => self.count_unknown_door(),
+            },
+            Downlink::Deny { door, reason, .. } => {
+                let show = self.cfg.deny_feedback_ms;
+                match self.door_mut(door) {
+                    Some(d) => d.deny = Some((reason, now_ms.saturating_add(show))),
+                    None => self.count_unknown_door(),
+                }
+            }
+            // The link has already forgotten the hub's seqs; answer.
+            Downlink::Hello { .. } => self.send_hello(now_ms),
+            // The link answered with Pong / consumed the Ack.
+            Downlink::Ping { .. } | Downlink::Ack { .. } => {}
+        }
+    }
+
+    fn send_hello(&mut self, now_ms: u64) {
+        let hello = Uplink::Hello {
+            board_id: self.cfg.board_id,
+            fw_major: self.cfg.fw_major,
+            fw_minor: self.cfg.fw_minor,
+            door_count: self.cfg.door_count,
+        };
+        let _ = self.send(hello, now_ms);
+    }
+
+    fn send(&mut self, msg: Uplink, now_ms: u64) -> Result<Option<u16>, LinkError> {
+        let r = self.link.send(msg, now_ms);
+        if r.is_err() {
+            self.stats.uplinks_not_sent = self.stats.uplinks_not_sent.saturating_add(1);
+        }
+        r
+    }
+
+    fn count_unknown_door(&mut self) {
+        self.stats.unknown_door_commands = self.stats.unknown_door_commands.saturating_add(1);
+    }
+
+    fn door(&self, door: u8) -> Option<&Door> {
+        if door >= self.cfg.door_count {
+            return None;
+        }
+        self.doors.get(usize::from(door))
+    }
+
+    fn door_mut(&mut self, door: u8) -> Option<&mut Door> {
+        if door >= self.cfg.door_count {
+            return None;
+        }
+        self.doors.get_mut(usize::from(door))
+    }
+}
+
+/// Frames to write, returned by [`Board::poll`]. Encodes lazily from the
+/// link's outbox, so nothing is lost if the caller stops early.
+pub struct Frames<'a> {
+    link: &'a mut BoardLink,
+    encode_errors: &'a mut u32,
+}
+
+impl Iterator for Frames<'_> {
+    type Item = Frame;
+
+    fn next(&mut self) -> Option<Frame> {
+        loop {
+            let msg = self.link.pop_tx()?;
+            match to_frame(&msg) {
+                Ok(f) => return Some(f),
+                Err(_) => *self.encode_errors = self.encode_errors.saturating_add(1),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::decode_frame;
+
+    const T0: u64 = 1_000;
+
+    fn frames(board: &mut Board, now: u64) -> heapless::Vec<Uplink, 32> {
+        let mut v = heapless::Vec::new();
+        for f in board.poll(now) {
+            v.push(decode_frame::<Uplink>(&f).unwrap()).unwrap();
+        }
+        v
+    }
+
+    fn send(board: &mut Board, msg: &Downlink, now: u64) {
+        board.on_frame_bytes(&to_frame(msg).unwrap(), now);
+    }
+
+    fn hello() -> Uplink {
+        Uplink::Hello {
+            board_id: 3,
+            fw_major: 1,
+            fw_minor: 0,
+            door_count: 2,
+        }
+    }
+
+    fn board() -> Board {
+        let mut b = Board::new(BoardConfig::new(3, 2), T0);
+        frames(&mut b, T0);
+        b
+    }
+
+    fn type_keys(b: &mut Board, door: u8, keys: &str, now: u64) -> KeyAction {
+        let mut last = KeyAction::Ignored;
+        for k in keys.chars() {
+            last = b.on_key(door, k, now);
+        }
+        last
+    }
+
+    #[test]
+    fn power_up_sends_hello_and_keeps_relays_locked() {
+        let mut b = Board::new(BoardConfig::new(3, 2), T0);
+        assert_eq!(frames(&mut b, T0).as_slice(), &[hello()]);
+        assert!(!b.relay_open(0, T0));
+        assert!(!b.relay_open(1, T0));
+    }
+
+    #[test]
+    fn digits_are_submitted_as_keypad_on_hash() {
+        let mut b = board();
+        assert_eq!(type_keys(&mut b, 1, "2468#", T0), KeyAction::Submitted(1));
+        let out = frames(&mut b, T0);
+        match &out[..] {
+            [
+                Uplink::Keypad {
+                    seq: 1,
+                    door: 1,
+                    pin,
+                },
+            ] => {
+                assert_eq!(pin.as_digits(), Some("2468"))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(b.entry_len(1), 0);
+    }
+
+    #[test]
+    fn star_clears_the_entry() {
+        let mut b = board();
+        type_keys(&mut b, 0, "99*1234#", T0);
+        match &frames(&mut b, T0)[..] {
+            [Uplink::Keypad { pin, .. }] => assert_eq!(pin.as_digits(), Some("1234")),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn entries_are_kept_per_door() {
+        let mut b = board();
+        b.on_key(0, '1', T0);
+        b.on_key(1, '9', T0);
+        b.on_key(0, '2', T0);
+        assert_eq!(b.entry_len(0), 2);
+        assert_eq!(b.entry_len(1), 1);
+    }
+
+    #[test]
+    fn hash_on_an_empty_entry_sends_nothing() {
+        let mut b = board();
+        assert_eq!(b.on_key(0, '#', T0), KeyAction::Ignored);
+        assert!(frames(&mut b, T0).is_empty());
+    }
+
+    #[test]
+    fn overlong_entry_is_sent_as_13_digits_so_the_hub_denies_bad_format() {
+        let mut b = board();
+        type_keys(&mut b, 0, "12345678901234567890#", T0);
+        match &frames(&mut b, T0)[..] {
+            [Uplink::Keypad { pin, .. }] => {
+                assert_eq!(pin.len(), ENTRY_MAX);
+                assert_eq!(pin.as_digits(), None);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn half_typed_entry_is_forgotten_after_the_entry_timeout() {
+        let mut b = board();
+        type_keys(&mut b, 0, "12", T0);
+        frames(&mut b, T0 + 14_999);
+        assert_eq!(b.entry_len(0), 2);
+        frames(&mut b, T0 + 15_000);
+        assert_eq!(b.entry_len(0), 0);
+    }
+
+    #[test]
+    fn keys_for_a_door_the_board_does_not_have_are_ignored() {
+        let mut b = board();
+        assert_eq!(b.on_key(2, '1', T0), KeyAction::Ignored);
+        assert_eq!(b.on_key(200, '#', T0), KeyAction::Ignored);
+    }
+
+    #[test]
+    fn unlock_opens_the_relay_for_ms_then_locks_it() {
+        let mut b = board();
+        let u = Downlink::Unlock {
+            seq: 1,
+            door: 1,
+            ms: 3000,
+        };
+        send(&mut b, &u, T0);
+        assert_eq!(frames(&mut b, T0).as_slice(), &[Uplink::Ack { seq: 1 }]);
+        assert!(b.relay_open(1, T0));
+        assert!(b.relay_open(1, T0 + 2999));
+        assert!(!b.relay_open(1, T0 + 3000));
+        assert!(!b.relay_open(0, T0), "other door untouched");
+    }
+
+    #[test]
+    fn resent_unlock_is_acked_again_but_does_not_extend_the_relay_time() {
+        let mut b = board();
+        let u = Downlink::Unlock {
+            seq: 1,
+            door: 0,
+            ms: 1000,
+        };
+        send(&mut b, &u, T0);
+        send(&mut b, &u, T0 + 500);
+        let acks = frames(&mut b, T0 + 500);
+        assert_eq!(
+            acks.as_slice(),
+            &[Uplink::Ack { seq: 1 }, Uplink::Ack { seq: 1 }]
+        );
+        assert!(!b.relay_open(0, T0 + 1000));
+    }
+
+    #[test]
+    fn hub_hello_clears_board_memory_of_hub_seqs() {
+        let mut b = board();
+        let u = Downlink::Unlock {
+            seq: 1,
+            door: 0,
+            ms: 1000,
+        };
+        send(&mut b, &u, T0);
+        send(&mut b, &Downlink::Hello { session: 77 }, T0 + 2000);
+        let out = frames(&mut b, T0 + 2000);
+        assert_eq!(out.as_slice(), &[Uplink::Ack { seq: 1 }, hello()]);
+        assert!(!b.relay_open(0, T0 + 2000));
+        // The new session's seq 1 is a new command.
+        send(&mut b, &u, T0 + 2001);
+        assert!(b.relay_open(0, T0 + 2001));
+    }
+
+    #[test]
+    fn relay_locks_when_the_link_is_lost_and_stays_locked_when_it_returns() {
+        let mut b = board();
+        let u = Downlink::Unlock {
+            seq: 1,
+            door: 0,
+            ms: 60_000,
+        };
+        send(&mut b, &u, T0);
+        assert!(b.relay_open(0, T0 + 5_999));
+        // Locked the instant the link is quiet for 6 s, even before poll.
+        assert!(!b.relay_open(0, T0 + 6_000));
+        frames(&mut b, T0 + 6_000);
+        send(&mut b, &Downlink::Ping { nonce: 5 }, T0 + 7_000);
+        assert!(b.link_up(T0 + 7_000));
+        assert!(!b.relay_open(0, T0 + 7_000));
+    }
+
+    #[test]
+    fn ping_is_answered_with_pong() {
+        let mut b = board();
+        send(&mut b, &Downlink::Ping { nonce: 0xdead }, T0);
+        assert_eq!(
+            frames(&mut b, T0).as_slice(),
+            &[Uplink::Pong { nonce: 0xdead }]
+        );
+    }
+
+    #[test]
+    fn deny_shows_feedback_with_its_reason_for_a_while() {
+        let mut b = board();
+        let d = Downlink::Deny {
+            seq: 4,
+            door: 1,
+            reason: DenyReason::LOCKED_OUT,
+        };
+        send(&mut b, &d, T0);
+        assert_eq!(frames(&mut b, T0).as_slice(), &[Uplink::Ack { seq: 4 }]);
+        assert_eq!(b.deny_feedback(1, T0 + 1), Some(DenyReason::LOCKED_OUT));
+        assert_eq!(b.deny_feedback(0, T0 + 1), None);
+        assert_eq!(b.deny_feedback(1, T0 + 2_000), None);
+    }
+
+    #[test]
+    fn command_for_an_unknown_door_is_acked_and_ignored() {
+        let mut b = board();
+        let u = Downlink::Unlock {
+            seq: 9,
+            door: 7,
+            ms: 1000,
+        };
+        send(&mut b, &u, T0);
+        assert_eq!(frames(&mut b, T0).as_slice(), &[Uplink::Ack { seq: 9 }]);
+        assert_eq!(b.stats().unknown_door_commands, 1);
+    }
+
+    #[test]
+    fn door_sensor_sends_only_changes() {
+        let mut b = board();
+        b.on_door_sensor(0, false, T0);
+        b.on_door_sensor(0, false, T0);
+        b.on_door_sensor(0, true, T0);
+        let out = frames(&mut b, T0);
+        assert_eq!(
+            out.as_slice(),
+            &[
+                Uplink::DoorSensor {
+                    seq: 1,
+                    door: 0,
+                    open: false
+                },
+                Uplink::DoorSensor {
+                    seq: 2,
+                    door: 0,
+                    open: true
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn tamper_is_resent_until_acked() {
+        let mut b = board();
+        assert_eq!(b.on_tamper(T0), Ok(1));
+        assert_eq!(frames(&mut b, T0).as_slice(), &[Uplink::Tamper { seq: 1 }]);
+        assert_eq!(
+            frames(&mut b, T0 + 250).as_slice(),
+            &[Uplink::Tamper { seq: 1 }]
+        );
+        send(&mut b, &Downlink::Ack { seq: 1 }, T0 + 300);
+        assert!(frames(&mut b, T0 + 1000).is_empty());
+        assert_eq!(b.stats().uplinks_failed, 0);
+    }
+
+    #[test]
+    fn unacked_keypad_is_counted_as_failed_after_4_sends() {
+        let mut b = board();
+        type_keys(&mut b, 0, "1234#", T0);
+        let mut sends = 0;
+        for t in (T0..=T0 + 1_000).step_by(50) {
+            sends += frames(&mut b, t)
+                .iter()
+                .filter(|m| matches!(m, Uplink::Keypad { .. }))
+                .count();
+        }
+        assert_eq!(sends, 4);
+        assert_eq!(b.stats().uplinks_failed, 1);
+    }
+
+    #[test]
+    fn heartbeat_carries_uptime_periodically() {
+        let mut b = board();
+        assert!(frames(&mut b, T0 + 9_999).is_empty());
+        assert_eq!(
+            frames(&mut b, T0 + 10_000).as_slice(),
+            &[Uplink::Heartbeat { uptime_s: 10 }]
+        );
+        assert_eq!(
+            frames(&mut b, T0 + 20_500).as_slice(),
+            &[Uplink::Heartbeat { uptime_s: 20 }]
+        );
+    }
+
+    #[test]
+    fn garbage_from_the_hub_is_counted_and_ignored() {
+        let mut b = board();
+        b.on_frame_bytes(&[0x05, 0x01, 0x00, 0xff, 0xff, 0x00, 0x02, 0x00], T0);
+        assert!(frames(&mut b, T0).is_empty());
+        assert_eq!(b.decoder_stats().frames_ok, 0);
+        assert!(b.decoder_stats().dropped() >= 2);
+        assert!(!b.link_up(T0));
+    }
+}
