@@ -42,7 +42,7 @@ enum Command {
 #[derive(Args)]
 struct ProvisionArgs {
     /// A provisioning bundle (JSON) from the cloud; `-` reads stdin.
-    #[arg(long, conflicts_with_all = ["site_id", "hub_id", "mqtt_url", "trust"])]
+    #[arg(long, conflicts_with_all = ["site_id", "hub_id", "mqtt_url", "trust", "ca_file", "cert_file", "username"])]
     bundle: Option<PathBuf>,
     /// Site (tenant) UUID.
     #[arg(long, required_unless_present = "bundle")]
@@ -53,6 +53,19 @@ struct ProvisionArgs {
     /// Broker URL: mqtt://host[:port] or mqtts://host[:port].
     #[arg(long, required_unless_present = "bundle")]
     mqtt_url: Option<String>,
+    /// mqtts: the CA that signed the broker's certificate (PEM).
+    #[arg(long)]
+    ca_file: Option<PathBuf>,
+    /// mqtts: this hub's client certificate and its key (PEM).
+    #[arg(long, requires = "key_file")]
+    cert_file: Option<PathBuf>,
+    #[arg(long, requires = "cert_file")]
+    key_file: Option<PathBuf>,
+    /// Broker user name; the password is read from --password-file.
+    #[arg(long)]
+    username: Option<String>,
+    #[arg(long)]
+    password_file: Option<PathBuf>,
     /// A trusted cloud signer: ID=PUBLIC_KEY[,NOT_AFTER] (repeat for several).
     #[arg(long, value_name = "ID=KEY[,NOT_AFTER]")]
     trust: Vec<lockhub::provision::TrustSpec>,
@@ -133,6 +146,11 @@ fn provision(a: ProvisionArgs) -> Result<(), lockhub::provision::ProvisionError>
             hub_id: a.hub_id.unwrap_or_default(),
             mqtt: MqttSpec {
                 url: a.mqtt_url.unwrap_or_default(),
+                ca_file: a.ca_file,
+                cert_file: a.cert_file,
+                key_file: a.key_file,
+                username: a.username,
+                password_file: a.password_file,
                 ..Default::default()
             },
             trust: a.trust,

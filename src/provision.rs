@@ -95,7 +95,7 @@ pub enum ProvisionError {
     },
     #[error("unknown user {0:?} (not in /etc/passwd)")]
     UnknownUser(String),
-    #[error("wrote the files, but check-config refuses them (a lockhub bug, please report):\n{0}")]
+    #[error("nothing written: check-config would refuse this config:\n{0}")]
     Check(String),
     #[error("the operating system's random number generator failed: {0}")]
     Random(String),
@@ -111,6 +111,7 @@ impl ProvisionError {
                 | ProvisionError::Bundle { .. }
                 | ProvisionError::Exists { .. }
                 | ProvisionError::UnknownUser(_)
+                | ProvisionError::Check(_)
         )
     }
 }
@@ -603,23 +604,25 @@ pub fn provision(mut req: Request, target: &Target) -> Result<Provisioned, Provi
     let hub_key = SigningKey::from_bytes(&hub_seed);
     let hub_public_key = b64u_encode(hub_key.verifying_key().as_bytes());
 
-    let hub_toml = HubToml {
-        hub: HubSection {
-            site_id: req.site_id.clone(),
-            hub_id: &req.hub_id,
-            data_dir: &data_dir,
-        },
-        mqtt: &req.mqtt,
-        trust: TrustSection { signer: &req.trust },
-        secrets: SecretsSection { file: &secrets },
-        serial: &req.serials,
-        door: &req.doors,
+    let render_config = |secrets_file: &Path| -> Result<String, ProvisionError> {
+        let hub_toml = HubToml {
+            hub: HubSection {
+                site_id: req.site_id.clone(),
+                hub_id: &req.hub_id,
+                data_dir: &data_dir,
+            },
+            mqtt: &req.mqtt,
+            trust: TrustSection { signer: &req.trust },
+            secrets: SecretsSection { file: secrets_file },
+            serial: &req.serials,
+            door: &req.doors,
+        };
+        Ok(format!(
+            "# lockhub hub config (config.md), written by `lockhub provision`.\n\
+             # Hub public key (registered with the cloud): {hub_public_key}\n\n{}",
+            toml::to_string(&hub_toml).map_err(|e| invalid(e.to_string()))?
+        ))
     };
-    let config_text = format!(
-        "# lockhub hub config (config.md), written by `lockhub provision`.\n\
-         # Hub public key (registered with the cloud): {hub_public_key}\n\n{}",
-        toml::to_string(&hub_toml).map_err(|e| invalid(e.to_string()))?
-    );
     let secrets_text = format!(
         "# lockhub secrets for hub {}: keep 0600, owned by the daemon's user.\n\
          # If this file leaks, rotate the hub key, the PIN keys and broker credentials.\n\n{}",
@@ -639,29 +642,46 @@ pub fn provision(mut req: Request, target: &Target) -> Result<Provisioned, Provi
         .map_err(|e| invalid(e.to_string()))?
     );
 
-    // Folders first: the config's may be world-readable, the secrets' and the
-    // data folder only when they already are.
+    // Folders first: the config's may be world-readable, the secrets' only
+    // when it already is.
     make_dir(parent(&config), CONFIG_DIR_MODE, None)?;
     make_dir(parent(&secrets), PRIVATE_DIR_MODE, None)?;
-    make_dir(&data_dir, PRIVATE_DIR_MODE, target.owner)?;
 
-    // Secrets first: a config never names a secrets file that is not there.
-    write_file(
+    // Stage both files beside their final names, then run check-config's own
+    // loader on the staged pair: a config it would refuse (an mqtts URL
+    // without its `ca_file`, say) is reported and nothing is left behind.
+    let mut staged = Staged::default();
+    let secrets_tmp = staged.stage(
         &secrets,
         secrets_text.as_bytes(),
         SECRETS_MODE,
         target.owner,
-        target.force,
     )?;
-    write_file(
+    let check_tmp = staged.stage(
         &config,
-        config_text.as_bytes(),
+        render_config(&secrets_tmp)?.as_bytes(),
         CONFIG_MODE,
         None,
-        target.force,
     )?;
-    // The promise is that check-config passes; hold provisioning to it.
-    crate::config::load(&config).map_err(|e| ProvisionError::Check(e.to_string()))?;
+    crate::config::load(&check_tmp).map_err(|e| {
+        ProvisionError::Check(
+            e.to_string()
+                .replace(&*check_tmp.to_string_lossy(), &config.to_string_lossy())
+                .replace(&*secrets_tmp.to_string_lossy(), &secrets.to_string_lossy()),
+        )
+    })?;
+    let config_tmp = staged.stage(
+        &config,
+        render_config(&secrets)?.as_bytes(),
+        CONFIG_MODE,
+        None,
+    )?;
+
+    make_dir(&data_dir, PRIVATE_DIR_MODE, target.owner)?;
+    // Secrets first: a config never names a secrets file that is not there.
+    commit(&secrets_tmp, &secrets, target.force)?;
+    commit(&config_tmp, &config, target.force)?;
+    drop(staged);
 
     Ok(Provisioned {
         site_id: req.site_id,
@@ -707,57 +727,82 @@ fn make_dir(dir: &Path, mode: u32, owner: Option<Owner>) -> Result<(), Provision
     Ok(())
 }
 
-/// Writes `bytes` to `path` with `mode`, atomically: a temporary file in the
-/// same folder, created with `mode` (O_CREAT|O_EXCL, so never with a looser
-/// one), owned, written and synced, then linked (no `force`: fails if `path`
-/// exists) or renamed (`force`) into place, and the folder synced.
-fn write_file(
-    path: &Path,
-    bytes: &[u8],
-    mode: u32,
-    owner: Option<Owner>,
-    force: bool,
-) -> Result<(), ProvisionError> {
-    let err = |source| ProvisionError::Write {
-        path: path.to_owned(),
-        source,
+/// Temporary files in the target folders; whatever is still there when
+/// this is dropped (an error on the way, or the check copy) is removed.
+#[derive(Default)]
+struct Staged(Vec<PathBuf>);
+
+impl Staged {
+    /// Writes `bytes` to a new temporary file beside `path`, created with
+    /// `mode` by `open(2)` (O_CREAT|O_EXCL: never with a looser mode, never
+    /// through an attacker's symlink), chowned before a byte is written, and
+    /// synced.
+    fn stage(
+        &mut self,
+        path: &Path,
+        bytes: &[u8],
+        mode: u32,
+        owner: Option<Owner>,
+    ) -> Result<PathBuf, ProvisionError> {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default();
+        let tmp = parent(path).join(format!(".{name}.{}.tmp", Uuid::new_v4().simple()));
+        let result = (|| {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(mode)
+                .open(&tmp)?;
+            self.0.push(tmp.clone());
+            if let Some(o) = owner {
+                std::os::unix::fs::fchown(&f, Some(o.uid), Some(o.gid))?;
+            }
+            // The umask can only narrow; set exactly `mode` (0644 for the config).
+            f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+            f.write_all(bytes)?;
+            f.sync_all()
+        })();
+        result.map_err(|source| ProvisionError::Write {
+            path: path.to_owned(),
+            source,
+        })?;
+        Ok(tmp)
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Moves a staged file into place: `link(2)` without `force` (refuses an
+/// existing name atomically), `rename(2)` with it; then syncs the folder.
+fn commit(tmp: &Path, path: &Path, force: bool) -> Result<(), ProvisionError> {
+    let result = if force {
+        std::fs::rename(tmp, path)
+    } else {
+        std::fs::hard_link(tmp, path)
     };
-    let dir = parent(path);
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.{}.tmp", Uuid::new_v4().simple()));
-    let result = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&tmp)?;
-        if let Some(o) = owner {
-            std::os::unix::fs::fchown(&f, Some(o.uid), Some(o.gid))?;
-        }
-        // The umask can only narrow; widen the config back to exactly `mode`.
-        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        drop(f);
-        if force {
-            std::fs::rename(&tmp, path)
-        } else {
-            std::fs::hard_link(&tmp, path).and_then(|()| std::fs::remove_file(&tmp))
-        }
-    })();
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp);
-        if e.kind() == std::io::ErrorKind::AlreadyExists {
+    match result {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
             return Err(ProvisionError::Exists {
                 path: path.to_owned(),
             });
         }
-        return Err(err(e));
+        Err(source) => {
+            return Err(ProvisionError::Write {
+                path: path.to_owned(),
+                source,
+            });
+        }
+        Ok(()) => {}
     }
-    if let Ok(d) = std::fs::File::open(dir) {
+    if let Ok(d) = std::fs::File::open(parent(path)) {
         let _ = d.sync_all();
     }
     Ok(())
