@@ -53,22 +53,40 @@ pub fn filter(level: Option<&str>) -> Result<EnvFilter, LoggingError> {
 
 /// Installs the global subscriber. Call once, first thing in `main`.
 pub fn init(format: LogFormat, level: Option<&str>) -> Result<(), LoggingError> {
-    let filter = filter(level)?;
+    use std::io::IsTerminal;
     let journald = std::env::var_os("JOURNAL_STREAM").is_some();
+    let ansi = !journald && std::io::stderr().is_terminal();
+    let subscriber = subscriber(format, filter(level)?, journald, ansi, std::io::stderr);
+    tracing::subscriber::set_global_default(subscriber).map_err(|_| LoggingError::AlreadySet)
+}
+
+/// The subscriber `init` installs, writing to `writer` (tests capture it).
+/// `journald`: omit timestamps; `ansi`: colours (only on a terminal).
+pub fn subscriber<W>(
+    format: LogFormat,
+    filter: EnvFilter,
+    journald: bool,
+    ansi: bool,
+    writer: W,
+) -> Box<dyn tracing::Subscriber + Send + Sync>
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let result = match (format, journald) {
-        (LogFormat::Json, _) => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
-            .with_span_list(false)
-            .try_init(),
-        (LogFormat::Text, true) => builder.without_time().with_ansi(false).try_init(),
-        (LogFormat::Text, false) => builder.try_init(),
-    };
-    result.map_err(|_| LoggingError::AlreadySet)
+        .with_writer(writer);
+    match (format, journald) {
+        (LogFormat::Json, _) => Box::new(
+            builder
+                .json()
+                .flatten_event(true)
+                .with_current_span(true)
+                .with_span_list(false)
+                .finish(),
+        ),
+        (LogFormat::Text, true) => Box::new(builder.without_time().with_ansi(false).finish()),
+        (LogFormat::Text, false) => Box::new(builder.with_ansi(ansi).finish()),
+    }
 }
 
 #[cfg(test)]
@@ -82,5 +100,72 @@ mod tests {
             filter(Some("lockhub=notalevel")),
             Err(LoggingError::Filter { .. })
         ));
+    }
+
+    /// A `MakeWriter` into a shared buffer.
+    #[derive(Clone, Default)]
+    struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Buf {
+        type Writer = Buf;
+        fn make_writer(&'a self) -> Buf {
+            self.clone()
+        }
+    }
+
+    fn capture(format: LogFormat) -> String {
+        let buf = Buf::default();
+        let sub = subscriber(
+            format,
+            filter(Some("debug")).unwrap(),
+            false,
+            false,
+            buf.clone(),
+        );
+        tracing::subscriber::with_default(sub, || {
+            tracing::info!(
+                event_id = "0b7e6c1e-1f1a-4c8e-9d55-3c1f0c9a2b11",
+                key_id = "k-1",
+                "event applied"
+            );
+            tracing::trace!("filtered out");
+        });
+        String::from_utf8(buf.0.lock().unwrap().clone()).unwrap()
+    }
+
+    #[test]
+    fn json_lines_carry_event_and_key_ids_as_top_level_fields() {
+        let out = capture(LogFormat::Json);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 1, "{out}");
+        let v: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+        assert_eq!(v["event_id"], "0b7e6c1e-1f1a-4c8e-9d55-3c1f0c9a2b11");
+        assert_eq!(v["key_id"], "k-1");
+        assert_eq!(v["message"], "event applied");
+        assert_eq!(v["level"], "INFO");
+    }
+
+    #[test]
+    fn text_lines_keep_the_fields_too() {
+        let out = capture(LogFormat::Text);
+        assert!(
+            out.contains(r#"event_id="0b7e6c1e-1f1a-4c8e-9d55-3c1f0c9a2b11""#),
+            "{out}"
+        );
+        assert!(
+            out.contains("key_id=\"k-1\"") || out.contains("key_id=k-1"),
+            "{out}"
+        );
+        assert!(!out.contains("filtered out"));
     }
 }

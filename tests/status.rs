@@ -266,3 +266,36 @@ fn missing_files_are_clear_errors() {
     assert!(err.contains("no database at"), "{err}");
     assert!(!dir.path().join("data").exists(), "status created nothing");
 }
+
+#[test]
+fn global_log_flags_are_accepted_anywhere_and_a_bad_filter_is_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path());
+    let _store = populate(dir.path(), t_secs());
+    let out = Command::new(BIN)
+        .args([
+            "status",
+            "--json",
+            "--log-format",
+            "json",
+            "--log-level",
+            "debug",
+            "--config",
+        ])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("stdout is only the JSON");
+    let out = Command::new(BIN)
+        .args(["--log-level", "lockhub=nonsense", "status", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid log filter"));
+}
