@@ -108,6 +108,38 @@ BEGIN
     SELECT RAISE(ABORT, 'final key is immutable');
 END;
 
+-- The (door, pin_tag) invariant ahead of the unique index (see the REPLACE
+-- note at keys_no_overwrite): a REPLACE must not evict another key's door.
+CREATE TRIGGER key_doors_one_live_per_tag_on_insert BEFORE INSERT ON key_doors
+WHEN NEW.live = 1
+ AND EXISTS (SELECT 1 FROM key_doors WHERE door = NEW.door AND pin_tag = NEW.pin_tag
+                                       AND live = 1 AND key_id <> NEW.key_id)
+BEGIN
+    SELECT RAISE(ABORT, 'pin_collision');
+END;
+
+CREATE TRIGGER key_doors_one_live_per_tag_on_update BEFORE UPDATE ON key_doors
+WHEN NEW.live = 1
+ AND EXISTS (SELECT 1 FROM key_doors WHERE door = NEW.door AND pin_tag = NEW.pin_tag
+                                       AND live = 1 AND key_id <> OLD.key_id)
+BEGIN
+    SELECT RAISE(ABORT, 'pin_collision');
+END;
+
+CREATE TRIGGER key_doors_no_overwrite BEFORE INSERT ON key_doors
+WHEN EXISTS (SELECT 1 FROM key_doors WHERE key_id = NEW.key_id AND door = NEW.door)
+BEGIN
+    SELECT RAISE(ABORT, 'key_doors row exists');
+END;
+
+-- A key's doors change only with a new version, which deletes and
+-- re-inserts them; a row is never re-pointed at another door or key.
+CREATE TRIGGER key_doors_door_is_fixed BEFORE UPDATE ON key_doors
+WHEN NEW.door IS NOT OLD.door OR NEW.key_id IS NOT OLD.key_id
+BEGIN
+    SELECT RAISE(ABORT, 'key_doors rows are replaced, not edited');
+END;
+
 -- Invariant: key states move only along the whitelist
 --   pre_issued -> active | revoked | expired,  active -> revoked | expired.
 CREATE TRIGGER keys_state_whitelist BEFORE UPDATE OF state ON keys
@@ -143,7 +175,11 @@ WHEN OLD.state IN ('pre_issued', 'active')
       OR (NEW.version = OLD.version AND NEW.state IN ('pre_issued', 'active')
           AND NOT (NEW.holder_name IS NULL AND NEW.state IS OLD.state
                    AND NEW.valid_from IS OLD.valid_from AND NEW.valid_until IS OLD.valid_until
-                   AND NEW.pin_tag IS OLD.pin_tag AND NEW.check_in_id IS OLD.check_in_id)))
+                   AND NEW.pin_tag IS OLD.pin_tag AND NEW.check_in_id IS OLD.check_in_id
+                   -- the same tag under another PIN key is another PIN
+                   AND NEW.pin_key_id IS OLD.pin_key_id
+                   AND NEW.reservation_id IS OLD.reservation_id
+                   AND NEW.holder_ref IS OLD.holder_ref)))
 BEGIN
     SELECT RAISE(ABORT, 'key changes need a higher version');
 END;
@@ -188,6 +224,36 @@ BEGIN
     SELECT RAISE(ABORT, 'key retention not reached');
 END;
 
+-- `INSERT OR REPLACE` / `UPDATE OR REPLACE` delete the conflicting rows
+-- without firing delete triggers (recursive_triggers is off by default), so
+-- a REPLACE could resurrect a revoked key or delete a live one past every
+-- guard above. These BEFORE triggers run ahead of conflict resolution and
+-- refuse the statement instead. The same pattern guards every table below
+-- whose rows must not be overwritten.
+CREATE TRIGGER keys_no_overwrite BEFORE INSERT ON keys
+WHEN EXISTS (SELECT 1 FROM keys WHERE key_id = NEW.key_id)
+BEGIN
+    SELECT RAISE(ABORT, 'key exists');
+END;
+
+-- The one-active invariant, ahead of the unique index so that REPLACE
+-- cannot satisfy the index by deleting the other key.
+CREATE TRIGGER keys_one_active_on_insert BEFORE INSERT ON keys
+WHEN NEW.state = 'active'
+ AND EXISTS (SELECT 1 FROM keys WHERE state = 'active' AND check_in_id = NEW.check_in_id
+                                  AND key_id <> NEW.key_id)
+BEGIN
+    SELECT RAISE(ABORT, 'one_active_conflict');
+END;
+
+CREATE TRIGGER keys_one_active_on_update BEFORE UPDATE ON keys
+WHEN NEW.state = 'active'
+ AND EXISTS (SELECT 1 FROM keys WHERE state = 'active' AND check_in_id = NEW.check_in_id
+                                  AND key_id <> OLD.key_id)
+BEGIN
+    SELECT RAISE(ABORT, 'one_active_conflict');
+END;
+
 ------------------------------------------------------------------------------
 -- Tombstones: a revoke for a key the hub never saw, and check-ins that
 -- closed a reservation to pre-issued keys.
@@ -211,6 +277,12 @@ BEGIN
     SELECT RAISE(ABORT, 'tombstones are immutable');
 END;
 
+CREATE TRIGGER key_tombstones_no_overwrite BEFORE INSERT ON key_tombstones
+WHEN EXISTS (SELECT 1 FROM key_tombstones WHERE key_id = NEW.key_id)
+BEGIN
+    SELECT RAISE(ABORT, 'tombstones are immutable');
+END;
+
 CREATE TRIGGER key_tombstones_delete_guard BEFORE DELETE ON key_tombstones
 WHEN OLD.created_at + ((SELECT max_grant_days + dedupe_retention_days FROM policy WHERE id = 1)
                        * 86400000000)
@@ -227,6 +299,12 @@ CREATE TABLE reservation_tombstones (
 ) WITHOUT ROWID;
 
 CREATE TRIGGER reservation_tombstones_immutable BEFORE UPDATE ON reservation_tombstones
+BEGIN
+    SELECT RAISE(ABORT, 'tombstones are immutable');
+END;
+
+CREATE TRIGGER reservation_tombstones_no_overwrite BEFORE INSERT ON reservation_tombstones
+WHEN EXISTS (SELECT 1 FROM reservation_tombstones WHERE reservation_id = NEW.reservation_id)
 BEGIN
     SELECT RAISE(ABORT, 'tombstones are immutable');
 END;
@@ -264,6 +342,12 @@ BEGIN
     SELECT RAISE(ABORT, 'dedupe rows are immutable');
 END;
 
+CREATE TRIGGER dedupe_no_overwrite BEFORE INSERT ON dedupe
+WHEN EXISTS (SELECT 1 FROM dedupe WHERE site_id = NEW.site_id AND event_id = NEW.event_id)
+BEGIN
+    SELECT RAISE(ABORT, 'dedupe rows are immutable');
+END;
+
 CREATE TRIGGER dedupe_delete_guard BEFORE DELETE ON dedupe
 WHEN OLD.received_at + (SELECT dedupe_retention_days FROM policy WHERE id = 1) * 86400000000
      > CAST(unixepoch('subsec') * 1000000 AS INTEGER)
@@ -289,6 +373,12 @@ BEGIN
 END;
 
 CREATE TRIGGER seq_state_single_row BEFORE DELETE ON seq_state
+BEGIN
+    SELECT RAISE(ABORT, 'seq_state is one row');
+END;
+
+CREATE TRIGGER seq_state_no_overwrite BEFORE INSERT ON seq_state
+WHEN EXISTS (SELECT 1 FROM seq_state)
 BEGIN
     SELECT RAISE(ABORT, 'seq_state is one row');
 END;
@@ -320,6 +410,12 @@ BEGIN
 END;
 
 CREATE TRIGGER time_floor_single_row BEFORE DELETE ON time_floor
+BEGIN
+    SELECT RAISE(ABORT, 'time_floor is one row');
+END;
+
+CREATE TRIGGER time_floor_no_overwrite BEFORE INSERT ON time_floor
+WHEN EXISTS (SELECT 1 FROM time_floor)
 BEGIN
     SELECT RAISE(ABORT, 'time_floor is one row');
 END;
@@ -373,6 +469,12 @@ BEGIN
     SELECT RAISE(ABORT, 'audit retention not reached');
 END;
 
+CREATE TRIGGER audit_no_overwrite BEFORE INSERT ON audit
+WHEN EXISTS (SELECT 1 FROM audit WHERE audit_id = NEW.audit_id OR seqno = NEW.seqno)
+BEGIN
+    SELECT RAISE(ABORT, 'audit rows are immutable');
+END;
+
 ------------------------------------------------------------------------------
 -- Lockout episodes per door (serial.md 'Lockout'); the denials themselves are
 -- the door.denied audit rows, so a power cut resets nothing.
@@ -387,6 +489,12 @@ CREATE TABLE lockouts (
 ) WITHOUT ROWID;
 
 CREATE TRIGGER lockouts_immutable BEFORE UPDATE ON lockouts
+BEGIN
+    SELECT RAISE(ABORT, 'lockouts are immutable');
+END;
+
+CREATE TRIGGER lockouts_no_overwrite BEFORE INSERT ON lockouts
+WHEN EXISTS (SELECT 1 FROM lockouts WHERE door = NEW.door AND started_at = NEW.started_at)
 BEGIN
     SELECT RAISE(ABORT, 'lockouts are immutable');
 END;
@@ -425,6 +533,9 @@ CREATE TABLE outbox (
     sent_at    INTEGER
 );
 CREATE INDEX outbox_unsent ON outbox (id) WHERE sent_at IS NULL;
+-- The foreign key's child index: without it every audit delete (retention)
+-- scans the whole outbox once per row.
+CREATE INDEX outbox_by_audit_id ON outbox (audit_id);
 
 CREATE TRIGGER outbox_body_immutable BEFORE UPDATE ON outbox
 WHEN NEW.body IS NOT OLD.body OR NEW.topic IS NOT OLD.topic OR NEW.id IS NOT OLD.id
@@ -439,4 +550,10 @@ CREATE TRIGGER outbox_keep_unsent BEFORE DELETE ON outbox
 WHEN OLD.sent_at IS NULL
 BEGIN
     SELECT RAISE(ABORT, 'outbox row not yet sent');
+END;
+
+CREATE TRIGGER outbox_no_overwrite BEFORE INSERT ON outbox
+WHEN EXISTS (SELECT 1 FROM outbox WHERE id = NEW.id)
+BEGIN
+    SELECT RAISE(ABORT, 'outbox rows are immutable once written');
 END;

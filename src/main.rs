@@ -37,6 +37,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run the daemon until SIGTERM or SIGINT.
+    Run {
+        /// Path to hub.toml.
+        #[arg(long)]
+        config: PathBuf,
+    },
 }
 
 #[derive(Args)]
@@ -95,6 +101,49 @@ struct ProvisionArgs {
     json: bool,
 }
 
+/// `lockhub run`: logs to stderr; a config problem is exit 2, anything
+/// else that stops the daemon exit 1.
+fn run(path: &std::path::Path) -> ExitCode {
+    // Logging is already set up by main (--log-format, --log-level; src/logging.rs).
+    let config = match lockhub::config::load(path) {
+        Ok(c) => c,
+        Err(errors) => {
+            eprintln!("{errors}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("lockhub: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let result: anyhow::Result<()> = runtime.block_on(async {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        let shutdown = async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        };
+        lockhub::daemon::run(config, shutdown).await?;
+        Ok(())
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lockhub: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Err(e) = lockhub::logging::init(cli.log_format, cli.log_level.as_deref()) {
@@ -102,6 +151,7 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     match cli.command {
+        Command::Run { config } => run(&config),
         Command::CheckConfig { file } => match lockhub::config::load(&file) {
             Ok(_) => {
                 println!("{}: ok", file.display());

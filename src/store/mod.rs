@@ -22,10 +22,15 @@
 //! in the submodules; callers run them on the writer with [`Store::write`].
 
 pub mod alerts;
+pub mod apply;
 pub mod audit;
+pub mod door;
+pub mod floor;
+pub mod keys;
 pub mod links;
 mod migrate;
 pub mod outbox;
+pub mod sweep;
 
 pub use migrate::{MIGRATIONS, schema_version};
 
@@ -117,6 +122,9 @@ type JobFn = Box<dyn FnOnce(&Connection) -> (bool, Finish) + Send>;
 
 struct Job {
     priority: Priority,
+    /// Runs between transactions (for `wal_checkpoint`, which cannot run
+    /// inside one) instead of inside the group transaction.
+    outside: bool,
     run: JobFn,
 }
 
@@ -270,7 +278,11 @@ impl Store {
             .ok_or(StoreError::Closed)
     }
 
-    fn job<T, F>(priority: Priority, f: F) -> (Job, oneshot::Receiver<Result<T, StoreError>>)
+    fn job<T, F>(
+        priority: Priority,
+        outside: bool,
+        f: F,
+    ) -> (Job, oneshot::Receiver<Result<T, StoreError>>)
     where
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
@@ -289,7 +301,14 @@ impl Store {
             });
             (ok, finish)
         });
-        (Job { priority, run }, rx)
+        (
+            Job {
+                priority,
+                outside,
+                run,
+            },
+            rx,
+        )
     }
 
     /// Runs `f` on the writer thread inside the current group transaction and
@@ -300,7 +319,7 @@ impl Store {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
-        let (job, rx) = Self::job(priority, f);
+        let (job, rx) = Self::job(priority, false, f);
         self.sender()?
             .send(job)
             .await
@@ -314,7 +333,29 @@ impl Store {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
-        let (job, rx) = Self::job(priority, f);
+        let (job, rx) = Self::job(priority, false, f);
+        self.sender()?
+            .blocking_send(job)
+            .map_err(|_| StoreError::Closed)?;
+        rx.blocking_recv().map_err(|_| StoreError::Closed)?
+    }
+
+    /// Moves every committed page out of the WAL file and truncates it, on
+    /// the writer between transactions. Call it after a guest erasure: the
+    /// WAL still holds the pages from before the erasure, and `secure_delete`
+    /// only reaches the main file.
+    pub async fn scrub_wal(&self) -> Result<(), StoreError> {
+        let (job, rx) = Self::job(Priority::Bulk, true, checkpoint_truncate);
+        self.sender()?
+            .send(job)
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        rx.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// [`Store::scrub_wal`] for threads outside the async runtime.
+    pub fn scrub_wal_blocking(&self) -> Result<(), StoreError> {
+        let (job, rx) = Self::job(Priority::Bulk, true, checkpoint_truncate);
         self.sender()?
             .blocking_send(job)
             .map_err(|_| StoreError::Closed)?;
@@ -333,6 +374,17 @@ impl Store {
             let _ = h.join();
         }
     }
+}
+
+/// `PRAGMA wal_checkpoint(TRUNCATE)`; readers in the way make it a retryable error.
+fn checkpoint_truncate(conn: &Connection) -> Result<(), StoreError> {
+    let busy: i64 = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))?;
+    if busy != 0 {
+        return Err(StoreError::Invalid(
+            "WAL checkpoint blocked by a reader; retry".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// The writer thread: group jobs into transactions until every sender is gone.
@@ -359,6 +411,13 @@ fn writer_loop(conn: Connection, mut rx: mpsc::Receiver<Job>) {
                 Err(_) => break,
             }
         }
+        if pending.front().is_some_and(|j| j.outside) {
+            if let Some(job) = pending.pop_front() {
+                let (_, finish) = (job.run)(&conn);
+                finish(Ok(()));
+            }
+            continue;
+        }
         run_group(&conn, &mut pending);
     }
     // Dropping the connection checkpoints the WAL when it is the last one.
@@ -380,6 +439,10 @@ fn run_group(conn: &Connection, pending: &mut VecDeque<Job>) {
     let started = Instant::now();
     let mut finishes: Vec<Finish> = Vec::new();
     while let Some(job) = pending.pop_front() {
+        if job.outside {
+            pending.push_front(job);
+            break;
+        }
         if conn.execute_batch("SAVEPOINT job").is_err() {
             pending.push_front(job);
             break;

@@ -1,0 +1,53 @@
+//! `lockhub run`: the daemon's lifetime in one function.
+//!
+//! Open the store, start the sync layer (and, with the door work, the serial
+//! tasks), wait for shutdown, then stop in the reverse order: the offline
+//! status is published and the connection closed cleanly, and the store's
+//! writer finishes its queue and is joined, so the database is closed.
+
+use crate::config::Config;
+use crate::store::{Store, StoreError};
+use crate::sync::{self, SyncError, SyncSettings, decide};
+use std::future::Future;
+use std::sync::Arc;
+
+/// The daemon boundary's errors: all of them stop it at start-up.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Sync(#[from] SyncError),
+}
+
+/// Runs the hub until `shutdown` resolves, then stops cleanly.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), DaemonError> {
+    let store = Store::open(&config.database_path(), &config.policy)?;
+    tracing::info!(
+        hub_id = %config.hub.hub_id,
+        site_id = %config.hub.site_id,
+        db = %store.path().display(),
+        "lockhub starting"
+    );
+    let seq = decide::initial_seq(&store.reader()?)?;
+    let decider = Arc::new(decide::HubDecider::new(&config, store.clone()));
+    let sync = match sync::start(
+        SyncSettings::from_config(&config),
+        store.clone(),
+        decider,
+        seq,
+    ) {
+        Ok(s) => s,
+        Err(e) => {
+            store.close();
+            return Err(e.into());
+        }
+    };
+
+    shutdown.await;
+    tracing::info!("lockhub stopping");
+    sync.shutdown().await;
+    store.close();
+    tracing::info!("lockhub stopped");
+    Ok(())
+}

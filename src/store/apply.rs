@@ -1,0 +1,1029 @@
+//! Applying one authenticated cloud event to the mirror: mqtt.md 'Deciding
+//! an event, in this order', steps 2 to 8.
+//!
+//! [`apply_event`] runs on the writer thread, inside the savepoint the writer
+//! opens for each job, so everything it does (the change, the dedupe row,
+//! the seq bookkeeping, the time floor, the result on the outbox, the audit
+//! rows) commits together or not at all. The MQTT ack goes out only after
+//! that commit, so a crash before it means a redelivery, which the dedupe
+//! row then answers with the first result.
+//!
+//! The decisions of steps 5 and 6 are [`crate::lifecycle`]'s (pure); step 7
+//! is SQLite's: the invariant indexes and triggers refuse the write, and
+//! [`reason_for_constraint`] turns the refusal into the stable code. Each
+//! change runs in its own SAVEPOINT, so a rejected change leaves nothing
+//! behind, and a batch nests its items inside one more.
+//!
+//! Never log a body, a PIN tag or a holder name from here.
+
+use super::StoreError;
+use super::alerts::{self, Condition};
+use super::audit::{self, AuditKind, AuditRecord};
+use super::outbox::{self, Topic};
+use crate::config::Policy;
+use crate::event::{
+    Change, EventKind, EventResult, Grant, ItemResult, Outcome, Reason, SchemaError,
+};
+use crate::lifecycle::{self, GrantPlan, KeyState, KeyView, Placement, RevokePlan};
+use crate::time::Timestamp;
+use crate::verify::VerifiedEvent;
+use rusqlite::{Connection, OptionalExtension, params};
+use uuid::Uuid;
+
+/// The revoke reason of keys listed in a `key.issued`'s `supersedes`.
+pub const REASON_SUPERSEDED: &str = "superseded";
+/// The revoke reason of a reservation's pre-issued keys at check-in.
+pub const REASON_SUPERSEDED_BY_CHECKIN: &str = "superseded_by_checkin";
+
+/// What applying an event needs to know about this hub.
+#[derive(Debug, Clone)]
+pub struct ApplyContext {
+    /// The dedupe table is keyed by site as well as event id.
+    pub site_id: Uuid,
+    /// `max_grant_days` (the clamp) and `cloud_stale_s` (checkpoint freshness).
+    pub policy: Policy,
+}
+
+/// The answer to one event, plus what the sync layer needs to decide on a
+/// sync request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    /// The result body that was queued on the results outbox.
+    pub result: EventResult,
+    /// Every seq up to here has been seen (after this event).
+    pub watermark: u64,
+    /// Seqs above the watermark have been seen: W+1 is missing.
+    pub gap: bool,
+    /// The checkpoint's `head_seq`, when this (non-duplicate) event is one.
+    pub head_seq: Option<u64>,
+    /// A guest erasure changed rows: after the commit, run [`super::Store::scrub_wal`] so
+    /// the pre-erasure pages do not linger in the WAL file.
+    pub erased: bool,
+}
+
+/// The durable seq bookkeeping, for sync requests and `cloud_stale`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeqStatus {
+    pub watermark: u64,
+    /// `W + 1` when a later seq was seen or a checkpoint showed a higher head.
+    pub first_missing: Option<u64>,
+    /// The highest `head_seq` a checkpoint has shown (0 before any).
+    pub head_seq: u64,
+    pub last_sign_of_life: Option<Timestamp>,
+}
+
+/// Applies one authenticated event (steps 2 to 8). `kind` is the caller's
+/// parse of the body (step 4's verdict); `now` is the hub's effective time.
+///
+/// Returns `Err` only for storage failures: then the writer rolls the job
+/// back, nothing is claimed, and the event must not be acked.
+pub fn apply_event(
+    conn: &Connection,
+    ctx: &ApplyContext,
+    ev: &VerifiedEvent,
+    kind: Result<EventKind, SchemaError>,
+    now: Timestamp,
+) -> Result<Applied, StoreError> {
+    let event_id = ev.header.event_id.to_string();
+    if let Some(first) = load_dedupe(conn, ctx, &event_id)? {
+        return if first.body_sha256 == ev.body_sha256 {
+            replay_duplicate(conn, &first.result, now)
+        } else {
+            answer_conflict(conn, ev, &event_id, now)
+        };
+    }
+    let verdict = if is_replayed_seq(conn, ev.header.seq)? {
+        Verdict::rejected(Reason::StaleSeq)
+    } else {
+        match &kind {
+            Err(e) => Verdict {
+                item: e.item,
+                ..Verdict::rejected(e.reason)
+            },
+            Ok(kind) => decide(conn, ctx, &event_id, kind, now)?,
+        }
+    };
+    let result = EventResult {
+        event_id: Some(ev.header.event_id),
+        seq: ev.header.seq,
+        outcome: verdict.outcome,
+        reason: verdict.reason,
+        duplicate: false,
+        clamped: verdict.clamped,
+        at: now,
+        item: verdict.item,
+        items: verdict.items,
+    };
+    store_dedupe(conn, ctx, ev, &event_id, &result, now)?;
+    let head_seq = match kind {
+        Ok(EventKind::Checkpoint { head_seq }) => Some(head_seq),
+        _ => None,
+    };
+    count_authenticated(conn, ctx, ev, head_seq, now)?;
+    outbox::enqueue(conn, Topic::Results, &result.to_json(), None, now)?;
+    let (watermark, gap) = watermark_and_gap(conn)?;
+    Ok(Applied {
+        result,
+        watermark,
+        gap,
+        head_seq,
+        erased: verdict.erased,
+    })
+}
+
+/// Records the answer to an event rejected at step 1 (not authenticated):
+/// the result goes on the outbox and the `bad_signature` (forged-looking)
+/// or `malformed_event` alert for subject `cloud` is bumped. Nothing is
+/// claimed or counted. The caller applies the rate limit: beyond it, call
+/// [`count_step1_rejection`] instead.
+pub fn record_step1_rejection(
+    conn: &Connection,
+    result: &EventResult,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    outbox::enqueue(conn, Topic::Results, &result.to_json(), None, now)?;
+    count_step1_rejection(conn, result.reason, now)
+}
+
+/// Bumps the step-1 alert without publishing a result (over the rate limit).
+pub fn count_step1_rejection(
+    conn: &Connection,
+    reason: Option<Reason>,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    let condition = match reason {
+        Some(Reason::BadSignature | Reason::UnknownSigner) => Condition::BadSignature,
+        _ => Condition::MalformedEvent,
+    };
+    alerts::raise(conn, condition, "cloud", 1, now)?;
+    Ok(())
+}
+
+/// The watermark, the first missing seq, the highest checkpoint head and the
+/// last sign of life, as stored.
+pub fn seq_status(conn: &Connection) -> Result<SeqStatus, StoreError> {
+    let (w, head, life): (i64, i64, Option<i64>) = conn
+        .prepare_cached(
+            "SELECT watermark, head_seq, last_sign_of_life FROM seq_state WHERE id = 1",
+        )?
+        .query_row([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+    let (watermark, gap) = watermark_and_gap(conn)?;
+    debug_assert_eq!(watermark, w as u64);
+    let head_seq = head as u64;
+    Ok(SeqStatus {
+        watermark,
+        first_missing: (gap || head_seq > watermark).then_some(watermark + 1),
+        head_seq,
+        last_sign_of_life: life.map(Timestamp),
+    })
+}
+
+/// Maps a write that SQLite refused to the stable code for it, when the
+/// refusal is one of the invariants (step 7) or a tombstone / whitelist
+/// trigger (the last line behind steps 5). Anything else is a real failure.
+pub fn reason_for_constraint(err: &StoreError) -> Option<Reason> {
+    let msg = err.constraint_message()?;
+    if msg == "one_active_conflict" || msg.contains("keys.check_in_id") {
+        Some(Reason::OneActiveConflict)
+    } else if msg == "pin_collision" || msg.contains("key_doors.door, key_doors.pin_tag") {
+        Some(Reason::PinCollision)
+    } else if msg == "revoked" {
+        Some(Reason::Revoked)
+    } else if msg == "illegal_transition" {
+        Some(Reason::IllegalTransition)
+    } else {
+        None
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Step 2: dedupe
+// ---------------------------------------------------------------------------
+
+struct FirstRecord {
+    body_sha256: Vec<u8>,
+    result: String,
+}
+
+fn load_dedupe(
+    conn: &Connection,
+    ctx: &ApplyContext,
+    event_id: &str,
+) -> Result<Option<FirstRecord>, StoreError> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT body_sha256, result FROM dedupe WHERE site_id = ?1 AND event_id = ?2",
+        )?
+        .query_row(params![ctx.site_id.to_string(), event_id], |r| {
+            Ok(FirstRecord {
+                body_sha256: r.get(0)?,
+                result: r.get(1)?,
+            })
+        })
+        .optional()?)
+}
+
+/// The same event again: its first result, marked duplicate, re-queued for
+/// the cloud (its first copy may be what got lost). Nothing else changes.
+fn replay_duplicate(conn: &Connection, first: &str, now: Timestamp) -> Result<Applied, StoreError> {
+    let mut result = result_from_json(first)
+        .ok_or_else(|| StoreError::Invalid("a stored dedupe result is unreadable".into()))?;
+    result.duplicate = true;
+    outbox::enqueue(conn, Topic::Results, &result.to_json(), None, now)?;
+    let (watermark, gap) = watermark_and_gap(conn)?;
+    Ok(Applied {
+        result,
+        watermark,
+        gap,
+        head_seq: None,
+        erased: false,
+    })
+}
+
+/// The id was claimed by a different body: the first record stands, the
+/// `event_id_conflict` alert is raised. The body is still authenticated, so
+/// its seq and `issued_at` count.
+fn answer_conflict(
+    conn: &Connection,
+    ev: &VerifiedEvent,
+    event_id: &str,
+    now: Timestamp,
+) -> Result<Applied, StoreError> {
+    alerts::raise(conn, Condition::EventIdConflict, event_id, 1, now)?;
+    count_seq_and_time(conn, ev, now)?;
+    let result = EventResult {
+        event_id: Some(ev.header.event_id),
+        seq: ev.header.seq,
+        outcome: Outcome::Conflict,
+        reason: None,
+        duplicate: false,
+        clamped: false,
+        at: now,
+        item: None,
+        items: None,
+    };
+    outbox::enqueue(conn, Topic::Results, &result.to_json(), None, now)?;
+    let (watermark, gap) = watermark_and_gap(conn)?;
+    Ok(Applied {
+        result,
+        watermark,
+        gap,
+        head_seq: None,
+        erased: false,
+    })
+}
+
+/// Reads back a result body this module wrote (the dedupe table's copy).
+fn result_from_json(s: &str) -> Option<EventResult> {
+    let v: serde_json::Value = serde_json::from_str(s).ok()?;
+    let reason = |v: &serde_json::Value| match v {
+        serde_json::Value::Null => Some(None),
+        serde_json::Value::String(s) => Reason::parse(s).map(Some),
+        _ => None,
+    };
+    let items = match v.get("items") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(a) => Some(
+            a.as_array()?
+                .iter()
+                .map(|i| {
+                    Some(ItemResult {
+                        outcome: Outcome::parse(i.get("outcome")?.as_str()?)?,
+                        reason: reason(i.get("reason")?)?,
+                    })
+                })
+                .collect::<Option<Vec<_>>>()?,
+        ),
+    };
+    Some(EventResult {
+        event_id: Some(Uuid::parse_str(v.get("event_id")?.as_str()?).ok()?),
+        seq: v.get("seq").and_then(serde_json::Value::as_u64),
+        outcome: Outcome::parse(v.get("outcome")?.as_str()?)?,
+        reason: reason(v.get("reason")?)?,
+        duplicate: v.get("duplicate")?.as_bool()?,
+        clamped: v.get("clamped")?.as_bool()?,
+        at: Timestamp::parse_rfc3339(v.get("at")?.as_str()?).ok()?,
+        item: v
+            .get("item")
+            .and_then(serde_json::Value::as_u64)
+            .map(|i| i as usize),
+        items,
+    })
+}
+
+/// The dedupe row: the claim on the id, with the first result. Written
+/// whatever the outcome (a conflict writes none: the first record stands).
+fn store_dedupe(
+    conn: &Connection,
+    ctx: &ApplyContext,
+    ev: &VerifiedEvent,
+    event_id: &str,
+    result: &EventResult,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    let json = String::from_utf8(result.to_json())
+        .map_err(|_| StoreError::Invalid("result is not UTF-8".into()))?;
+    conn.prepare_cached(
+        "INSERT INTO dedupe (site_id, event_id, body_sha256, seq, outcome, reason, result, received_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )?
+    .execute(params![
+        ctx.site_id.to_string(),
+        event_id,
+        &ev.body_sha256[..],
+        ev.header.seq.map(|s| s as i64),
+        result.outcome.as_str(),
+        result.reason.map(Reason::as_str),
+        json,
+        now.0
+    ])?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Step 3 and the seq bookkeeping
+// ---------------------------------------------------------------------------
+
+/// Step 3: a new id under a seq already seen. The page names "at or below
+/// the watermark"; a seq seen above the watermark (in `seq_seen`) is the
+/// same replay one gap later, so it is refused the same way.
+fn is_replayed_seq(conn: &Connection, seq: Option<u64>) -> Result<bool, StoreError> {
+    let Some(seq) = seq else { return Ok(false) };
+    let seen: bool = conn
+        .prepare_cached(
+            "SELECT ?1 <= (SELECT watermark FROM seq_state WHERE id = 1)
+                 OR EXISTS (SELECT 1 FROM seq_seen WHERE seq = ?1)",
+        )?
+        .query_row([seq as i64], |r| r.get(0))?;
+    Ok(seen)
+}
+
+/// Everything an authenticated, first-seen event counts toward: its seq,
+/// the time floor, the sign of life; a checkpoint's head.
+fn count_authenticated(
+    conn: &Connection,
+    ctx: &ApplyContext,
+    ev: &VerifiedEvent,
+    head_seq: Option<u64>,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    raise_time_floor(conn, ev.header.issued_at)?;
+    let Some(head) = head_seq else {
+        return count_seq_and_time(conn, ev, now);
+    };
+    conn.prepare_cached("UPDATE seq_state SET head_seq = max(head_seq, ?1) WHERE id = 1")?
+        .execute([head as i64])?;
+    // Only a fresh checkpoint shows the cloud is alive: an old one may have
+    // sat in a broker queue for hours.
+    let age = now.0.abs_diff(ev.header.issued_at.0);
+    if age <= u64::from(ctx.policy.cloud_stale_s) * Timestamp::MICROS_PER_SEC as u64 {
+        sign_of_life(conn, now)?;
+    }
+    Ok(())
+}
+
+/// A non-checkpoint event: its seq, the time floor and the sign of life.
+fn count_seq_and_time(
+    conn: &Connection,
+    ev: &VerifiedEvent,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    raise_time_floor(conn, ev.header.issued_at)?;
+    if let Some(seq) = ev.header.seq {
+        mark_seq_seen(conn, seq)?;
+    }
+    sign_of_life(conn, now)
+}
+
+/// The floor of the effective clock rises with every verified `issued_at`.
+fn raise_time_floor(conn: &Connection, issued_at: Timestamp) -> Result<(), StoreError> {
+    conn.prepare_cached("UPDATE time_floor SET floor = max(floor, ?1) WHERE id = 1")?
+        .execute([issued_at.0])?;
+    Ok(())
+}
+
+fn sign_of_life(conn: &Connection, now: Timestamp) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "UPDATE seq_state SET last_sign_of_life = max(coalesce(last_sign_of_life, ?1), ?1) WHERE id = 1",
+    )?
+    .execute([now.0])?;
+    Ok(())
+}
+
+/// W advances over contiguous seen seqs; a seq above W+1 waits in
+/// `seq_seen` until the gap below it closes.
+fn mark_seq_seen(conn: &Connection, seq: u64) -> Result<(), StoreError> {
+    let (w, _) = watermark_and_gap(conn)?;
+    if seq <= w {
+        return Ok(());
+    }
+    if seq > w + 1 {
+        conn.prepare_cached("INSERT OR IGNORE INTO seq_seen (seq) VALUES (?1)")?
+            .execute([seq as i64])?;
+        return Ok(());
+    }
+    let mut w = seq;
+    let mut next = conn.prepare_cached("DELETE FROM seq_seen WHERE seq = ?1")?;
+    while next.execute([(w + 1) as i64])? == 1 {
+        w += 1;
+    }
+    conn.prepare_cached("UPDATE seq_state SET watermark = ?1 WHERE id = 1")?
+        .execute([w as i64])?;
+    Ok(())
+}
+
+fn watermark_and_gap(conn: &Connection) -> Result<(u64, bool), StoreError> {
+    let (w, gap): (i64, bool) = conn
+        .prepare_cached(
+            "SELECT watermark, EXISTS (SELECT 1 FROM seq_seen) FROM seq_state WHERE id = 1",
+        )?
+        .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok((w as u64, gap))
+}
+
+// ---------------------------------------------------------------------------
+// Steps 5 to 8
+// ---------------------------------------------------------------------------
+
+/// An event's or an item's verdict before it becomes a result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Verdict {
+    outcome: Outcome,
+    reason: Option<Reason>,
+    clamped: bool,
+    item: Option<usize>,
+    items: Option<Vec<ItemResult>>,
+    erased: bool,
+}
+
+impl Verdict {
+    fn of(outcome: Outcome) -> Self {
+        Verdict {
+            outcome,
+            reason: None,
+            clamped: false,
+            item: None,
+            items: None,
+            erased: false,
+        }
+    }
+
+    fn rejected(reason: Reason) -> Self {
+        Verdict {
+            reason: Some(reason),
+            ..Verdict::of(Outcome::Rejected)
+        }
+    }
+
+    /// `applied` if the change touched the mirror, `noop` otherwise.
+    fn changed(changed: bool) -> Self {
+        Verdict::of(if changed {
+            Outcome::Applied
+        } else {
+            Outcome::Noop
+        })
+    }
+}
+
+fn decide(
+    conn: &Connection,
+    ctx: &ApplyContext,
+    event_id: &str,
+    kind: &EventKind,
+    now: Timestamp,
+) -> Result<Verdict, StoreError> {
+    match kind {
+        EventKind::Change(change) => apply_change(conn, ctx, event_id, change, now),
+        EventKind::Batch(items) => apply_batch(conn, ctx, event_id, items, now),
+        // The head is counted with the seq bookkeeping; nothing to change.
+        EventKind::Checkpoint { .. } => Ok(Verdict::of(Outcome::Noop)),
+    }
+}
+
+/// Runs `f` inside a SAVEPOINT, kept only when `keep` says so (or rolled
+/// back on an error), so a refused change leaves nothing behind.
+fn in_savepoint<T>(
+    conn: &Connection,
+    name: &str,
+    f: impl FnOnce() -> Result<T, StoreError>,
+    keep: impl FnOnce(&T) -> bool,
+) -> Result<T, StoreError> {
+    conn.execute_batch(&format!("SAVEPOINT {name}"))?;
+    let out = f();
+    let end = match &out {
+        Ok(v) if keep(v) => format!("RELEASE {name}"),
+        _ => format!("ROLLBACK TO {name}; RELEASE {name}"),
+    };
+    conn.execute_batch(&end)?;
+    out
+}
+
+/// A batch: every item in one nested savepoint. Items that come out noop,
+/// `revoked` or `illegal_transition` are recorded and skipped; any other
+/// rejection rolls every item back and rejects the batch at that index.
+fn apply_batch(
+    conn: &Connection,
+    ctx: &ApplyContext,
+    event_id: &str,
+    items: &[Change],
+    now: Timestamp,
+) -> Result<Verdict, StoreError> {
+    let run = || {
+        let mut out = Vec::with_capacity(items.len());
+        let (mut clamped, mut erased) = (false, false);
+        for (i, change) in items.iter().enumerate() {
+            let v = apply_change(conn, ctx, event_id, change, now)?;
+            if let Some(r) = v.reason.filter(|r| !r.skippable_in_batch()) {
+                return Ok(Verdict {
+                    item: Some(i),
+                    clamped: v.clamped,
+                    ..Verdict::rejected(r)
+                });
+            }
+            clamped |= v.clamped && v.outcome == Outcome::Applied;
+            erased |= v.erased;
+            out.push(ItemResult {
+                outcome: v.outcome,
+                reason: v.reason,
+            });
+        }
+        let any = out.iter().any(|i| i.outcome == Outcome::Applied);
+        Ok(Verdict {
+            clamped,
+            erased,
+            items: Some(out),
+            ..Verdict::changed(any)
+        })
+    };
+    in_savepoint(conn, "apply_batch", run, |v: &Verdict| {
+        v.outcome != Outcome::Rejected
+    })
+}
+
+/// One change, in its own savepoint: rolled back if rejected.
+fn apply_change(
+    conn: &Connection,
+    ctx: &ApplyContext,
+    event_id: &str,
+    change: &Change,
+    now: Timestamp,
+) -> Result<Verdict, StoreError> {
+    let run = || match change {
+        Change::KeyIssued { key, supersedes } => {
+            issue_key(conn, ctx, event_id, key, supersedes, now)
+        }
+        Change::KeyRevoked {
+            key_id,
+            version: _,
+            reason,
+        } => revoke(conn, event_id, key_id, reason, now).map(Verdict::changed),
+        Change::CheckinCompleted {
+            reservation_id,
+            check_in_id: _,
+            key,
+        } => check_in(conn, ctx, event_id, reservation_id, key, now),
+        Change::GuestErased { holder_ref } => erase_guest(conn, holder_ref),
+    };
+    in_savepoint(conn, "apply_change", run, |v: &Verdict| {
+        v.outcome != Outcome::Rejected
+    })
+}
+
+/// `key.issued`: the superseded keys are revoked (or tombstoned) first, so
+/// that the invariants of step 7 see the mirror without them.
+fn issue_key(
+    conn: &Connection,
+    ctx: &ApplyContext,
+    event_id: &str,
+    key: &Grant,
+    supersedes: &[String],
+    now: Timestamp,
+) -> Result<Verdict, StoreError> {
+    let mut changed = false;
+    for old in supersedes {
+        changed |= revoke(conn, event_id, old, REASON_SUPERSEDED, now)?;
+    }
+    let plan = plan_for(conn, ctx, key, now)?;
+    write_grant(conn, event_id, key, plan, changed, now)
+}
+
+/// `key.revoked` or a `supersedes` entry: a live key is revoked whatever
+/// the version; an unknown id gets a tombstone; otherwise nothing. Returns
+/// whether the mirror changed.
+fn revoke(
+    conn: &Connection,
+    event_id: &str,
+    key_id: &str,
+    reason: &str,
+    now: Timestamp,
+) -> Result<bool, StoreError> {
+    let existing = load_key(conn, key_id)?.map(|k| k.state);
+    match lifecycle::plan_revoke(existing, is_key_tombstoned(conn, key_id)?) {
+        RevokePlan::Revoke => {
+            revoke_key(conn, event_id, key_id, reason, now)?;
+            Ok(true)
+        }
+        RevokePlan::Tombstone => {
+            conn.prepare_cached(
+                "INSERT INTO key_tombstones (key_id, reason, event_id, created_at) VALUES (?1, ?2, ?3, ?4)",
+            )?
+            .execute(params![key_id, reason, event_id, now.0])?;
+            Ok(true)
+        }
+        RevokePlan::Noop => Ok(false),
+    }
+}
+
+/// `checkin.completed`: the reservation's other pre-issued keys are revoked
+/// (`superseded_by_checkin`), the key is activated, and the reservation is
+/// tombstoned against late pre-issued keys.
+///
+/// The check-in's own key is never among the keys revoked: it may be the
+/// reservation's pre-issued key moving to `active` at a higher version. If
+/// it is pre-issued and the grant does not raise its version, the check-in
+/// would leave a pre-issued key behind a reservation tombstone: that is
+/// refused as `illegal_transition` (the move to `active` needs a higher
+/// version), and nothing of the check-in is applied.
+fn check_in(
+    conn: &Connection,
+    ctx: &ApplyContext,
+    event_id: &str,
+    reservation_id: &str,
+    key: &Grant,
+    now: Timestamp,
+) -> Result<Verdict, StoreError> {
+    let plan = plan_for(conn, ctx, key, now)?;
+    let own = load_key(conn, &key.key_id)?;
+    if plan == GrantPlan::Noop && own.is_some_and(|k| k.state == KeyState::PreIssued) {
+        return Ok(Verdict::rejected(Reason::IllegalTransition));
+    }
+    if let GrantPlan::Reject { reason, clamped } = plan {
+        return Ok(Verdict {
+            clamped,
+            ..Verdict::rejected(reason)
+        });
+    }
+    let mut changed = false;
+    for other in pre_issued_of_reservation(conn, reservation_id, &key.key_id)? {
+        revoke_key(conn, event_id, &other, REASON_SUPERSEDED_BY_CHECKIN, now)?;
+        changed = true;
+    }
+    let verdict = write_grant(conn, event_id, key, plan, changed, now)?;
+    if verdict.outcome == Outcome::Rejected {
+        return Ok(verdict);
+    }
+    let tombstoned = tombstone_reservation(conn, reservation_id, key, event_id, now)?;
+    Ok(Verdict {
+        outcome: if tombstoned {
+            Outcome::Applied
+        } else {
+            verdict.outcome
+        },
+        ..verdict
+    })
+}
+
+/// `guest.erased`: `holder_name` set NULL in every key (final ones
+/// included; the schema allows exactly this change) and audit row of the
+/// holder. The rows stay. `secure_delete` on the writer zeroes the freed
+/// bytes; [`scrub_wal`] clears the WAL after the commit.
+fn erase_guest(conn: &Connection, holder_ref: &str) -> Result<Verdict, StoreError> {
+    let keys = conn
+        .prepare_cached(
+            "UPDATE keys SET holder_name = NULL WHERE holder_ref = ?1 AND holder_name IS NOT NULL",
+        )?
+        .execute([holder_ref])?;
+    let rows = conn
+        .prepare_cached(
+            "UPDATE audit SET holder_name = NULL WHERE holder_ref = ?1 AND holder_name IS NOT NULL",
+        )?
+        .execute([holder_ref])?;
+    let changed = keys + rows > 0;
+    Ok(Verdict {
+        erased: changed,
+        ..Verdict::changed(changed)
+    })
+}
+
+/// Steps 5 and 6 for a grant, from what the mirror holds now.
+fn plan_for(
+    conn: &Connection,
+    ctx: &ApplyContext,
+    key: &Grant,
+    now: Timestamp,
+) -> Result<GrantPlan, StoreError> {
+    let existing = load_key(conn, &key.key_id)?;
+    let reservation_tombstoned = match &key.reservation_id {
+        Some(r) => is_reservation_tombstoned(conn, r)?,
+        None => false,
+    };
+    Ok(lifecycle::plan_grant(
+        existing.as_ref(),
+        is_key_tombstoned(conn, &key.key_id)?,
+        reservation_tombstoned,
+        key,
+        now,
+        ctx.policy.max_grant_days,
+    ))
+}
+
+/// Carries out a grant plan (step 7 is the database's: a refused write
+/// becomes its reason). `changed_before` says whether the same change
+/// already touched the mirror (revocations), which makes a noop grant an
+/// applied change.
+fn write_grant(
+    conn: &Connection,
+    event_id: &str,
+    key: &Grant,
+    plan: GrantPlan,
+    changed_before: bool,
+    now: Timestamp,
+) -> Result<Verdict, StoreError> {
+    let (placement, was) = match plan {
+        GrantPlan::Reject { reason, clamped } => {
+            return Ok(Verdict {
+                clamped,
+                ..Verdict::rejected(reason)
+            });
+        }
+        GrantPlan::Noop => return Ok(Verdict::changed(changed_before)),
+        GrantPlan::Insert(p) => (p, None),
+        GrantPlan::Upgrade(p) => (p, load_key(conn, &key.key_id)?.map(|k| k.state)),
+    };
+    let written = match was {
+        None => insert_key(conn, event_id, key, placement, now),
+        Some(_) => upgrade_key(conn, event_id, key, placement, now),
+    };
+    if let Err(e) = written {
+        return match reason_for_constraint(&e) {
+            Some(reason) => Ok(Verdict {
+                clamped: placement.clamped,
+                ..Verdict::rejected(reason)
+            }),
+            None => Err(e),
+        };
+    }
+    let becomes_active = KeyState::from(key.state) == KeyState::Active;
+    if becomes_active && was != Some(KeyState::Active) {
+        record_key_audit(
+            conn,
+            AuditKind::KeyActivated,
+            event_id,
+            &key.key_id,
+            None,
+            now,
+        )?;
+    }
+    Ok(Verdict {
+        clamped: placement.clamped,
+        ..Verdict::of(Outcome::Applied)
+    })
+}
+
+fn insert_key(
+    conn: &Connection,
+    event_id: &str,
+    key: &Grant,
+    placement: Placement,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO keys (key_id, version, state, check_in_id, reservation_id, valid_from,
+                           valid_until, pin_tag, pin_key_id, holder_ref, holder_name,
+                           revoke_reason, event_id, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, NULL, ?12, ?13)",
+    )?
+    .execute(params![
+        key.key_id,
+        key.version as i64,
+        KeyState::from(key.state).as_str(),
+        key.check_in_id,
+        key.reservation_id,
+        key.valid_from.0,
+        placement.valid_until.0,
+        &key.pin_tag.0[..],
+        key.pin_key_id,
+        key.holder_ref,
+        key.holder_name,
+        event_id,
+        now.0
+    ])?;
+    insert_doors(conn, key)
+}
+
+/// Moves a live key to the grant's higher version. The old doors go first,
+/// so that the new PIN tag is checked against other keys only on the new
+/// doors.
+fn upgrade_key(
+    conn: &Connection,
+    event_id: &str,
+    key: &Grant,
+    placement: Placement,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    conn.prepare_cached("DELETE FROM key_doors WHERE key_id = ?1")?
+        .execute([&key.key_id])?;
+    conn.prepare_cached(
+        "UPDATE keys SET version = ?2, state = ?3, check_in_id = ?4, reservation_id = ?5,
+                         valid_from = ?6, valid_until = ?7, pin_tag = ?8, pin_key_id = ?9,
+                         holder_ref = ?10, holder_name = ?11, event_id = ?12, updated_at = ?13
+          WHERE key_id = ?1",
+    )?
+    .execute(params![
+        key.key_id,
+        key.version as i64,
+        KeyState::from(key.state).as_str(),
+        key.check_in_id,
+        key.reservation_id,
+        key.valid_from.0,
+        placement.valid_until.0,
+        &key.pin_tag.0[..],
+        key.pin_key_id,
+        key.holder_ref,
+        key.holder_name,
+        event_id,
+        now.0
+    ])?;
+    insert_doors(conn, key)
+}
+
+fn insert_doors(conn: &Connection, key: &Grant) -> Result<(), StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "INSERT INTO key_doors (key_id, door, pin_tag, live) VALUES (?1, ?2, ?3, 1)",
+    )?;
+    for door in &key.doors {
+        stmt.execute(params![key.key_id, door, &key.pin_tag.0[..]])?;
+    }
+    Ok(())
+}
+
+/// A live key becomes `revoked`, with its reason and a `key.revoked` audit
+/// row. (The `keys_sync_doors` trigger takes its doors out of service.)
+fn revoke_key(
+    conn: &Connection,
+    event_id: &str,
+    key_id: &str,
+    reason: &str,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "UPDATE keys SET state = 'revoked', revoke_reason = ?2, event_id = ?3, updated_at = ?4
+          WHERE key_id = ?1 AND state IN ('pre_issued', 'active')",
+    )?
+    .execute(params![key_id, reason, event_id, now.0])?;
+    record_key_audit(
+        conn,
+        AuditKind::KeyRevoked,
+        event_id,
+        key_id,
+        Some(reason),
+        now,
+    )
+}
+
+/// A key lifecycle audit row, carrying the key's references (and its
+/// holder name, locally, where erasure can reach it).
+fn record_key_audit(
+    conn: &Connection,
+    kind: AuditKind,
+    event_id: &str,
+    key_id: &str,
+    reason: Option<&str>,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    let (check_in_id, holder_ref, holder_name) = conn
+        .prepare_cached("SELECT check_in_id, holder_ref, holder_name FROM keys WHERE key_id = ?1")?
+        .query_row([key_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+    audit::record(
+        conn,
+        &AuditRecord {
+            kind,
+            at: now,
+            door: None,
+            key_id: Some(key_id.to_owned()),
+            check_in_id,
+            holder_ref,
+            holder_name,
+            reason: reason.map(str::to_owned),
+            event_id: Uuid::parse_str(event_id).ok(),
+        },
+    )?;
+    Ok(())
+}
+
+/// Leaves the reservation's tombstone unless one exists (a repeated
+/// check-in). Returns whether it was new.
+fn tombstone_reservation(
+    conn: &Connection,
+    reservation_id: &str,
+    key: &Grant,
+    event_id: &str,
+    now: Timestamp,
+) -> Result<bool, StoreError> {
+    if is_reservation_tombstoned(conn, reservation_id)? {
+        return Ok(false);
+    }
+    conn.prepare_cached(
+        "INSERT INTO reservation_tombstones (reservation_id, check_in_id, event_id, created_at)
+         VALUES (?1, ?2, ?3, ?4)",
+    )?
+    .execute(params![
+        reservation_id,
+        key.check_in_id.as_deref().unwrap_or_default(),
+        event_id,
+        now.0
+    ])?;
+    Ok(true)
+}
+
+fn load_key(conn: &Connection, key_id: &str) -> Result<Option<KeyView>, StoreError> {
+    let row: Option<(i64, String)> = conn
+        .prepare_cached("SELECT version, state FROM keys WHERE key_id = ?1")?
+        .query_row([key_id], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    row.map(|(version, state)| {
+        let state = KeyState::parse(&state)
+            .ok_or_else(|| StoreError::Invalid(format!("key {key_id}: unknown state")))?;
+        Ok(KeyView {
+            version: version as u64,
+            state,
+        })
+    })
+    .transpose()
+}
+
+fn pre_issued_of_reservation(
+    conn: &Connection,
+    reservation_id: &str,
+    except_key_id: &str,
+) -> Result<Vec<String>, StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT key_id FROM keys
+          WHERE reservation_id = ?1 AND state = 'pre_issued' AND key_id <> ?2
+          ORDER BY key_id",
+    )?;
+    let ids = stmt.query_map([reservation_id, except_key_id], |r| r.get(0))?;
+    Ok(ids.collect::<Result<_, _>>()?)
+}
+
+fn is_key_tombstoned(conn: &Connection, key_id: &str) -> Result<bool, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM key_tombstones WHERE key_id = ?1)")?
+        .query_row([key_id], |r| r.get(0))?)
+}
+
+fn is_reservation_tombstoned(conn: &Connection, reservation_id: &str) -> Result<bool, StoreError> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM reservation_tombstones WHERE reservation_id = ?1)",
+        )?
+        .query_row([reservation_id], |r| r.get(0))?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stored_result_reads_back_as_the_same_result() {
+        let r = EventResult {
+            event_id: Some(Uuid::from_u128(7)),
+            seq: Some(10),
+            outcome: Outcome::Applied,
+            reason: None,
+            duplicate: false,
+            clamped: true,
+            at: Timestamp::from_secs(1_795_953_600),
+            item: None,
+            items: Some(vec![
+                ItemResult {
+                    outcome: Outcome::Rejected,
+                    reason: Some(Reason::Revoked),
+                },
+                ItemResult {
+                    outcome: Outcome::Noop,
+                    reason: None,
+                },
+            ]),
+        };
+        let json = String::from_utf8(r.to_json()).unwrap();
+        assert_eq!(result_from_json(&json), Some(r));
+    }
+
+    #[test]
+    fn a_rejected_batch_result_keeps_its_item_index() {
+        let r = EventResult {
+            event_id: Some(Uuid::from_u128(8)),
+            seq: None,
+            outcome: Outcome::Rejected,
+            reason: Some(Reason::UnknownDoor),
+            duplicate: false,
+            clamped: false,
+            at: Timestamp::from_secs(1),
+            item: Some(1),
+            items: None,
+        };
+        let json = String::from_utf8(r.to_json()).unwrap();
+        assert_eq!(result_from_json(&json), Some(r));
+    }
+}

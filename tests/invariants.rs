@@ -1,0 +1,564 @@
+//! Attacks on the schema's invariants with raw SQL, on a database created by
+//! `Store::open`. Each attack must be refused by SQLite itself; beside most of
+//! them a legal neighbour must succeed, so a test fails if the guard is
+//! missing *or* if it refuses everything.
+
+use lockhub::config::Policy;
+use lockhub::lifecycle::{KeyState, may_move};
+use lockhub::store::Store;
+use rusqlite::{Connection, params};
+
+const FAR: i64 = 4_102_444_800_000_000; // 2100-01-01 in microseconds
+
+fn db() -> (tempfile::TempDir, Connection) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lockhub.db");
+    Store::open(&path, &Policy::default()).unwrap().close();
+    let c = Connection::open(&path).unwrap();
+    (dir, c)
+}
+
+/// The statement must fail with a constraint error (a trigger's RAISE, a
+/// CHECK or a UNIQUE index), not some other error such as a typo.
+#[track_caller]
+fn refused(c: &Connection, sql: &str) {
+    match c.execute_batch(sql) {
+        Ok(()) => panic!("SQLite accepted: {sql}"),
+        Err(rusqlite::Error::SqliteFailure(e, _))
+            if e.code == rusqlite::ErrorCode::ConstraintViolation => {}
+        Err(e) => panic!("failed for another reason ({e}): {sql}"),
+    }
+}
+
+#[track_caller]
+fn accepted(c: &Connection, sql: &str) {
+    c.execute_batch(sql)
+        .unwrap_or_else(|e| panic!("refused ({e}): {sql}"));
+}
+
+fn tag(b: u8) -> Vec<u8> {
+    vec![b; 32]
+}
+
+/// A key with one door, brought to `state` along legal transitions.
+fn key(c: &Connection, id: &str, state: KeyState, check_in: &str, tag_byte: u8) {
+    let first = if state == KeyState::Active {
+        "active"
+    } else {
+        "pre_issued"
+    };
+    c.execute(
+        "INSERT INTO keys (key_id, version, state, check_in_id, reservation_id, valid_from, valid_until,
+                           pin_tag, pin_key_id, holder_ref, holder_name, revoke_reason, event_id, updated_at)
+         VALUES (?1, 1, ?2, ?3, 'r-1', 0, ?4, ?5, 'k1', 'g-1', 'Ada Guest', NULL, NULL, 0)",
+        params![id, first, check_in, FAR, tag(tag_byte)],
+    )
+    .unwrap();
+    c.execute(
+        "INSERT INTO key_doors (key_id, door, pin_tag, live) VALUES (?1, '101', ?2, 1)",
+        params![id, tag(tag_byte)],
+    )
+    .unwrap();
+    match state {
+        KeyState::Revoked => {
+            c.execute(
+                "UPDATE keys SET state = 'revoked', revoke_reason = 'x' WHERE key_id = ?1",
+                [id],
+            )
+            .unwrap();
+        }
+        KeyState::Expired => {
+            c.execute("UPDATE keys SET state = 'expired' WHERE key_id = ?1", [id])
+                .unwrap();
+        }
+        _ => {}
+    }
+}
+
+fn count(c: &Connection, sql: &str) -> i64 {
+    c.query_row(sql, [], |r| r.get(0)).unwrap()
+}
+
+fn set_state_sql(id: &str, to: KeyState) -> String {
+    let reason = if to == KeyState::Revoked {
+        "'x'"
+    } else {
+        "NULL"
+    };
+    format!(
+        "UPDATE keys SET state = '{}', revoke_reason = {reason} WHERE key_id = '{id}'",
+        to.as_str()
+    )
+}
+
+#[test]
+fn two_active_keys_for_one_check_in_are_refused_however_they_are_written() {
+    let (_d, c) = db();
+    key(&c, "k-a", KeyState::Active, "c-1", 1);
+    key(&c, "k-b", KeyState::PreIssued, "c-1", 2);
+    // Insert, plain and with REPLACE (which would evict k-a).
+    for verb in ["INSERT", "INSERT OR REPLACE"] {
+        refused(
+            &c,
+            &format!(
+                "{verb} INTO keys (key_id, version, state, check_in_id, valid_from, valid_until,
+                                   pin_tag, pin_key_id, updated_at)
+                 VALUES ('k-c', 1, 'active', 'c-1', 0, {FAR}, X'{}', 'k1', 0)",
+                "03".repeat(32)
+            ),
+        );
+    }
+    // Activating the pre-issued one, plain and with REPLACE.
+    refused(
+        &c,
+        "UPDATE keys SET state = 'active', version = 2 WHERE key_id = 'k-b'",
+    );
+    refused(
+        &c,
+        "UPDATE OR REPLACE keys SET state = 'active', version = 2 WHERE key_id = 'k-b'",
+    );
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM keys WHERE state = 'active'"),
+        1
+    );
+    assert_eq!(count(&c, "SELECT count(*) FROM keys"), 2, "k-a still there");
+    // Once k-a is revoked, k-b may become active.
+    accepted(&c, &set_state_sql("k-a", KeyState::Revoked));
+    accepted(
+        &c,
+        "UPDATE keys SET state = 'active', version = 2 WHERE key_id = 'k-b'",
+    );
+}
+
+#[test]
+fn two_live_keys_on_one_door_and_pin_tag_are_refused_however_they_are_written() {
+    let (_d, c) = db();
+    key(&c, "k-a", KeyState::Active, "c-1", 7);
+    key(&c, "k-b", KeyState::Active, "c-2", 8);
+    let t7 = "07".repeat(32);
+    for verb in ["INSERT", "INSERT OR REPLACE"] {
+        refused(
+            &c,
+            &format!(
+                "{verb} INTO key_doors (key_id, door, pin_tag, live) VALUES ('k-b', '101', X'{t7}', 1)"
+            ),
+        );
+    }
+    // Moving k-b's tag onto k-a's (at a higher version), plain and with REPLACE.
+    refused(
+        &c,
+        &format!("UPDATE keys SET pin_tag = X'{t7}', version = 2 WHERE key_id = 'k-b'"),
+    );
+    refused(
+        &c,
+        &format!("UPDATE OR REPLACE keys SET pin_tag = X'{t7}', version = 2 WHERE key_id = 'k-b'"),
+    );
+    assert_eq!(count(&c, "SELECT count(*) FROM key_doors"), 2);
+    // The same tag on another door is fine; after k-a is revoked, so is the same door.
+    accepted(
+        &c,
+        &format!(
+            "INSERT INTO key_doors (key_id, door, pin_tag, live) VALUES ('k-a', '102', X'{t7}', 1)"
+        ),
+    );
+    accepted(&c, &set_state_sql("k-a", KeyState::Revoked));
+    accepted(
+        &c,
+        &format!("UPDATE keys SET pin_tag = X'{t7}', version = 2 WHERE key_id = 'k-b'"),
+    );
+}
+
+#[test]
+fn every_state_change_outside_the_whitelist_is_refused_and_every_one_inside_is_allowed() {
+    let (_d, c) = db();
+    let mut n = 0;
+    for from in KeyState::ALL {
+        for to in KeyState::ALL {
+            if from == to {
+                continue;
+            }
+            n += 1;
+            let id = format!("k-{n}");
+            key(&c, &id, from, &format!("c-{n}"), n as u8);
+            let sql = set_state_sql(&id, to);
+            if may_move(from, to) {
+                // Activation is a new version of the grant; leaving the live
+                // states is not.
+                let sql = if to == KeyState::Active {
+                    sql.replace("SET ", "SET version = version + 1, ")
+                } else {
+                    sql
+                };
+                accepted(&c, &sql);
+            } else {
+                refused(&c, &sql);
+                // Not even with a higher version.
+                refused(&c, &sql.replace("SET ", "SET version = version + 1, "));
+            }
+        }
+    }
+    assert_eq!(n, 12);
+}
+
+#[test]
+fn a_final_key_changes_in_nothing_but_the_erasure_of_its_holder_name() {
+    let (_d, c) = db();
+    let edits = [
+        "version = 2",
+        "check_in_id = 'c-9'",
+        "reservation_id = 'r-9'",
+        "valid_from = 1",
+        "valid_until = valid_until + 1",
+        "pin_tag = zeroblob(32)",
+        "pin_key_id = 'k2'",
+        "holder_ref = 'g-9'",
+        "holder_name = 'Someone Else'",
+        "event_id = 'e'",
+        "updated_at = 5",
+        "key_id = 'k-new'",
+    ];
+    for (i, state) in [KeyState::Revoked, KeyState::Expired]
+        .into_iter()
+        .enumerate()
+    {
+        let id = format!("k-final-{i}");
+        key(&c, &id, state, &format!("c-{i}"), i as u8);
+        for e in edits {
+            refused(&c, &format!("UPDATE keys SET {e} WHERE key_id = '{id}'"));
+        }
+        if state == KeyState::Revoked {
+            refused(
+                &c,
+                &format!("UPDATE keys SET revoke_reason = 'y' WHERE key_id = '{id}'"),
+            );
+        }
+        // Its doors are frozen too.
+        refused(
+            &c,
+            &format!("UPDATE key_doors SET door = '102' WHERE key_id = '{id}'"),
+        );
+        refused(
+            &c,
+            &format!(
+                "INSERT INTO key_doors (key_id, door, pin_tag, live) VALUES ('{id}', '103', X'{}', 0)",
+                format!("{i:02}").repeat(32)
+            ),
+        );
+        refused(&c, &format!("DELETE FROM key_doors WHERE key_id = '{id}'"));
+        accepted(
+            &c,
+            &format!("UPDATE keys SET holder_name = NULL WHERE key_id = '{id}'"),
+        );
+    }
+}
+
+#[test]
+fn a_revoked_key_cannot_be_resurrected_by_insert_or_replace() {
+    let (_d, c) = db();
+    key(&c, "k-1", KeyState::Revoked, "c-1", 1);
+    refused(
+        &c,
+        &format!(
+            "INSERT OR REPLACE INTO keys (key_id, version, state, check_in_id, valid_from, valid_until,
+                                          pin_tag, pin_key_id, updated_at)
+             VALUES ('k-1', 9, 'active', 'c-1', 0, {FAR}, X'{}', 'k1', 0)",
+            "01".repeat(32)
+        ),
+    );
+    assert_eq!(
+        count(
+            &c,
+            "SELECT count(*) FROM keys WHERE key_id = 'k-1' AND state = 'revoked'"
+        ),
+        1
+    );
+}
+
+#[test]
+fn a_version_never_goes_down_and_a_live_key_changes_only_with_a_higher_one() {
+    let (_d, c) = db();
+    key(&c, "k-1", KeyState::Active, "c-1", 1);
+    accepted(&c, "UPDATE keys SET version = 3 WHERE key_id = 'k-1'");
+    refused(&c, "UPDATE keys SET version = 2 WHERE key_id = 'k-1'");
+    // Erasing the holder's name needs no new version...
+    accepted(
+        &c,
+        "UPDATE keys SET holder_name = NULL WHERE key_id = 'k-1'",
+    );
+    // ...but nothing may ride along with an erasure at the same version: the
+    // same tag under another PIN key is another PIN.
+    for e in [
+        "valid_until = valid_until - 1",
+        "pin_key_id = 'k2'",
+        "check_in_id = 'c-2'",
+        "reservation_id = 'r-2'",
+        "holder_ref = 'g-2'",
+    ] {
+        refused(&c, &format!("UPDATE keys SET {e} WHERE key_id = 'k-1'"));
+        accepted(
+            &c,
+            &format!(
+                "SAVEPOINT s; UPDATE keys SET {e}, version = version + 1 WHERE key_id = 'k-1'; ROLLBACK TO s; RELEASE s"
+            ),
+        );
+    }
+}
+
+#[test]
+fn a_key_doors_row_that_disagrees_with_its_key_is_refused() {
+    let (_d, c) = db();
+    key(&c, "k-1", KeyState::Active, "c-1", 1);
+    key(&c, "k-2", KeyState::Revoked, "c-2", 2);
+    let other = "09".repeat(32);
+    let own = "01".repeat(32);
+    refused(
+        &c,
+        &format!(
+            "INSERT INTO key_doors (key_id, door, pin_tag, live) VALUES ('k-1', '102', X'{other}', 1)"
+        ),
+    );
+    refused(
+        &c,
+        &format!(
+            "INSERT INTO key_doors (key_id, door, pin_tag, live) VALUES ('k-1', '102', X'{own}', 0)"
+        ),
+    );
+    refused(
+        &c,
+        &format!("UPDATE key_doors SET pin_tag = X'{other}' WHERE key_id = 'k-1'"),
+    );
+    refused(&c, "UPDATE key_doors SET live = 0 WHERE key_id = 'k-1'");
+    refused(&c, "UPDATE key_doors SET live = 1 WHERE key_id = 'k-2'");
+    accepted(
+        &c,
+        &format!(
+            "INSERT INTO key_doors (key_id, door, pin_tag, live) VALUES ('k-1', '102', X'{own}', 1)"
+        ),
+    );
+}
+
+#[test]
+fn a_tombstoned_key_id_never_comes_back_and_never_coexists_with_a_key() {
+    let (_d, c) = db();
+    accepted(
+        &c,
+        "INSERT INTO key_tombstones (key_id, reason, event_id, created_at) VALUES ('k-ghost', 'x', 'e', CAST(unixepoch('subsec') * 1000000 AS INTEGER))",
+    );
+    let insert = format!(
+        "INSERT INTO keys (key_id, version, state, check_in_id, valid_from, valid_until, pin_tag, pin_key_id, updated_at)
+         VALUES ('k-ghost', 1, 'active', 'c-1', 0, {FAR}, X'{}', 'k1', 0)",
+        "05".repeat(32)
+    );
+    refused(&c, &insert);
+    refused(&c, &insert.replace("INSERT", "INSERT OR REPLACE"));
+    key(&c, "k-1", KeyState::Active, "c-1", 1);
+    refused(
+        &c,
+        "INSERT INTO key_tombstones (key_id, reason, event_id, created_at) VALUES ('k-1', 'x', 'e', 0)",
+    );
+    refused(&c, "UPDATE key_tombstones SET key_id = 'k-other'");
+    refused(&c, "DELETE FROM key_tombstones");
+    refused(
+        &c,
+        "INSERT OR REPLACE INTO key_tombstones (key_id, reason, event_id, created_at) VALUES ('k-ghost', 'y', 'e2', 0)",
+    );
+}
+
+#[test]
+fn a_pre_issued_key_for_a_checked_in_reservation_is_refused() {
+    let (_d, c) = db();
+    key(&c, "k-pre", KeyState::PreIssued, "c-0", 1);
+    accepted(
+        &c,
+        "UPDATE keys SET reservation_id = 'r-2', version = 2 WHERE key_id = 'k-pre'",
+    );
+    accepted(
+        &c,
+        "INSERT INTO reservation_tombstones (reservation_id, check_in_id, event_id, created_at)
+         VALUES ('r-1', 'c-1', 'e', CAST(unixepoch('subsec') * 1000000 AS INTEGER))",
+    );
+    let insert = format!(
+        "INSERT INTO keys (key_id, version, state, reservation_id, valid_from, valid_until, pin_tag, pin_key_id, updated_at)
+         VALUES ('k-late', 1, 'pre_issued', 'r-1', 0, {FAR}, X'{}', 'k1', 0)",
+        "06".repeat(32)
+    );
+    refused(&c, &insert);
+    // Nor can a pre-issued key be moved into the closed reservation.
+    refused(
+        &c,
+        "UPDATE keys SET reservation_id = 'r-1', version = 3 WHERE key_id = 'k-pre'",
+    );
+    refused(&c, "DELETE FROM reservation_tombstones");
+    refused(&c, "UPDATE reservation_tombstones SET check_in_id = 'c-x'");
+    // A pre-issued key of another reservation is fine.
+    accepted(&c, &insert.replace("'r-1'", "'r-3'"));
+}
+
+#[test]
+fn audit_rows_are_never_rewritten_or_deleted_early_but_names_can_be_erased() {
+    let (_d, c) = db();
+    accepted(
+        &c,
+        "INSERT INTO audit (audit_id, at, kind, key_id, holder_ref, holder_name, reason)
+         VALUES ('00000000-0000-7000-8000-000000000001', 0, 'key.revoked', 'k-1', 'g-1', 'Ada Guest', 'x')",
+    );
+    for e in [
+        "kind = 'key.activated'",
+        "at = 1",
+        "key_id = 'k-2'",
+        "reason = 'y'",
+        "holder_ref = 'g-2'",
+        "holder_name = 'Someone'",
+        "audit_id = '00000000-0000-7000-8000-000000000002'",
+    ] {
+        refused(&c, &format!("UPDATE audit SET {e}"));
+    }
+    refused(
+        &c,
+        "INSERT OR REPLACE INTO audit (audit_id, at, kind) VALUES ('00000000-0000-7000-8000-000000000001', 5, 'key.expired')",
+    );
+    // Unacked: never deleted.
+    refused(&c, "DELETE FROM audit");
+    accepted(&c, "UPDATE audit SET holder_name = NULL");
+    accepted(&c, "UPDATE audit SET acked_at = 10");
+    refused(&c, "UPDATE audit SET acked_at = 11");
+    // Acked but young (the row is from 1970 by `at`, so make a young one).
+    accepted(
+        &c,
+        &format!(
+            "INSERT INTO audit (audit_id, at, kind, acked_at) VALUES ('00000000-0000-7000-8000-000000000003', {FAR}, 'key.expired', 1)"
+        ),
+    );
+    refused(
+        &c,
+        "DELETE FROM audit WHERE audit_id = '00000000-0000-7000-8000-000000000003'",
+    );
+    // Acked and old: may go.
+    accepted(
+        &c,
+        "DELETE FROM audit WHERE audit_id = '00000000-0000-7000-8000-000000000001'",
+    );
+}
+
+#[test]
+fn dedupe_rows_are_immutable() {
+    let (_d, c) = db();
+    let now = lockhub::time::Timestamp::now_system().0;
+    accepted(
+        &c,
+        &format!(
+            "INSERT INTO dedupe (site_id, event_id, body_sha256, seq, outcome, reason, result, received_at)
+             VALUES ('s', '00000001-94a1-4c39-8f5e-6b1e2d3c4a01', zeroblob(32), 1, 'applied', NULL, '{{}}', {now})"
+        ),
+    );
+    for e in [
+        "outcome = 'noop'",
+        "result = '{\"x\":1}'",
+        "body_sha256 = randomblob(32)",
+        "seq = 2",
+    ] {
+        refused(&c, &format!("UPDATE dedupe SET {e}"));
+    }
+    refused(
+        &c,
+        &format!(
+            "INSERT OR REPLACE INTO dedupe (site_id, event_id, body_sha256, seq, outcome, reason, result, received_at)
+             VALUES ('s', '00000001-94a1-4c39-8f5e-6b1e2d3c4a01', randomblob(32), 1, 'noop', NULL, '{{}}', {now})"
+        ),
+    );
+    refused(&c, "DELETE FROM dedupe");
+    // An upper-case id is not the same id written another way: refused.
+    refused(
+        &c,
+        &format!(
+            "INSERT INTO dedupe (site_id, event_id, body_sha256, seq, outcome, reason, result, received_at)
+             VALUES ('s', '0000000A-94A1-4C39-8F5E-6B1E2D3C4A01', zeroblob(32), 1, 'applied', NULL, '{{}}', {now})"
+        ),
+    );
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM dedupe WHERE outcome = 'applied'"),
+        1
+    );
+}
+
+#[test]
+fn the_watermark_never_goes_down() {
+    let (_d, c) = db();
+    accepted(&c, "UPDATE seq_state SET watermark = 12");
+    refused(&c, "UPDATE seq_state SET watermark = 11");
+    refused(
+        &c,
+        "INSERT OR REPLACE INTO seq_state (id, watermark) VALUES (1, 0)",
+    );
+    refused(&c, "DELETE FROM seq_state");
+    refused(&c, "INSERT INTO seq_seen (seq) VALUES (12)");
+    accepted(&c, "INSERT INTO seq_seen (seq) VALUES (14)");
+    assert_eq!(count(&c, "SELECT watermark FROM seq_state"), 12);
+}
+
+#[test]
+fn the_time_floor_never_goes_down() {
+    let (_d, c) = db();
+    accepted(&c, "UPDATE time_floor SET floor = 1000");
+    refused(&c, "UPDATE time_floor SET floor = 999");
+    refused(
+        &c,
+        "INSERT OR REPLACE INTO time_floor (id, floor) VALUES (1, 0)",
+    );
+    refused(&c, "DELETE FROM time_floor");
+    assert_eq!(count(&c, "SELECT floor FROM time_floor"), 1000);
+}
+
+#[test]
+fn an_unsent_outbox_row_is_never_deleted_or_rewritten() {
+    let (_d, c) = db();
+    accepted(
+        &c,
+        "INSERT INTO outbox (id, topic, body, created_at) VALUES (1, 'results', X'7B7D', 0)",
+    );
+    refused(&c, "DELETE FROM outbox WHERE id = 1");
+    refused(&c, "UPDATE outbox SET body = X'00' WHERE id = 1");
+    refused(
+        &c,
+        "INSERT OR REPLACE INTO outbox (id, topic, body, created_at) VALUES (1, 'results', X'00', 0)",
+    );
+    accepted(&c, "UPDATE outbox SET sent_at = 5 WHERE id = 1");
+    refused(&c, "UPDATE outbox SET sent_at = 6 WHERE id = 1");
+    accepted(&c, "DELETE FROM outbox WHERE id = 1");
+}
+
+#[test]
+fn a_live_key_is_never_deleted() {
+    let (_d, c) = db();
+    key(&c, "k-1", KeyState::Active, "c-1", 1);
+    key(&c, "k-2", KeyState::PreIssued, "c-2", 2);
+    refused(&c, "DELETE FROM keys WHERE key_id = 'k-1'");
+    refused(&c, "DELETE FROM keys WHERE key_id = 'k-2'");
+    // A final key within its retention is kept too.
+    key(&c, "k-3", KeyState::Revoked, "c-3", 3);
+    refused(&c, "DELETE FROM keys WHERE key_id = 'k-3'");
+    assert_eq!(count(&c, "SELECT count(*) FROM keys"), 3);
+    // An old final key past valid_until + retention may go.
+    c.execute(
+        "INSERT INTO keys (key_id, version, state, check_in_id, valid_from, valid_until, pin_tag,
+                           pin_key_id, revoke_reason, updated_at)
+         VALUES ('k-old', 1, 'revoked', 'c-4', 0, 1, ?1, 'k1', 'x', 0)",
+        [tag(4)],
+    )
+    .unwrap();
+    accepted(&c, "DELETE FROM keys WHERE key_id = 'k-old'");
+}
+
+#[test]
+fn lockouts_are_never_overwritten() {
+    let (_d, c) = db();
+    accepted(
+        &c,
+        "INSERT INTO lockouts (door, started_at, until, level) VALUES ('101', 1, 100, 0)",
+    );
+    refused(
+        &c,
+        "INSERT OR REPLACE INTO lockouts (door, started_at, until, level) VALUES ('101', 1, 2, 0)",
+    );
+    refused(&c, "UPDATE lockouts SET until = 2");
+}
