@@ -65,11 +65,13 @@ struct ProvisionArgs {
     /// mqtts: this hub's client certificate and its key (PEM).
     #[arg(long, requires = "key_file")]
     cert_file: Option<PathBuf>,
+    /// mqtts: the key of --cert-file (PEM; keep it 0600).
     #[arg(long, requires = "cert_file")]
     key_file: Option<PathBuf>,
     /// Broker user name; the password is read from --password-file.
     #[arg(long)]
     username: Option<String>,
+    /// A file holding the broker password (never the password itself).
     #[arg(long)]
     password_file: Option<PathBuf>,
     /// A trusted cloud signer: ID=PUBLIC_KEY[,NOT_AFTER] (repeat for several).
