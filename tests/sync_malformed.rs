@@ -398,3 +398,49 @@ async fn a_forged_event_with_a_genuine_id_does_not_block_the_genuine_event() {
         1
     );
 }
+
+/// Over the hub's MQTT packet limit (2 MiB) the envelope cannot even be
+/// read, so it cannot be acked either, and the broker redelivers it on every
+/// reconnect. Found by this test: the hub was wedged in a reconnect loop for
+/// good (hundreds of reconnects a minute, no event ever applied again). Now
+/// it drops the poisoned session once and asks the cloud to re-send
+/// (`fresh_session`); the cloud answers as the contract says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_envelope_above_the_mqtt_packet_limit_does_not_wedge_the_hub() {
+    let broker = Mosquitto::start();
+    let mut cc = CloudClient::plain(broker.port).await;
+    let mut hub = Daemon::start(&broker.url(), DaemonOptions::default());
+    cc.wait_online().await;
+    let mut c = cloud();
+    let before = issue_many(&mut c, 0, 2);
+    cc.publish(&before).await;
+    cc.wait_results(&before).await;
+    let cp = c.checkpoint();
+    cc.publish(std::slice::from_ref(&cp)).await;
+    cc.wait_results(std::slice::from_ref(&cp)).await;
+    let syncs = cc.sync_requests().len();
+
+    cc.publish_raw(vec![b'x'; 3 * 1024 * 1024]).await;
+    let after = issue_many(&mut c, 2, 1);
+    cc.publish(&after).await;
+    cc.wait_until("a fresh_session request after the poisoned session", |c| {
+        c.sync_requests()[syncs..]
+            .iter()
+            .any(|r| r["reason"] == "fresh_session" && r["from_seq"] == 3)
+    })
+    .await;
+    // As the cloud: re-send from 3 (it may have arrived already), then a
+    // checkpoint.
+    cc.publish(&after).await;
+    let cp = c.checkpoint();
+    cc.publish(std::slice::from_ref(&cp)).await;
+    cc.wait_results(&[after.clone(), vec![cp]].concat()).await;
+    assert_eq!(
+        cc.results_by_id()[&after[0].event_id][0]["outcome"],
+        "applied"
+    );
+    assert_eq!(hub.watermark(), 3);
+    hub.assert_running();
+    let connects = hub.log().matches("mqtt connected").count();
+    assert!(connects <= 3, "{connects} connections: a reconnect loop");
+}

@@ -285,7 +285,22 @@ unlock_ms = 5000
                 return;
             }
             self.assert_running();
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            if Instant::now() > deadline {
+                std::fs::copy(self.log_path(), "/tmp/lockhub-failed.log").ok();
+                let (dedupe, w): (i64, i64) = db
+                    .query_row(
+                        "SELECT (SELECT count(*) FROM dedupe), (SELECT watermark FROM seq_state)",
+                        [],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .unwrap();
+                let log = self.log();
+                let tail: Vec<&str> = log.lines().rev().take(15).collect();
+                panic!(
+                    "timed out waiting for {what} (dedupe {dedupe}, watermark {w}); log tail:\n{}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                );
+            }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
     }
