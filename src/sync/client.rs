@@ -301,6 +301,19 @@ pub struct PollSinks {
     pub session: mpsc::Sender<LinkEvent>,
 }
 
+/// Whether the connection died on an incoming packet over
+/// [`MAX_INCOMING_PACKET`]. With Mosquitto's `message_size_limit` set (as
+/// it should be) this never happens; without it, one oversized publish on
+/// the events topic would otherwise wedge the hub in a reconnect loop.
+fn poisoned_session(e: &rumqttc::ConnectionError) -> bool {
+    matches!(
+        e,
+        rumqttc::ConnectionError::MqttState(rumqttc::StateError::Deserialization(
+            rumqttc::mqttbytes::Error::PayloadSizeLimitExceeded(_)
+        ))
+    )
+}
+
 /// Polls the event loop until `stop` turns true and the connection is
 /// closed (cleanly by the publisher, or lost). Only forwards; never awaits
 /// the client. `reconnect` drops the current connection on purpose (the
@@ -322,6 +335,11 @@ pub async fn poll_loop(
     let mut backoff = ReconnectBackoff::default();
     let mut epoch = 0u64;
     let mut up = false;
+    // A message bigger than MAX_INCOMING_PACKET stays at the head of our
+    // persistent session: rumqttc cannot read (or ack) it, so every
+    // reconnect gets it again and the hub would never see another event.
+    // When that happens we drop the session once (see `poisoned_session`).
+    let mut drop_session = false;
     loop {
         let step = tokio::select! {
             biased;
@@ -334,6 +352,23 @@ pub async fn poll_loop(
             Step::Kick => "reconnecting to get unacked events redelivered".to_owned(),
             Step::Event(Ok(ev)) => {
                 match ev {
+                    Event::Incoming(Packet::ConnAck(_)) if drop_session => {
+                        // This clean connection has discarded the broker's
+                        // session and the oversized message with it. Go back
+                        // to a persistent session at once, without
+                        // subscribing here: the next CONNACK says the session
+                        // is new, and the sync planner asks the cloud for
+                        // everything from W+1 (`fresh_session`), which covers
+                        // whatever the discarded session still held.
+                        drop_session = false;
+                        eventloop.mqtt_options.set_clean_session(false);
+                        tracing::warn!("discarded the broker session holding an oversized message");
+                        gate.lost(|| {
+                            eventloop.clean();
+                            eventloop.pending.clear();
+                        });
+                        continue;
+                    }
                     Event::Incoming(Packet::ConnAck(ack)) => {
                         epoch = gate.connected();
                         up = true;
@@ -382,7 +417,13 @@ pub async fn poll_loop(
                 }
                 continue;
             }
-            Step::Event(Err(e)) => e.to_string(),
+            Step::Event(Err(e)) => {
+                if poisoned_session(&e) {
+                    drop_session = true;
+                    eventloop.mqtt_options.set_clean_session(true);
+                }
+                e.to_string()
+            }
         };
         let was_up = up;
         up = false;
