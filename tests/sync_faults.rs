@@ -57,16 +57,10 @@ async fn assert_no_more_sync_requests(cloud: &mut CloudClient, window: Duration)
     );
 }
 
-/// KNOWN FAILURE, under investigation: run alone it passes (~12 s); run
-/// with the rest of this file (`cargo test --test sync_faults --
-/// --include-ignored`) the restarted daemon stalls for good after a few
-/// hundred events: its publisher queues a full window (64) and never sees a
-/// PUBACK, and ingest stops acking, so the broker stops delivering. Suspect:
-/// rumqttc takes no request at all (acks included) from its channel while
-/// its outgoing in-flight is full or in pkid collision, so a stalled
-/// publish window also stops the acks. Ignored so the branch stays green;
-/// see the synctest report.
-#[ignore = "known stall after SIGKILL restart under load; see doc comment"]
+/// SIGKILL mid-flood, then a restart: every event applied once and answered.
+/// (This test found a deadlock: the poll task awaited a full channel while
+/// ingest waited for rumqttc to take its acks, which it could not while the
+/// poll task was not polling. The poll task now parks instead of waiting.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigkill_in_the_middle_of_a_flood_loses_nothing_and_applies_each_event_once() {
     let t0 = Instant::now();
