@@ -470,7 +470,9 @@ pub async fn poll_loop(
                         session.push(ev);
                     }
                     Event::Incoming(Packet::Publish(publish)) => {
-                        if !inbound.push(Inbound { epoch, publish }) {
+                        // `false`: the ingest task is gone; so is the daemon.
+                        let handed_on = inbound.push(Inbound { epoch, publish });
+                        if !handed_on {
                             break;
                         }
                     }
