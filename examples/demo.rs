@@ -493,6 +493,9 @@ async fn story(w: &mut World, broker: &mut Broker, pin_key: &[u8; 32]) -> Result
     );
     ok("offline open: door 102 opened with the broker down");
 
+    // Counted before the restart: the cloud may well subscribe while the
+    // loop below is still waiting for the port.
+    let subs = w.subscribed;
     broker.restart()?;
     let end = Instant::now() + BROKER_START_WAIT;
     while !broker.accepting()? {
@@ -512,7 +515,6 @@ async fn story(w: &mut World, broker: &mut Broker, pin_key: &[u8; 32]) -> Result
             broker.pid()
         ),
     );
-    let subs = w.subscribed;
     w.wait("the cloud to subscribe again", RECONNECT_WAIT, |w| {
         (w.subscribed > subs).then_some(())
     })
