@@ -43,6 +43,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
+/// Prepared statements kept per connection (every store function's SQL fits).
+const STATEMENT_CACHE: usize = 256;
 /// How long any connection waits on a lock before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Jobs that may wait for the writer; senders wait (asynchronously) past it.
@@ -161,6 +163,10 @@ fn connect(path: &Path, flags: OpenFlags) -> Result<Connection, StoreError> {
         source,
     })?;
     conn.busy_timeout(BUSY_TIMEOUT)?;
+    // rusqlite keeps 16 prepared statements by default; applying one event
+    // uses a few dozen, and a statement on a table with triggers is costly
+    // to prepare (the triggers are compiled into it). Keep them all.
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     let corrupt = |e: rusqlite::Error| StoreError::Corrupt {
         path: path.to_owned(),
         detail: e.to_string(),
