@@ -49,11 +49,15 @@ const STATEMENT_CACHE: usize = 256;
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Jobs that may wait for the writer; senders wait (asynchronously) past it.
 const QUEUE_DEPTH: usize = 4096;
-/// At most this many jobs share one transaction...
+/// At most this many jobs share one transaction (door jobs aside)...
 const MAX_GROUP: usize = 512;
-/// ...and a group stops taking new jobs after this much work, so a door
-/// entry queued behind a flood waits for one short group at most.
+/// ...and a group stops taking new bulk jobs after this much work, so a
+/// door entry queued behind a flood waits for one short group at most.
 const GROUP_BUDGET: Duration = Duration::from_millis(4);
+/// How long one bulk job should run before it hands the writer back (the
+/// ingest pipeline cuts its batches by it), so a door job never waits
+/// behind a long job.
+pub const JOB_SLICE: Duration = Duration::from_millis(2);
 
 /// The store boundary's errors.
 #[derive(Debug, thiserror::Error)]
@@ -428,20 +432,7 @@ fn writer_loop(conn: Connection, mut rx: mpsc::Receiver<Job>) {
                 None => break,
             }
         }
-        // Take everything already waiting; door jobs go to the front.
-        while pending.len() < MAX_GROUP {
-            match rx.try_recv() {
-                Ok(job) if job.priority == Priority::Door => {
-                    let at = pending
-                        .iter()
-                        .position(|j| j.priority != Priority::Door)
-                        .unwrap_or(pending.len());
-                    pending.insert(at, job);
-                }
-                Ok(job) => pending.push_back(job),
-                Err(_) => break,
-            }
-        }
+        take_waiting(&mut rx, &mut pending);
         if pending.front().is_some_and(|j| j.outside) {
             if let Some(job) = pending.pop_front() {
                 let (_, finish) = (job.run)(&conn);
@@ -449,14 +440,34 @@ fn writer_loop(conn: Connection, mut rx: mpsc::Receiver<Job>) {
             }
             continue;
         }
-        run_group(&conn, &mut pending);
+        run_group(&conn, &mut pending, &mut rx);
     }
     // Dropping the connection checkpoints the WAL when it is the last one.
     drop(conn);
 }
 
+/// Moves every job already waiting on the channel into `pending`; door jobs
+/// go ahead of every bulk job (behind earlier door jobs).
+fn take_waiting(rx: &mut mpsc::Receiver<Job>, pending: &mut VecDeque<Job>) {
+    while pending.len() < QUEUE_DEPTH {
+        match rx.try_recv() {
+            Ok(job) if job.priority == Priority::Door => {
+                let at = pending
+                    .iter()
+                    .position(|j| j.priority != Priority::Door)
+                    .unwrap_or(pending.len());
+                pending.insert(at, job);
+            }
+            Ok(job) => pending.push_back(job),
+            Err(_) => break,
+        }
+    }
+}
+
 /// Runs jobs from the front of `pending` in one transaction and commits.
-fn run_group(conn: &Connection, pending: &mut VecDeque<Job>) {
+/// Between jobs it looks at the channel again, so a door job that arrives
+/// mid-group runs next and shares this group's commit, even past the budget.
+fn run_group(conn: &Connection, pending: &mut VecDeque<Job>, rx: &mut mpsc::Receiver<Job>) {
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         let err = StoreError::Sqlite(e);
         // Nothing ran; fail just the first job so a persistent error cannot
@@ -485,7 +496,15 @@ fn run_group(conn: &Connection, pending: &mut VecDeque<Job>) {
             conn.execute_batch("ROLLBACK TO job; RELEASE job")
         };
         finishes.push(finish);
-        if closed.is_err() || started.elapsed() >= GROUP_BUDGET || finishes.len() >= MAX_GROUP {
+        if closed.is_err() {
+            break;
+        }
+        take_waiting(rx, pending);
+        let door_next = pending
+            .front()
+            .is_some_and(|j| j.priority == Priority::Door && !j.outside);
+        let full = started.elapsed() >= GROUP_BUDGET || finishes.len() >= MAX_GROUP;
+        if full && !door_next {
             break;
         }
     }
@@ -571,6 +590,47 @@ mod tests {
             "{err}"
         );
         assert!(err.to_string().contains("newer than this lockhub knows"));
+    }
+
+    #[test]
+    fn a_door_job_queued_behind_bulk_jobs_runs_before_them() {
+        let (_dir, store) = open_temp();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        // Hold the writer inside a first job while the others queue up.
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let (started_tx, started_rx) = std::sync::mpsc::channel::<()>();
+        let blocker = {
+            let (s, o) = (store.clone(), order.clone());
+            std::thread::spawn(move || {
+                s.write_blocking(Priority::Bulk, move |_| {
+                    started_tx.send(()).unwrap();
+                    release_rx.recv().unwrap();
+                    o.lock().unwrap().push("first");
+                    Ok(())
+                })
+            })
+        };
+        started_rx.recv().unwrap();
+        let mut queued = Vec::new();
+        for (name, priority) in [
+            ("bulk", Priority::Bulk),
+            ("bulk", Priority::Bulk),
+            ("door", Priority::Door),
+        ] {
+            let (s, o) = (store.clone(), order.clone());
+            queued.push(std::thread::spawn(move || {
+                s.write_blocking(priority, move |_| {
+                    o.lock().unwrap().push(name);
+                    Ok(())
+                })
+            }));
+            // Each is on the channel before the next is sent.
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        release_tx.send(()).unwrap();
+        blocker.join().unwrap().unwrap();
+        queued.into_iter().for_each(|t| t.join().unwrap().unwrap());
+        assert_eq!(*order.lock().unwrap(), ["first", "door", "bulk", "bulk"]);
     }
 
     #[test]

@@ -30,7 +30,7 @@
 
 use super::client::{Gate, GateRefusal, Inbound};
 use super::plan::SeqView;
-use crate::store::{Priority, Store, StoreError};
+use crate::store::{JOB_SLICE, Priority, Store, StoreError};
 use rusqlite::Connection;
 use std::future::Future;
 use std::pin::Pin;
@@ -73,7 +73,11 @@ pub trait Decide: Send + Sync + 'static {
     fn after_commit(&self, _decided: &[Decided]) {}
 }
 
-type Commit = Pin<Box<dyn Future<Output = Result<(Vec<Decided>, bool), StoreError>> + Send>>;
+/// What a commit job gives back: what it decided, whether a storage error
+/// stopped it, and the events it left for the next job (its time slice ran
+/// out), in order.
+type CommitOutput<C> = (Vec<Decided>, bool, Vec<C>);
+type Commit<C> = Pin<Box<dyn Future<Output = Result<CommitOutput<C>, StoreError>> + Send>>;
 
 /// Where the pipeline reports.
 pub struct IngestSinks {
@@ -85,14 +89,20 @@ pub struct IngestSinks {
     pub reconnect: Arc<Notify>,
 }
 
-fn start_commit<D: Decide>(store: &Store, decider: &Arc<D>, checked: Vec<D::Checked>) -> Commit {
+fn start_commit<D: Decide>(
+    store: &Store,
+    decider: &Arc<D>,
+    checked: Vec<D::Checked>,
+) -> Commit<D::Checked> {
     let store = store.clone();
     let decider = decider.clone();
     Box::pin(async move {
         store
             .write(Priority::Bulk, move |conn| {
+                let started = std::time::Instant::now();
                 let mut done = Vec::with_capacity(checked.len());
-                for item in checked {
+                let mut items = checked.into_iter();
+                for item in items.by_ref() {
                     conn.execute_batch("SAVEPOINT ingest_event")?;
                     match decider.commit(conn, item) {
                         Ok(d) => {
@@ -102,11 +112,15 @@ fn start_commit<D: Decide>(store: &Store, decider: &Arc<D>, checked: Vec<D::Chec
                         Err(e) => {
                             conn.execute_batch("ROLLBACK TO ingest_event; RELEASE ingest_event")?;
                             tracing::error!(error = %e, "cannot commit an event; will reconnect");
-                            return Ok((done, true));
+                            return Ok((done, true, Vec::new()));
                         }
                     }
+                    // Hand the writer back: a door may be waiting.
+                    if started.elapsed() >= JOB_SLICE {
+                        break;
+                    }
                 }
-                Ok((done, false))
+                Ok((done, false, items.collect()))
             })
             .await
     })
@@ -133,7 +147,7 @@ pub async fn run<D: Decide>(
     sinks: IngestSinks,
 ) {
     let mut next: Vec<(Inbound, D::Checked)> = Vec::new();
-    let mut committing: Option<(Commit, Vec<Inbound>)> = None;
+    let mut committing: Option<(Commit<D::Checked>, Vec<Inbound>)> = None;
     // A connection on which a commit failed: nothing more is acked on it.
     let mut poisoned: Option<u64> = None;
     let mut open = true;
@@ -159,15 +173,23 @@ pub async fn run<D: Decide>(
                 None => open = false,
             },
             res = async { committing.as_mut().expect("guarded").0.as_mut().await }, if committing.is_some() => {
-                let (_, inbound) = committing.take().expect("guarded");
-                let (decided, failed) = match res {
+                let (_, mut inbound) = committing.take().expect("guarded");
+                let (decided, failed, leftover) = match res {
                     Ok(r) => r,
                     Err(e) => {
                         tracing::error!(error = %e, "event batch did not commit; will reconnect");
-                        (Vec::new(), true)
+                        (Vec::new(), true, Vec::new())
                     }
                 };
                 let committed = decided.len();
+                // Events the job's time slice did not reach go first in the
+                // next batch, in their order.
+                if !leftover.is_empty() {
+                    let rest = inbound.split_off(committed);
+                    let mut requeued: Vec<_> = rest.into_iter().zip(leftover).collect();
+                    requeued.append(&mut next);
+                    next = requeued;
+                }
                 for msg in &inbound[..committed] {
                     if !ack(&gate, msg).await {
                         tracing::debug!(epoch = msg.epoch, "connection gone; the broker will redeliver");
