@@ -6,28 +6,32 @@
 //! protocol.
 //!
 //! ## Layout
-//! Pure decisions sit in the middle; I/O sits at the edges and only calls them.
+//! Pure decisions sit in the middle; I/O sits at the edges and only calls
+//! them. Read it top to bottom: each layer uses only the ones above it.
 //!
-//! | module | what lives there |
-//! |---|---|
-//! | [`config`] | `hub.toml` + `secrets.toml`: parsing, every rule, spans for errors |
-//! | [`time`] | [`time::Timestamp`], RFC 3339, the effective clock |
-//! | [`crypto`] | PIN tags (HMAC-SHA256), base64url, hub signatures |
-//! | [`event`] | the cloud's events and the hub's results as plain data |
-//! | [`verify`] | step 1 of an event: size, envelope, signer, `verify_strict`, ids |
-//! | [`lifecycle`] | the key state machine and the plan for one event (pure) |
-//! | [`door`] | the door decision and the lockout rules (pure) |
-//! | [`clock`] | the effective time: system clock, durable floor, monotonic time; trust (pure) |
-//! | [`store`] | the SQLite mirror: migrations, the writer thread, reads |
-//! | [`serial`] | the lock boards: one task per port, keypad -> decision -> Unlock/Deny, door sensors, liveness |
-//! | [`provision`] | `lockhub provision`: writes hub.toml + secrets.toml safely, fresh keys |
-//! | [`status`] | `lockhub status`: a read-only snapshot of the database for operators |
-//! | [`notify`] | systemd `sd_notify` (READY, WATCHDOG, STOPPING) without libsystemd |
-//! | [`logging`] | the tracing subscriber: text or JSON on stderr, the filter |
-//! | [`sync`] | MQTT: the event loop, verify→apply ingest with in-order acks, the outbox publisher, sync requests |
-//! | [`maintenance`] | housekeeping: clock trust, time floor, expiry sweep, retention, signer expiry |
-//! | [`daemon`] | `run(config, shutdown)`: wires the store, sync and the serial ports together |
-//! | [`sim`] | simulated peers (a signing cloud, a lock board) for tests, demo, benchmarks |
+//! | layer | module | what lives there |
+//! |---|---|---|
+//! | vocabulary | [`time`] | [`time::Timestamp`] (µs since the epoch), RFC 3339 |
+//! | | [`crypto`] | PIN tags (HMAC-SHA256), base64url, domain-separated Ed25519 |
+//! | | [`config`] | `hub.toml` + `secrets.toml`: parsing, every rule, errors with line and column |
+//! | | [`event`] | the cloud's events and the hub's results as plain data; body parsing (step 4) |
+//! | pure decisions | [`verify`] | step 1 of an event: size, envelope, signer, `verify_strict`, ids |
+//! | | [`lifecycle`] | the key state machine and the plan for one grant or revoke |
+//! | | [`door`] | the door decision and the lockout arithmetic |
+//! | | [`clock`] | the effective time (system clock, durable floor, monotonic time) and its trust |
+//! | the mirror | [`store`] | SQLite: migrations, the one writer thread, applying events, door entries, audit, outbox, alerts |
+//! | I/O edges | [`sync`] | MQTT: the event loop, verify → apply with in-order acks, the outbox publisher, sync requests |
+//! | | [`serial`] | the lock boards: one task per port, keypad → committed decision → Unlock/Deny, sensors, liveness |
+//! | | [`maintenance`] | housekeeping: clock trust, time floor, expiry sweep, retention, signer expiry |
+//! | | [`daemon`] | `run(config, shutdown)`: wires the store, sync, serial ports and housekeeping |
+//! | operators | [`provision`] | `lockhub provision`: writes hub.toml + secrets.toml safely, fresh keys |
+//! | | [`status`] | `lockhub status`: a read-only snapshot for operators |
+//! | | [`notify`] | systemd `sd_notify` (READY, WATCHDOG, STOPPING) without libsystemd |
+//! | | [`logging`] | the tracing subscriber: text or JSON on stderr |
+//! | peers | [`sim`] | a simulated cloud that signs events and a simulated lock board, for tests, the demo, benchmarks |
+//!
+//! The serial wire contract itself (messages, framing, link rules, the board's
+//! state machine) lives in the `no_std` crate `firmware-bridge`.
 //!
 //! `migrations/` holds the schema as append-only SQL files; the invariants of
 //! mqtt.md are enforced there, by SQLite, as the last line of defence.
