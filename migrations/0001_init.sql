@@ -533,6 +533,9 @@ CREATE TABLE outbox (
     sent_at    INTEGER
 );
 CREATE INDEX outbox_unsent ON outbox (id) WHERE sent_at IS NULL;
+-- The foreign key's child index: without it every audit delete (retention)
+-- scans the whole outbox once per row.
+CREATE INDEX outbox_by_audit_id ON outbox (audit_id);
 
 CREATE TRIGGER outbox_body_immutable BEFORE UPDATE ON outbox
 WHEN NEW.body IS NOT OLD.body OR NEW.topic IS NOT OLD.topic OR NEW.id IS NOT OLD.id

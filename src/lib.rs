@@ -17,17 +17,26 @@
 //! | [`verify`] | step 1 of an event: size, envelope, signer, `verify_strict`, ids |
 //! | [`lifecycle`] | the key state machine and the plan for one event (pure) |
 //! | [`door`] | the door decision and the lockout rules (pure) |
+//! | [`clock`] | the effective time: system clock, durable floor, monotonic time; trust (pure) |
 //! | [`store`] | the SQLite mirror: migrations, the writer thread, reads |
+//! | [`sync`] | MQTT: the event loop, verify→apply ingest with in-order acks, the outbox publisher, sync requests |
+//! | [`maintenance`] | housekeeping: clock trust, time floor, expiry sweep, retention, signer expiry |
+//! | [`daemon`] | `run(config, shutdown)`: wires the store, sync and the serial ports together |
 //! | [`sim`] | simulated peers (a signing cloud, a lock board) for tests, demo, benchmarks |
 //!
 //! `migrations/` holds the schema as append-only SQL files; the invariants of
 //! mqtt.md are enforced there, by SQLite, as the last line of defence.
 
+pub mod clock;
 pub mod config;
 pub mod crypto;
+pub mod daemon;
+pub mod door;
 pub mod event;
 pub mod lifecycle;
+pub mod maintenance;
 pub mod sim;
 pub mod store;
+pub mod sync;
 pub mod time;
 pub mod verify;

@@ -20,11 +20,94 @@ enum Command {
         /// Path to hub.toml.
         file: PathBuf,
     },
+    /// List the local key mirror (key, state, doors, window); never PIN tags.
+    Keys {
+        /// Path to hub.toml.
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Run the daemon until SIGTERM or SIGINT.
+    Run {
+        /// Path to hub.toml.
+        #[arg(long)]
+        config: PathBuf,
+    },
+}
+
+/// `lockhub run`: logs to stderr; a config problem is exit 2, anything
+/// else that stops the daemon exit 1.
+/// `lockhub keys`: read-only, safe while the daemon runs.
+fn keys(path: &std::path::Path) -> ExitCode {
+    let config = match lockhub::config::load(path) {
+        Ok(c) => c,
+        Err(errors) => {
+            eprintln!("{errors}");
+            return ExitCode::from(2);
+        }
+    };
+    let listed = lockhub::store::open_read_only(&config.database_path())
+        .and_then(|conn| lockhub::store::keys::print_keys(&conn, &mut std::io::stdout().lock()));
+    match listed {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lockhub keys: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(path: &std::path::Path) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let config = match lockhub::config::load(path) {
+        Ok(c) => c,
+        Err(errors) => {
+            eprintln!("{errors}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("lockhub: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let result: anyhow::Result<()> = runtime.block_on(async {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        let shutdown = async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        };
+        lockhub::daemon::run(config, shutdown).await?;
+        Ok(())
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lockhub: {e:#}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Run { config } => run(&config),
+        Command::Keys { config } => keys(&config),
         Command::CheckConfig { file } => match lockhub::config::load(&file) {
             Ok(_) => {
                 println!("{}: ok", file.display());

@@ -24,8 +24,12 @@
 pub mod alerts;
 pub mod apply;
 pub mod audit;
+pub mod door;
+pub mod floor;
+pub mod keys;
 mod migrate;
 pub mod outbox;
+pub mod sweep;
 
 pub use migrate::{MIGRATIONS, schema_version};
 
@@ -216,6 +220,37 @@ fn connect_writer(path: &Path) -> Result<Connection, StoreError> {
             path: path.to_owned(),
             detail: check,
         });
+    }
+    Ok(conn)
+}
+
+/// Opens an existing database read-only, for commands that inspect a hub
+/// (`keys`, `status`) while the daemon may be running: WAL lets them read
+/// without blocking it. Refuses a missing file (rather than creating an
+/// empty mirror) and a schema this binary does not know.
+pub fn open_read_only(path: &Path) -> Result<Connection, StoreError> {
+    if !path.exists() {
+        return Err(StoreError::Invalid(format!(
+            "no database at {}: has the daemon run with this config?",
+            path.display()
+        )));
+    }
+    let conn = connect(path, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+    conn.pragma_update(None, "query_only", true)?;
+    let found = schema_version(&conn)?;
+    let known = MIGRATIONS.len() as i64;
+    if found > known {
+        return Err(StoreError::TooNew {
+            path: path.to_owned(),
+            found,
+            known,
+        });
+    }
+    if found < known {
+        return Err(StoreError::Invalid(format!(
+            "database {} is at schema version {found}; start the daemon once to migrate it to {known}",
+            path.display()
+        )));
     }
     Ok(conn)
 }

@@ -114,14 +114,6 @@ pub fn depth(conn: &Connection) -> Result<u64, StoreError> {
     Ok(n as u64)
 }
 
-/// Deletes sent rows older than `before`. Unsent rows are never touched.
-pub fn prune_sent(conn: &Connection, before: Timestamp) -> Result<usize, StoreError> {
-    Ok(conn.execute(
-        "DELETE FROM outbox WHERE sent_at IS NOT NULL AND sent_at < ?1",
-        [before.0],
-    )?)
-}
-
 /// The oldest unsent row's creation time, if any.
 pub fn oldest_unsent(conn: &Connection) -> Result<Option<Timestamp>, StoreError> {
     Ok(conn

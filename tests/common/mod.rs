@@ -2,6 +2,9 @@
 //! written into a temporary folder with the secrets file at mode 0600.
 #![allow(dead_code)]
 
+pub mod db;
+pub mod mosquitto;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 

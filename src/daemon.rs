@@ -1,0 +1,78 @@
+//! `lockhub run`: the daemon's lifetime in one function.
+//!
+//! Open the store, start the sync layer (and, with the door work, the serial
+//! tasks), wait for shutdown, then stop in the reverse order: the offline
+//! status is published and the connection closed cleanly, and the store's
+//! writer finishes its queue and is joined, so the database is closed.
+
+use crate::clock::SharedClock;
+use crate::config::Config;
+use crate::maintenance::Maintenance;
+use crate::store::{Store, StoreError, floor};
+use crate::sync::{self, SyncError, SyncSettings, decide};
+use std::future::Future;
+use std::sync::Arc;
+
+/// The daemon boundary's errors: all of them stop it at start-up.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Sync(#[from] SyncError),
+}
+
+/// Runs the hub until `shutdown` resolves, then stops cleanly.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), DaemonError> {
+    let store = Store::open(&config.database_path(), &config.policy)?;
+    tracing::info!(
+        hub_id = %config.hub.hub_id,
+        site_id = %config.hub.site_id,
+        db = %store.path().display(),
+        "lockhub starting"
+    );
+    let reader = store.reader()?;
+    let seq = decide::initial_seq(&reader)?;
+    // The effective clock starts from the durable floor: a hub that boots
+    // with its clock at 1970 still knows roughly when it is.
+    let clock = SharedClock::start(floor::load(&reader)?);
+    drop(reader);
+    let decider = Arc::new(decide::HubDecider::new(
+        &config,
+        store.clone(),
+        clock.clone(),
+    ));
+    let sync = match sync::start(
+        SyncSettings::from_config(&config),
+        store.clone(),
+        decider,
+        seq,
+    ) {
+        Ok(s) => s,
+        Err(e) => {
+            store.close();
+            return Err(e.into());
+        }
+    };
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let housekeeping = tokio::spawn(
+        Maintenance {
+            store: store.clone(),
+            clock: clock.clone(),
+            policy: config.policy,
+            trust_ring: config.trust.clone(),
+            outbox_wake: sync.outbox_notify(),
+        }
+        .run(stop_rx),
+    );
+
+    shutdown.await;
+    tracing::info!("lockhub stopping");
+    let _ = stop_tx.send(true);
+    let _ = housekeeping.await;
+    sync.shutdown().await;
+    store.close();
+    tracing::info!("lockhub stopped");
+    Ok(())
+}

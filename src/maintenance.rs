@@ -1,0 +1,321 @@
+//! The daemon's housekeeping: the periodic jobs that keep the mirror honest
+//! while nothing else happens.
+//!
+//! | job | every | why |
+//! |---|---|---|
+//! | clock trust → `clock_untrusted` | 10 s | the expiry sweep must not make keys final by a wrong clock |
+//! | save the time floor | 60 s | a power cut must not take the effective time back |
+//! | expiry sweep | 30 s | keys past `valid_until` become `expired`, audited (only while trusted) |
+//! | lockout alerts | 5 s | `keypad_lockout` clears when the lockout ends, even with nobody at the door |
+//! | retention prune | 1 h | dedupe, final keys, tombstones, sent outbox, acked audit |
+//! | `signer_expiring` | 1 h | 30 days' warning before a trust-ring key stops verifying |
+//!
+//! Every job is one short writer transaction (the sweeps work in batches),
+//! so a door entry never waits behind housekeeping for long.
+
+use crate::clock::{SharedClock, Trust};
+use crate::config::{Policy, Signer};
+use crate::store::alerts::{self, Condition};
+use crate::store::{Priority, Store, StoreError, door, floor, sweep};
+use crate::verify;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{Notify, watch};
+
+/// Subject of the `clock_untrusted` alert: the hub itself.
+pub const CLOCK_SUBJECT: &str = "hub";
+
+const TRUST_EVERY: Duration = Duration::from_secs(10);
+const FLOOR_EVERY: Duration = crate::clock::FLOOR_SAVE_INTERVAL;
+const EXPIRE_EVERY: Duration = Duration::from_secs(30);
+const LOCKOUT_EVERY: Duration = Duration::from_secs(5);
+const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+const SIGNERS_EVERY: Duration = Duration::from_secs(3600);
+/// One job never loops more than this many batches in a row.
+const MAX_BATCHES: usize = 50;
+
+/// What the housekeeping needs.
+#[derive(Clone)]
+pub struct Maintenance {
+    pub store: Store,
+    pub clock: SharedClock,
+    pub policy: Policy,
+    pub trust_ring: Vec<Signer>,
+    /// Woken after a job queued outbox rows, so they go out at once.
+    pub outbox_wake: Arc<Notify>,
+}
+
+impl Maintenance {
+    /// Checks the clock and raises or clears `clock_untrusted`. Returns whether it is trusted.
+    pub async fn check_clock(&self) -> Result<bool, StoreError> {
+        let trust = self.clock.trust();
+        let now = self.clock.now();
+        let changed = self
+            .store
+            .write(Priority::Bulk, move |c| match trust {
+                Trust::Trusted => alerts::clear(c, Condition::ClockUntrusted, CLOCK_SUBJECT, now),
+                _ => alerts::raise(c, Condition::ClockUntrusted, CLOCK_SUBJECT, 1, now),
+            })
+            .await?;
+        if changed {
+            tracing::warn!(?trust, "clock trust changed");
+            self.outbox_wake.notify_one();
+        }
+        Ok(trust == Trust::Trusted)
+    }
+
+    /// Saves the effective time into the durable floor.
+    pub async fn save_floor(&self) -> Result<(), StoreError> {
+        let now = self.clock.now();
+        self.store
+            .write(Priority::Bulk, move |c| floor::raise_to(c, now).map(|_| ()))
+            .await
+    }
+
+    /// Expires live keys past `valid_until`, in batches, only while the clock is trusted.
+    pub async fn expire(&self) -> Result<usize, StoreError> {
+        let trusted = self.clock.trust() == Trust::Trusted;
+        let mut total = 0;
+        for _ in 0..MAX_BATCHES {
+            let now = self.clock.now();
+            let n = self
+                .store
+                .write(Priority::Bulk, move |c| sweep::expire_due(c, now, trusted))
+                .await?;
+            total += n;
+            if n < sweep::EXPIRE_BATCH {
+                break;
+            }
+        }
+        if total > 0 {
+            tracing::info!(keys = total, "expired keys past valid_until");
+            self.outbox_wake.notify_one();
+        }
+        Ok(total)
+    }
+
+    /// Clears `keypad_lockout` for lockouts that have ended.
+    pub async fn clear_lockouts(&self) -> Result<usize, StoreError> {
+        let now = self.clock.now();
+        let n = self
+            .store
+            .write(Priority::Bulk, move |c| {
+                door::clear_expired_lockouts(c, now)
+            })
+            .await?;
+        if n > 0 {
+            self.outbox_wake.notify_one();
+        }
+        Ok(n)
+    }
+
+    /// Deletes what retention allows, in batches.
+    pub async fn prune(&self) -> Result<(), StoreError> {
+        let policy = self.policy;
+        for _ in 0..MAX_BATCHES {
+            let now = self.clock.now();
+            let pruned = self
+                .store
+                .write(Priority::Bulk, move |c| sweep::prune(c, now, &policy))
+                .await?;
+            if !pruned.more() {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Raises `signer_expiring` for each signer within 30 days of its
+    /// `not_after`, and clears it for the others.
+    pub async fn check_signers(&self) -> Result<(), StoreError> {
+        let now = self.clock.now();
+        let expiring: Vec<String> = verify::signer_expiring(&self.trust_ring, now)
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        let all: Vec<String> = self.trust_ring.iter().map(|s| s.id.clone()).collect();
+        let changed = self
+            .store
+            .write(Priority::Bulk, move |c| {
+                let mut changed = false;
+                for id in &all {
+                    changed |= if expiring.contains(id) {
+                        alerts::raise(c, Condition::SignerExpiring, id, 1, now)?
+                    } else {
+                        alerts::clear(c, Condition::SignerExpiring, id, now)?
+                    };
+                }
+                Ok(changed)
+            })
+            .await?;
+        if changed {
+            self.outbox_wake.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Runs every job on its schedule until `stop` turns true.
+    pub async fn run(self, mut stop: watch::Receiver<bool>) {
+        let mut trust = tokio::time::interval(TRUST_EVERY);
+        let mut floor = tokio::time::interval(FLOOR_EVERY);
+        let mut expire = tokio::time::interval(EXPIRE_EVERY);
+        let mut lockouts = tokio::time::interval(LOCKOUT_EVERY);
+        let mut prune = tokio::time::interval(PRUNE_EVERY);
+        let mut signers = tokio::time::interval(SIGNERS_EVERY);
+        for i in [
+            &mut trust,
+            &mut floor,
+            &mut expire,
+            &mut lockouts,
+            &mut prune,
+            &mut signers,
+        ] {
+            i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        }
+        loop {
+            let result = tokio::select! {
+                _ = stop.changed() => break,
+                _ = trust.tick() => self.check_clock().await.map(|_| ()),
+                _ = floor.tick() => self.save_floor().await,
+                _ = expire.tick() => self.expire().await.map(|_| ()),
+                _ = lockouts.tick() => self.clear_lockouts().await.map(|_| ()),
+                _ = prune.tick() => self.prune().await,
+                _ = signers.tick() => self.check_signers().await,
+            };
+            if let Err(e) = result {
+                if matches!(e, StoreError::Closed) {
+                    break;
+                }
+                tracing::warn!(error = %e, "housekeeping job failed; it runs again on its next tick");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::time::Timestamp;
+
+    fn setup(floor_at: Timestamp) -> (tempfile::TempDir, Maintenance) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("lockhub.db"), &Policy::default()).unwrap();
+        let m = Maintenance {
+            store,
+            clock: SharedClock::start(floor_at),
+            policy: Policy::default(),
+            trust_ring: Vec::new(),
+            outbox_wake: Arc::new(Notify::new()),
+        };
+        (dir, m)
+    }
+
+    async fn insert_key(m: &Maintenance, id: &str, from: Timestamp, until: Timestamp) {
+        let id = id.to_owned();
+        m.store
+            .write(Priority::Bulk, move |c| {
+                c.execute(
+                    "INSERT INTO keys (key_id, version, state, check_in_id, valid_from, valid_until,
+                                       pin_tag, pin_key_id, updated_at)
+                     VALUES (?1, 1, 'active', ?1, ?2, ?3, ?4, 'k1', ?2)",
+                    rusqlite::params![id, from.0, until.0, vec![7u8; 32]],
+                )?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+    }
+
+    fn state(m: &Maintenance, id: &str) -> String {
+        m.store
+            .reader()
+            .unwrap()
+            .query_row("SELECT state FROM keys WHERE key_id = ?1", [id], |r| {
+                r.get(0)
+            })
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_key_past_its_window_expires_when_the_clock_is_trusted() {
+        let now = Timestamp::now_system();
+        let (_dir, m) = setup(Timestamp(0));
+        insert_key(
+            &m,
+            "k-old",
+            now.saturating_add_days(-2),
+            now.saturating_add_days(-1),
+        )
+        .await;
+        insert_key(
+            &m,
+            "k-live",
+            now.saturating_add_days(-1),
+            now.saturating_add_days(1),
+        )
+        .await;
+        assert!(m.check_clock().await.unwrap());
+        assert_eq!(m.expire().await.unwrap(), 1);
+        assert_eq!(state(&m, "k-old"), "expired");
+        assert_eq!(state(&m, "k-live"), "active");
+    }
+
+    #[tokio::test]
+    async fn a_floor_ahead_of_the_system_clock_raises_clock_untrusted_and_holds_the_sweep() {
+        let now = Timestamp::now_system();
+        // The floor says it is a week later than the system clock claims.
+        let (_dir, m) = setup(now.saturating_add_days(7));
+        insert_key(
+            &m,
+            "k-1",
+            now.saturating_add_days(-1),
+            now.saturating_add_days(1),
+        )
+        .await;
+        assert!(!m.check_clock().await.unwrap());
+        // By the effective time the key has run out, but a wrong clock must
+        // not make it final.
+        assert_eq!(m.expire().await.unwrap(), 0);
+        assert_eq!(state(&m, "k-1"), "active");
+        let open = alerts::open_alerts(&m.store.reader().unwrap()).unwrap();
+        assert!(
+            open.iter()
+                .any(|a| a.condition == "clock_untrusted" && a.subject == CLOCK_SUBJECT)
+        );
+    }
+
+    #[tokio::test]
+    async fn the_floor_is_saved_and_only_rises() {
+        let now = Timestamp::now_system();
+        let (_dir, m) = setup(Timestamp(0));
+        m.save_floor().await.unwrap();
+        let saved = floor::load(&m.store.reader().unwrap()).unwrap();
+        assert!(saved >= now, "the saved floor is the effective time");
+    }
+
+    #[tokio::test]
+    async fn a_signer_near_its_not_after_raises_signer_expiring_and_a_far_one_clears_it() {
+        let (_dir, mut m) = setup(Timestamp(0));
+        let key =
+            crate::crypto::parse_public_key("vpDAfBqmiMog0GAAR6GMchsmx2iCa19aGlMs764g2M0").unwrap();
+        let soon = Timestamp::now_system().saturating_add_days(10);
+        m.trust_ring = vec![Signer {
+            id: "cloud-a".into(),
+            public_key: key,
+            not_after: Some(soon),
+        }];
+        m.check_signers().await.unwrap();
+        let open = alerts::open_alerts(&m.store.reader().unwrap()).unwrap();
+        assert!(
+            open.iter()
+                .any(|a| a.condition == "signer_expiring" && a.subject == "cloud-a")
+        );
+        m.trust_ring[0].not_after = Some(Timestamp::now_system().saturating_add_days(300));
+        m.check_signers().await.unwrap();
+        assert!(
+            alerts::open_alerts(&m.store.reader().unwrap())
+                .unwrap()
+                .is_empty()
+        );
+    }
+}

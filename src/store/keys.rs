@@ -1,0 +1,171 @@
+//! The local mirror as an operator sees it (`lockhub keys`): every key with
+//! its state, doors and window, and counts by state.
+//!
+//! Never the PIN tag (as good as the PIN to anyone holding the PIN key) and
+//! never the holder's name (personal data stays out of terminals and logs).
+
+use super::StoreError;
+use crate::time::Timestamp;
+use rusqlite::Connection;
+use std::fmt::Write as _;
+
+/// One key as listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyListing {
+    pub key_id: String,
+    pub version: i64,
+    pub state: String,
+    /// Sorted door names.
+    pub doors: Vec<String>,
+    pub valid_from: Timestamp,
+    pub valid_until: Timestamp,
+    pub check_in_id: Option<String>,
+    pub reservation_id: Option<String>,
+}
+
+/// How many keys are in each state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeyCounts {
+    pub pre_issued: u64,
+    pub active: u64,
+    pub revoked: u64,
+    pub expired: u64,
+}
+
+/// Every key, by key id, with its doors.
+pub fn list(conn: &Connection) -> Result<Vec<KeyListing>, StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT k.key_id, k.version, k.state, k.valid_from, k.valid_until,
+                k.check_in_id, k.reservation_id, d.door
+           FROM keys k LEFT JOIN key_doors d ON d.key_id = k.key_id
+          ORDER BY k.key_id, d.door",
+    )?;
+    let mut rows = stmt.query([])?;
+    let mut out: Vec<KeyListing> = Vec::new();
+    while let Some(r) = rows.next()? {
+        let key_id: String = r.get(0)?;
+        let door: Option<String> = r.get(7)?;
+        if out.last().is_none_or(|k| k.key_id != key_id) {
+            out.push(KeyListing {
+                key_id,
+                version: r.get(1)?,
+                state: r.get(2)?,
+                doors: Vec::new(),
+                valid_from: Timestamp(r.get(3)?),
+                valid_until: Timestamp(r.get(4)?),
+                check_in_id: r.get(5)?,
+                reservation_id: r.get(6)?,
+            });
+        }
+        if let (Some(door), Some(k)) = (door, out.last_mut()) {
+            k.doors.push(door);
+        }
+    }
+    Ok(out)
+}
+
+/// Key counts by state.
+pub fn counts(conn: &Connection) -> Result<KeyCounts, StoreError> {
+    let mut c = KeyCounts::default();
+    let mut stmt = conn.prepare_cached("SELECT state, count(*) FROM keys GROUP BY state")?;
+    let mut rows = stmt.query([])?;
+    while let Some(r) = rows.next()? {
+        let n = r.get::<_, i64>(1)? as u64;
+        match r.get::<_, String>(0)?.as_str() {
+            "pre_issued" => c.pre_issued = n,
+            "active" => c.active = n,
+            "revoked" => c.revoked = n,
+            "expired" => c.expired = n,
+            _ => {}
+        }
+    }
+    Ok(c)
+}
+
+/// Control characters (from ids the cloud chose) could rewrite a terminal:
+/// show them escaped.
+fn clean(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| {
+            if c.is_control() {
+                c.escape_default().collect::<Vec<_>>()
+            } else {
+                vec![c]
+            }
+        })
+        .collect()
+}
+
+/// To the second, in UTC: enough for a person reading a window.
+fn short_time(t: Timestamp) -> String {
+    let s = t.to_rfc3339();
+    match s.get(..19) {
+        Some(head) if s.len() > 19 => format!("{head}Z"),
+        _ => s,
+    }
+}
+
+/// A table for humans: one line per key, then the counts.
+pub fn format_keys(keys: &[KeyListing], counts: &KeyCounts) -> String {
+    let header = [
+        "KEY",
+        "VERSION",
+        "STATE",
+        "DOORS",
+        "VALID FROM",
+        "VALID UNTIL",
+        "CHECK-IN",
+        "RESERVATION",
+    ];
+    let rows: Vec<[String; 8]> = keys
+        .iter()
+        .map(|k| {
+            [
+                clean(&k.key_id),
+                k.version.to_string(),
+                k.state.clone(),
+                clean(&k.doors.join(",")),
+                short_time(k.valid_from),
+                short_time(k.valid_until),
+                clean(k.check_in_id.as_deref().unwrap_or("-")),
+                clean(k.reservation_id.as_deref().unwrap_or("-")),
+            ]
+        })
+        .collect();
+    let mut widths = header.map(|h| h.chars().count());
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &[&str]| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        let _ = writeln!(out, "{}", padded.join("  ").trim_end());
+    };
+    line(&header);
+    for row in &rows {
+        line(&row.each_ref().map(String::as_str));
+    }
+    let _ = writeln!(
+        out,
+        "{} keys: {} pre_issued, {} active, {} revoked, {} expired",
+        keys.len(),
+        counts.pre_issued,
+        counts.active,
+        counts.revoked,
+        counts.expired
+    );
+    out
+}
+
+/// Lists the mirror to `out` (the `lockhub keys` command).
+pub fn print_keys(conn: &Connection, out: &mut dyn std::io::Write) -> Result<(), StoreError> {
+    let text = format_keys(&list(conn)?, &counts(conn)?);
+    out.write_all(text.as_bytes())
+        .map_err(|e| StoreError::Invalid(format!("cannot write the key list: {e}")))
+}

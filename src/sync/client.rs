@@ -1,0 +1,415 @@
+//! The broker connection: rumqttc options, TLS, the event-loop task and the
+//! [`Gate`] every other task talks to the broker through.
+//!
+//! ## Rules this module keeps (rumqttc 0.25 pitfalls)
+//! - **Nobody awaits the client in the poll task.** The event loop only
+//!   makes progress while it is polled; a task that polls it and also waits
+//!   on the bounded request channel deadlocks once the channel is full. The
+//!   poll task only forwards events into bounded channels.
+//! - **Acks and publishes belong to a connection.** When a connection drops,
+//!   rumqttc drains queued requests into its `pending` list (dropping
+//!   PubAcks) and replays them on a resumed session. We clear that list: the
+//!   publisher re-publishes from the first unsent outbox row itself, and an
+//!   ack is sent only on the connection that delivered the message (the
+//!   broker redelivers the rest; dedupe makes that harmless). The [`Gate`]
+//!   makes "is this still the connection?" and "queue the request" one
+//!   atomic step, so no stale ack or publish can slip into the next
+//!   connection, where its packet id could mean another message.
+//! - **No reconnect storm.** rumqttc reconnects as fast as it is polled; the
+//!   poll task sleeps a capped, jittered backoff between attempts.
+//! - **Big envelopes.** The default incoming limit (10 KiB) is far below the
+//!   1 MiB envelope limit. We accept packets up to [`MAX_INCOMING_PACKET`],
+//!   so an envelope a little over 1 MiB still reaches step 1 and gets its
+//!   `payload_too_large` result instead of killing the connection (which the
+//!   broker would answer by redelivering it forever). Larger ones are the
+//!   broker's to refuse: set Mosquitto's `message_size_limit`.
+
+use super::SyncError;
+use super::plan::ReconnectBackoff;
+use crate::config::MqttConfig;
+use rumqttc::{
+    AsyncClient, ClientError, Event, EventLoop, LastWill, MqttOptions, Outgoing, Packet, Publish,
+    QoS, TlsConfiguration, Transport,
+};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use tokio_rustls::rustls;
+
+/// Largest MQTT packet accepted from the broker.
+pub const MAX_INCOMING_PACKET: usize = 2 * 1024 * 1024;
+/// Largest packet the hub sends (its envelopes are small).
+pub const MAX_OUTGOING_PACKET: usize = 256 * 1024;
+/// rumqttc's request channel. Producers are bounded (acks by the broker's
+/// in-flight window, publishes by the publisher's), so this never fills in
+/// practice; when it does, `try_*` says so and the caller retries.
+pub const REQUEST_CAPACITY: usize = 1024;
+/// Unacked hub publishes rumqttc tracks (packet ids cycle through 1..=this).
+/// The publisher keeps fewer than this in flight, so ids never collide.
+pub const CLIENT_INFLIGHT: u16 = 100;
+pub const KEEP_ALIVE: Duration = Duration::from_secs(30);
+
+/// The retained status payload (plain JSON, not signed: it is a hint).
+pub fn status_payload(hub_id: &str, online: bool, at: crate::time::Timestamp) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "state": if online { "online" } else { "offline" },
+        "hub_id": hub_id,
+        "version": env!("CARGO_PKG_VERSION"),
+        "at": at.to_rfc3339(),
+    }))
+    .unwrap_or_default()
+}
+
+/// Builds the connection options: persistent session under a stable client
+/// id, manual acks, offline last will, TLS and credentials from the config.
+pub fn mqtt_options(
+    cfg: &MqttConfig,
+    status_topic: &str,
+    offline_status: Vec<u8>,
+) -> Result<MqttOptions, SyncError> {
+    let mut o = MqttOptions::new(cfg.client_id.clone(), cfg.host.clone(), cfg.port);
+    o.set_clean_session(false)
+        .set_manual_acks(true)
+        .set_keep_alive(KEEP_ALIVE)
+        .set_inflight(CLIENT_INFLIGHT)
+        .set_request_channel_capacity(REQUEST_CAPACITY)
+        .set_max_packet_size(MAX_INCOMING_PACKET, MAX_OUTGOING_PACKET)
+        .set_last_will(LastWill::new(
+            status_topic,
+            offline_status,
+            QoS::AtLeastOnce,
+            true,
+        ));
+    if let Some(user) = &cfg.username {
+        let password = match &cfg.password_file {
+            Some(p) => read_password(p)?,
+            None => String::new(),
+        };
+        o.set_credentials(user.clone(), password);
+    }
+    if cfg.tls {
+        o.set_transport(Transport::Tls(TlsConfiguration::Rustls(Arc::new(
+            tls_config(cfg)?,
+        ))));
+    }
+    Ok(o)
+}
+
+fn read_password(path: &Path) -> Result<String, SyncError> {
+    let raw = std::fs::read_to_string(path).map_err(|source| SyncError::File {
+        path: path.to_owned(),
+        source,
+    })?;
+    // One line; the trailing newline editors add is not part of it.
+    Ok(raw.trim_end_matches(['\r', '\n']).to_owned())
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>, SyncError> {
+    std::fs::read(path).map_err(|source| SyncError::File {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn tls_err(path: Option<&Path>, detail: impl std::fmt::Display) -> SyncError {
+    SyncError::Tls {
+        path: path.map(Path::to_owned),
+        detail: detail.to_string(),
+    }
+}
+
+/// rustls with the `ring` provider (no OpenSSL, no aws-lc): the CA from
+/// `ca_file` only (a hub trusts its own broker, not the web PKI), and the
+/// client certificate when both `cert_file` and `key_file` are set.
+pub fn tls_config(cfg: &MqttConfig) -> Result<rustls::ClientConfig, SyncError> {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| tls_err(None, e))?;
+
+    let ca_path = cfg
+        .ca_file
+        .as_deref()
+        .ok_or_else(|| tls_err(None, "mqtts needs mqtt.ca_file"))?;
+    let mut roots = rustls::RootCertStore::empty();
+    let ca_pem = read_file(ca_path)?;
+    let mut n = 0;
+    for cert in rustls_pemfile::certs(&mut ca_pem.as_slice()) {
+        let cert: CertificateDer<'static> = cert.map_err(|e| tls_err(Some(ca_path), e))?;
+        roots.add(cert).map_err(|e| tls_err(Some(ca_path), e))?;
+        n += 1;
+    }
+    if n == 0 {
+        return Err(tls_err(Some(ca_path), "no PEM certificate in it"));
+    }
+    let builder = builder.with_root_certificates(roots);
+
+    match (&cfg.cert_file, &cfg.key_file) {
+        (Some(cert_path), Some(key_path)) => {
+            let pem = read_file(cert_path)?;
+            let chain: Vec<CertificateDer<'static>> = rustls_pemfile::certs(&mut pem.as_slice())
+                .collect::<Result<_, _>>()
+                .map_err(|e| tls_err(Some(cert_path), e))?;
+            if chain.is_empty() {
+                return Err(tls_err(Some(cert_path), "no PEM certificate in it"));
+            }
+            let key_pem = read_file(key_path)?;
+            let key: PrivateKeyDer<'static> = rustls_pemfile::private_key(&mut key_pem.as_slice())
+                .map_err(|e| tls_err(Some(key_path), e))?
+                .ok_or_else(|| tls_err(Some(key_path), "no PEM private key in it"))?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| tls_err(Some(key_path), e))
+        }
+        (None, None) => Ok(builder.with_no_client_auth()),
+        _ => Err(tls_err(
+            None,
+            "mqtt.cert_file and mqtt.key_file go together",
+        )),
+    }
+}
+
+/// Why a request through the gate was not queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateRefusal {
+    /// Not connected, or the request belongs to an earlier connection.
+    Stale,
+    /// rumqttc's request channel is full: try again shortly.
+    Full,
+    /// The event loop is gone (shutting down).
+    Closed,
+}
+
+#[derive(Debug, Default)]
+struct GateState {
+    epoch: u64,
+    connected: bool,
+}
+
+/// The only way tasks reach the broker. Each connection has an epoch; a
+/// request tagged with an older epoch is refused, atomically with respect to
+/// the poll task dropping the connection's queued requests.
+pub struct Gate {
+    client: AsyncClient,
+    state: Mutex<GateState>,
+}
+
+impl Gate {
+    pub fn new(client: AsyncClient) -> Arc<Gate> {
+        Arc::new(Gate {
+            client,
+            state: Mutex::new(GateState::default()),
+        })
+    }
+
+    fn with_epoch(
+        &self,
+        epoch: u64,
+        f: impl FnOnce(&AsyncClient) -> Result<(), ClientError>,
+    ) -> Result<(), GateRefusal> {
+        let st = self.state.lock().map_err(|_| GateRefusal::Closed)?;
+        if !st.connected || st.epoch != epoch {
+            return Err(GateRefusal::Stale);
+        }
+        // rumqttc reports a full and a closed channel alike; callers retry
+        // a little and give up at shutdown.
+        f(&self.client).map_err(|_: ClientError| GateRefusal::Full)
+    }
+
+    /// The current connection's epoch, if connected.
+    pub fn epoch(&self) -> Option<u64> {
+        self.state
+            .lock()
+            .ok()
+            .and_then(|s| s.connected.then_some(s.epoch))
+    }
+
+    /// Queues the PUBACK for a message delivered on connection `epoch`.
+    pub fn ack(&self, epoch: u64, publish: &Publish) -> Result<(), GateRefusal> {
+        self.with_epoch(epoch, |c| c.try_ack(publish))
+    }
+
+    /// Queues a QoS 1 publish on connection `epoch`.
+    pub fn publish(
+        &self,
+        epoch: u64,
+        topic: &str,
+        retain: bool,
+        payload: Vec<u8>,
+    ) -> Result<(), GateRefusal> {
+        self.with_epoch(epoch, |c| {
+            c.try_publish(topic, QoS::AtLeastOnce, retain, payload)
+        })
+    }
+
+    /// Queues the subscription to the events topic on connection `epoch`.
+    pub fn subscribe(&self, epoch: u64, topic: &str) -> Result<(), GateRefusal> {
+        self.with_epoch(epoch, |c| c.try_subscribe(topic, QoS::AtLeastOnce))
+    }
+
+    /// Queues a clean DISCONNECT (the broker then does not send the will).
+    pub fn disconnect(&self, epoch: u64) -> Result<(), GateRefusal> {
+        self.with_epoch(epoch, |c| c.try_disconnect())
+    }
+
+    fn connected(&self) -> u64 {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.epoch += 1;
+        st.connected = true;
+        st.epoch
+    }
+
+    /// Marks the connection lost and, under the same lock, lets the caller
+    /// throw away what was queued for it.
+    fn lost(&self, forget: impl FnOnce()) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.connected = false;
+        forget();
+    }
+}
+
+/// An incoming event message, tagged with the connection that delivered it.
+#[derive(Debug)]
+pub struct Inbound {
+    pub epoch: u64,
+    pub publish: Publish,
+}
+
+/// What the publisher needs to hear from the event loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkEvent {
+    /// CONNACK: a new connection `epoch`; `session_present` as the broker said.
+    Connected { epoch: u64, session_present: bool },
+    /// The connection `epoch` is gone; nothing queued for it will be sent.
+    Lost { epoch: u64 },
+    /// rumqttc wrote a publish of ours with this packet id (in request order).
+    Sent { epoch: u64, pkid: u16 },
+    /// The broker acknowledged our publish with this packet id.
+    Acked { epoch: u64, pkid: u16 },
+    /// The event loop ended (shutdown).
+    Closed,
+}
+
+/// Where the poll task forwards what it sees.
+pub struct PollSinks {
+    pub inbound: mpsc::Sender<Inbound>,
+    /// Publisher: Sent / Acked / Connected / Lost.
+    pub link: mpsc::Sender<LinkEvent>,
+    /// Everyone else who cares about Connected / Lost (sync planner).
+    pub session: mpsc::Sender<LinkEvent>,
+}
+
+/// Polls the event loop until `stop` turns true and the connection is
+/// closed (cleanly by the publisher, or lost). Only forwards; never awaits
+/// the client. `reconnect` drops the current connection on purpose (the
+/// ingest pipeline asks for it after a storage failure, to get the unacked
+/// messages redelivered).
+pub async fn poll_loop(
+    mut eventloop: EventLoop,
+    gate: Arc<Gate>,
+    sinks: PollSinks,
+    events_topic: String,
+    reconnect: Arc<tokio::sync::Notify>,
+    mut stop: watch::Receiver<bool>,
+) {
+    enum Step {
+        Event(Result<Event, rumqttc::ConnectionError>),
+        Kick,
+        Stop,
+    }
+    let mut backoff = ReconnectBackoff::default();
+    let mut epoch = 0u64;
+    let mut up = false;
+    loop {
+        let step = tokio::select! {
+            biased;
+            _ = stop.wait_for(|s| *s), if !up => Step::Stop,
+            _ = reconnect.notified(), if up => Step::Kick,
+            ev = eventloop.poll() => Step::Event(ev),
+        };
+        let failure = match step {
+            Step::Stop => break,
+            Step::Kick => "reconnecting to get unacked events redelivered".to_owned(),
+            Step::Event(Ok(ev)) => {
+                match ev {
+                    Event::Incoming(Packet::ConnAck(ack)) => {
+                        epoch = gate.connected();
+                        up = true;
+                        backoff.reset();
+                        tracing::info!(
+                            epoch,
+                            session_present = ack.session_present,
+                            "mqtt connected"
+                        );
+                        // Subscribing again on a resumed session is harmless,
+                        // and a broker that lost the session needs it.
+                        let _ = gate.subscribe(epoch, &events_topic);
+                        let ev = LinkEvent::Connected {
+                            epoch,
+                            session_present: ack.session_present,
+                        };
+                        let _ = sinks.link.send(ev).await;
+                        let _ = sinks.session.send(ev).await;
+                    }
+                    Event::Incoming(Packet::Publish(publish)) => {
+                        let sent = sinks.inbound.send(Inbound { epoch, publish }).await;
+                        if sent.is_err() {
+                            break;
+                        }
+                    }
+                    Event::Incoming(Packet::PubAck(ack)) => {
+                        let ev = LinkEvent::Acked {
+                            epoch,
+                            pkid: ack.pkid,
+                        };
+                        let _ = sinks.link.send(ev).await;
+                    }
+                    Event::Incoming(Packet::SubAck(ack)) => {
+                        tracing::debug!(codes = ?ack.return_codes, "subscribed");
+                    }
+                    Event::Outgoing(Outgoing::Publish(pkid)) => {
+                        let _ = sinks.link.send(LinkEvent::Sent { epoch, pkid }).await;
+                    }
+                    Event::Outgoing(Outgoing::Disconnect) => {
+                        // Our own clean disconnect (shutdown): stop here, so
+                        // rumqttc does not reconnect.
+                        gate.lost(|| {});
+                        break;
+                    }
+                    _ => {}
+                }
+                continue;
+            }
+            Step::Event(Err(e)) => e.to_string(),
+        };
+        let was_up = up;
+        up = false;
+        gate.lost(|| {
+            eventloop.clean();
+            eventloop.pending.clear();
+        });
+        if was_up {
+            tracing::warn!(epoch, error = %failure, "mqtt connection lost");
+            let _ = sinks.link.send(LinkEvent::Lost { epoch }).await;
+            let _ = sinks.session.send(LinkEvent::Lost { epoch }).await;
+        } else {
+            tracing::debug!(error = %failure, "mqtt connect failed");
+        }
+        if *stop.borrow() {
+            break;
+        }
+        let delay = backoff.next_delay(rand::random());
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = stop.wait_for(|s| *s) => break,
+        }
+        // Anything queued while we slept belonged to no connection.
+        gate.lost(|| {
+            eventloop.clean();
+            eventloop.pending.clear();
+        });
+    }
+    let _ = sinks.link.send(LinkEvent::Closed).await;
+}

@@ -1,0 +1,178 @@
+//! The hub's [`Decide`]: step 1 (verification, with the rate limit on its
+//! results) on the async side, steps 2-8 (`store::apply`) in the writer.
+
+use super::ingest::{Decide, Decided};
+use super::plan::SeqView;
+use super::ratelimit::TokenBucket;
+use crate::clock::SharedClock;
+use crate::config::{Config, Signer};
+use crate::event::{self, EventKind, EventResult, Outcome, SchemaContext, SchemaError};
+use crate::store::apply::{self, ApplyContext};
+use crate::store::{Store, StoreError};
+use crate::time::Timestamp;
+use crate::verify::{self, VerifiedEvent, VerifyContext};
+use rusqlite::Connection;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+
+/// What step 1 hands to the writer.
+#[derive(Debug)]
+pub enum Checked {
+    /// Authenticated and addressed to us, with step 4's parse of its body.
+    Verified(Box<VerifiedEvent>, Result<EventKind, SchemaError>),
+    /// Rejected at step 1. `publish` is the rate limiter's verdict: beyond
+    /// it, the rejection is only counted in its alert.
+    Rejected { result: EventResult, publish: bool },
+}
+
+pub struct HubDecider {
+    ring: Vec<Signer>,
+    site_id: Uuid,
+    hub_id: String,
+    schema: SchemaContext,
+    apply: ApplyContext,
+    cloud_stale: Duration,
+    /// For the WAL scrub after a guest erasure.
+    store: Store,
+    /// The hub's effective time, shared with the doors and housekeeping.
+    clock: SharedClock,
+    limiter: Mutex<TokenBucket>,
+    origin: Instant,
+}
+
+impl HubDecider {
+    pub fn new(config: &Config, store: Store, clock: SharedClock) -> Self {
+        let origin = Instant::now();
+        HubDecider {
+            ring: config.trust.clone(),
+            site_id: config.hub.site_id,
+            hub_id: config.hub.hub_id.clone(),
+            schema: SchemaContext::new(
+                config.doors.iter().map(|d| d.name.clone()),
+                config.secrets.pin_keys.iter().map(|k| k.id.clone()),
+            ),
+            apply: ApplyContext {
+                site_id: config.hub.site_id,
+                policy: config.policy,
+            },
+            cloud_stale: Duration::from_secs(u64::from(config.policy.cloud_stale_s)),
+            store,
+            clock,
+            limiter: Mutex::new(TokenBucket::step1_results(Duration::ZERO)),
+            origin,
+        }
+    }
+
+    /// The hub's effective time.
+    fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+}
+
+impl Decide for HubDecider {
+    type Checked = Checked;
+
+    fn check(&self, payload: &[u8]) -> Checked {
+        let now = self.now();
+        let ctx = VerifyContext {
+            ring: &self.ring,
+            site_id: self.site_id,
+            hub_id: &self.hub_id,
+            now,
+        };
+        match verify::verify_envelope(payload, &ctx) {
+            Ok(ev) => {
+                // A verified issued_at raises the effective time (mqtt.md
+                // 'Time'); the applier raises the durable floor with it.
+                self.clock.observe_issued_at(ev.header.issued_at);
+                let kind = event::parse_body(&ev.body, &self.schema);
+                tracing::debug!(event_id = %ev.header.event_id, seq = ?ev.header.seq, signer = %ev.signer, "event verified");
+                Checked::Verified(Box::new(ev), kind)
+            }
+            Err(r) => {
+                let publish = self
+                    .limiter
+                    .lock()
+                    .map(|mut l| l.try_take(self.origin.elapsed()))
+                    .unwrap_or(false);
+                tracing::warn!(reason = r.reason.as_str(), event_id_hint = ?r.event_id_hint, publish, "event rejected at step 1");
+                Checked::Rejected {
+                    result: EventResult {
+                        // A hint for the cloud's correlation only: nothing is claimed.
+                        event_id: r.event_id_hint,
+                        seq: None,
+                        outcome: Outcome::Rejected,
+                        reason: Some(r.reason),
+                        duplicate: false,
+                        clamped: false,
+                        at: now,
+                        item: None,
+                        items: None,
+                    },
+                    publish,
+                }
+            }
+        }
+    }
+
+    fn commit(&self, conn: &Connection, checked: Checked) -> Result<Decided, StoreError> {
+        let now = self.now();
+        match checked {
+            Checked::Rejected { result, publish } => {
+                if publish {
+                    apply::record_step1_rejection(conn, &result, now)?;
+                } else {
+                    apply::count_step1_rejection(conn, result.reason, now)?;
+                }
+                Ok(Decided::default())
+            }
+            Checked::Verified(ev, kind) => {
+                let issued_at = ev.header.issued_at;
+                let applied = apply::apply_event(conn, &self.apply, &ev, kind, now)?;
+                tracing::info!(
+                    event_id = %ev.header.event_id,
+                    seq = ?ev.header.seq,
+                    outcome = applied.result.outcome.as_str(),
+                    reason = applied.result.reason.map(|r| r.as_str()),
+                    duplicate = applied.result.duplicate,
+                    "event decided"
+                );
+                let fresh = now.0.abs_diff(issued_at.0) <= self.cloud_stale.as_micros() as u64;
+                Ok(Decided {
+                    seq: Some(SeqView {
+                        watermark: applied.watermark,
+                        gap: applied.gap,
+                    }),
+                    checkpoint_head: applied.head_seq,
+                    sign_of_life: applied.head_seq.is_none() || fresh,
+                    erased: applied.erased,
+                })
+            }
+        }
+    }
+
+    fn after_commit(&self, decided: &[Decided]) {
+        if decided.iter().any(|d| d.erased) {
+            // The writer runs the scrub between transactions, after this
+            // commit; ingest does not wait for it.
+            let store = self.store.clone();
+            tokio::spawn(async move {
+                if let Err(e) = store.scrub_wal().await {
+                    tracing::warn!(error = %e, "WAL scrub after a guest erasure will be retried by the next one");
+                }
+            });
+        }
+    }
+}
+
+/// The seq state at start-up, for the planner.
+pub fn initial_seq(conn: &Connection) -> Result<SeqView, StoreError> {
+    let s = apply::seq_status(conn)?;
+    Ok(SeqView {
+        watermark: s.watermark,
+        // Gap or behind a checkpoint: either way the request starts at W+1,
+        // and the next event or checkpoint tells the planner which.
+        gap: s.first_missing.is_some(),
+    })
+}

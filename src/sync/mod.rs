@@ -1,0 +1,331 @@
+//! The MQTT sync layer: events in, results/audit/alerts/sync out.
+//!
+//! ## Tasks
+//! ```text
+//!            +-----------+  Inbound (bounded)  +--------+  store.write  +--------+
+//! broker <-> | poll task | ------------------> | ingest | ------------> | writer |
+//!            +-----------+                     +--------+               +--------+
+//!              |   ^ LinkEvent (Sent/Acked)        | acks via Gate          ^
+//!              |   |                               v Decided                |
+//!              |   +-------------- publisher <-- outbox rows --------------+
+//!              +-- session ------> control (sync planner, cloud_stale) ----+
+//! ```
+//! - `client`: the poll task, the only one that touches the event loop; the
+//!   [`client::Gate`] through which every other task queues requests.
+//! - `ingest`: step 1, then batched commits, then in-order acks.
+//! - `publisher`: outbox rows, signed, out; marked sent after PUBACK.
+//! - `plan` / `ratelimit`: pure rules, unit-tested without a runtime.
+//! - control (here): turns the planner's answers into outbox rows and alerts.
+//!
+//! ## Broker settings that matter
+//! Mosquitto keeps at most `max_inflight_messages` (default 20) unacked QoS 1
+//! messages per client in flight, and `max_queued_messages` (default 1000)
+//! queued for an offline persistent session, dropping the rest silently: the
+//! seq bookkeeping notices and the hub asks for them again (`gap`).
+
+pub mod client;
+pub mod decide;
+pub mod ingest;
+pub mod plan;
+pub mod publisher;
+pub mod ratelimit;
+
+use crate::config::MqttConfig;
+use crate::store::alerts::{self, Condition};
+use crate::store::outbox::{self, Topic};
+use crate::store::{Priority, Store, StoreError};
+use crate::time::Timestamp;
+use client::{Gate, LinkEvent, PollSinks};
+use ed25519_dalek::SigningKey;
+use ingest::{Decide, Decided, IngestSinks};
+use plan::{AlertChange, BacklogLimits, SeqView, StaleTracker, SyncPlanner};
+use publisher::{Publisher, PublisherCommand, PublisherConfig};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{Notify, mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+
+/// The sync boundary's errors (all at start-up; at run time the layer
+/// retries and reports through alerts and logs instead).
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    #[error("cannot read {path}: {source}")]
+    File {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("TLS setup{}: {detail}", .path.as_ref().map(|p| format!(" ({})", p.display())).unwrap_or_default())]
+    Tls {
+        path: Option<PathBuf>,
+        detail: String,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Subject of the `cloud_stale` alert.
+const CLOUD_STALE_SUBJECT: &str = "cloud";
+const CHANNEL: usize = 256;
+
+/// Everything the sync layer needs from the config.
+#[derive(Clone)]
+pub struct SyncSettings {
+    pub mqtt: MqttConfig,
+    pub hub_id: String,
+    /// `P/S/H/`, with the trailing slash.
+    pub topic_base: String,
+    pub hub_key: SigningKey,
+    pub cloud_stale: Duration,
+    pub backlog: BacklogLimits,
+}
+
+impl SyncSettings {
+    pub fn from_config(config: &crate::config::Config) -> Self {
+        SyncSettings {
+            mqtt: config.mqtt.clone(),
+            hub_id: config.hub.hub_id.clone(),
+            topic_base: config.topic(""),
+            hub_key: config.secrets.hub_key.clone(),
+            cloud_stale: Duration::from_secs(u64::from(config.policy.cloud_stale_s)),
+            backlog: BacklogLimits::default(),
+        }
+    }
+}
+
+/// A running sync layer.
+pub struct SyncHandle {
+    stop: watch::Sender<bool>,
+    publisher_cmd: mpsc::Sender<PublisherCommand>,
+    outbox_wake: Arc<Notify>,
+    poll: JoinHandle<()>,
+    others: Vec<JoinHandle<()>>,
+}
+
+/// Starts the sync tasks on the current runtime. `seq` is the durable seq
+/// state at start-up (`store::apply::seq_status`).
+pub fn start<D: Decide>(
+    settings: SyncSettings,
+    store: Store,
+    decider: Arc<D>,
+    seq: SeqView,
+) -> Result<SyncHandle, SyncError> {
+    let status_topic = format!("{}status", settings.topic_base);
+    let events_topic = format!("{}events", settings.topic_base);
+    let offline = client::status_payload(&settings.hub_id, false, Timestamp::now_system());
+    let options = client::mqtt_options(&settings.mqtt, &status_topic, offline)?;
+    let (mqtt, eventloop) = rumqttc::AsyncClient::new(options, client::REQUEST_CAPACITY);
+    let gate = Gate::new(mqtt);
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (inbound_tx, inbound_rx) = mpsc::channel(CHANNEL);
+    let (link_tx, link_rx) = mpsc::channel(CHANNEL);
+    let (session_tx, session_rx) = mpsc::channel(CHANNEL);
+    let (decided_tx, decided_rx) = mpsc::channel(CHANNEL);
+    let (cmd_tx, cmd_rx) = mpsc::channel(4);
+    let outbox_wake = Arc::new(Notify::new());
+    let reconnect = Arc::new(Notify::new());
+
+    let publisher = Publisher::new(
+        PublisherConfig {
+            hub_id: settings.hub_id.clone(),
+            hub_key: settings.hub_key.clone(),
+            topic_base: settings.topic_base.clone(),
+            limits: settings.backlog,
+        },
+        store.clone(),
+        gate.clone(),
+    )?;
+    let stale_raised = alerts::open_alerts(&store.reader()?)?
+        .iter()
+        .any(|a| a.condition == Condition::CloudStale.as_str());
+
+    let poll = tokio::spawn(client::poll_loop(
+        eventloop,
+        gate.clone(),
+        PollSinks {
+            inbound: inbound_tx,
+            link: link_tx,
+            session: session_tx,
+        },
+        events_topic,
+        reconnect.clone(),
+        stop_rx,
+    ));
+    let others = vec![
+        tokio::spawn(ingest::run(
+            decider,
+            store.clone(),
+            gate,
+            inbound_rx,
+            IngestSinks {
+                decided: decided_tx,
+                outbox: outbox_wake.clone(),
+                reconnect,
+            },
+        )),
+        tokio::spawn(publisher.run(link_rx, outbox_wake.clone(), cmd_rx)),
+        tokio::spawn(control(
+            store,
+            seq,
+            settings.cloud_stale,
+            stale_raised,
+            session_rx,
+            decided_rx,
+            outbox_wake.clone(),
+        )),
+    ];
+    Ok(SyncHandle {
+        stop: stop_tx,
+        publisher_cmd: cmd_tx,
+        outbox_wake,
+        poll,
+        others,
+    })
+}
+
+/// How long a clean shutdown may take before tasks are cut off.
+pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl SyncHandle {
+    /// Wakes the publisher: call after committing outbox rows (audit,
+    /// alerts) so they go out at once rather than at the next tick.
+    pub fn outbox_notify(&self) -> Arc<Notify> {
+        self.outbox_wake.clone()
+    }
+
+    /// Publishes the offline status, disconnects cleanly, and stops every
+    /// task (bounded by [`SHUTDOWN_TIMEOUT`]). Events not yet committed are
+    /// not acked; the broker redelivers them next time.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        let (done_tx, done_rx) = oneshot::channel();
+        if self
+            .publisher_cmd
+            .send(PublisherCommand::Shutdown(done_tx))
+            .await
+            .is_ok()
+        {
+            let _ = tokio::time::timeout(SHUTDOWN_TIMEOUT, done_rx).await;
+        }
+        let mut poll = self.poll;
+        if tokio::time::timeout(Duration::from_secs(1), &mut poll)
+            .await
+            .is_err()
+        {
+            poll.abort();
+            let _ = poll.await;
+        }
+        // The poll task is gone, so the ingest channel is closed: ingest
+        // finishes its batch (committed work is kept; its acks are moot).
+        for mut task in self.others {
+            if tokio::time::timeout(SHUTDOWN_TIMEOUT, &mut task)
+                .await
+                .is_err()
+            {
+                task.abort();
+                let _ = task.await;
+            }
+        }
+    }
+}
+
+/// The control task: sync requests and `cloud_stale`.
+async fn control(
+    store: Store,
+    seq: SeqView,
+    stale_after: Duration,
+    stale_raised: bool,
+    mut session_rx: mpsc::Receiver<LinkEvent>,
+    mut decided_rx: mpsc::Receiver<Decided>,
+    outbox_wake: Arc<Notify>,
+) {
+    let origin = Instant::now();
+    let now = || origin.elapsed();
+    let mut planner = SyncPlanner::new(seq);
+    let mut stale = StaleTracker::new(stale_after, now(), stale_raised);
+    let mut connected = false;
+    let (mut session_open, mut decided_open) = (true, true);
+    while session_open || decided_open {
+        // Requests are only worth writing while connected: the planner keeps
+        // its schedule meanwhile, and a reconnect asks again when needed.
+        if connected {
+            while let Some(req) = planner.poll(now()) {
+                tracing::info!(
+                    from_seq = req.from_seq,
+                    reason = req.reason.as_str(),
+                    "sync request"
+                );
+                let body = req.to_json();
+                let res = store
+                    .write(Priority::Bulk, move |c| {
+                        outbox::enqueue(c, Topic::Sync, &body, None, Timestamp::now_system())
+                    })
+                    .await;
+                match res {
+                    Ok(_) => outbox_wake.notify_one(),
+                    Err(e) => tracing::error!(error = %e, "cannot queue a sync request"),
+                }
+            }
+        }
+        if let Some(change) = stale.poll(now()) {
+            stale_alert(&store, change, &outbox_wake).await;
+        }
+        let deadline = [
+            connected.then(|| planner.next_deadline()).flatten(),
+            stale.next_deadline(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .map(|d| d.saturating_sub(now()))
+        .unwrap_or(Duration::from_secs(3600));
+        tokio::select! {
+            ev = session_rx.recv(), if session_open => match ev {
+                Some(LinkEvent::Connected { session_present, .. }) => {
+                    connected = true;
+                    planner.on_session(session_present, now());
+                }
+                Some(LinkEvent::Lost { .. }) => connected = false,
+                Some(_) => {}
+                None => session_open = false,
+            },
+            d = decided_rx.recv(), if decided_open => match d {
+                Some(d) => {
+                    if let Some(view) = d.seq {
+                        match d.checkpoint_head {
+                            Some(head) => planner.on_checkpoint(head, view, now()),
+                            None => planner.on_event(view, now()),
+                        }
+                    }
+                    if d.sign_of_life
+                        && let Some(change) = stale.on_life(now())
+                    {
+                        stale_alert(&store, change, &outbox_wake).await;
+                    }
+                }
+                None => decided_open = false,
+            },
+            _ = tokio::time::sleep(deadline) => {}
+        }
+    }
+}
+
+async fn stale_alert(store: &Store, change: AlertChange, outbox_wake: &Notify) {
+    tracing::warn!(?change, "cloud_stale");
+    let now = Timestamp::now_system();
+    let res = store
+        .write(Priority::Bulk, move |c| match change {
+            AlertChange::Raise => {
+                alerts::raise(c, Condition::CloudStale, CLOUD_STALE_SUBJECT, 1, now).map(|_| ())
+            }
+            AlertChange::Clear => {
+                alerts::clear(c, Condition::CloudStale, CLOUD_STALE_SUBJECT, now).map(|_| ())
+            }
+        })
+        .await;
+    match res {
+        Ok(()) => outbox_wake.notify_one(),
+        Err(e) => tracing::error!(error = %e, "cannot record the cloud_stale alert"),
+    }
+}

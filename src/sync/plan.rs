@@ -1,0 +1,512 @@
+//! Pure planners for the sync layer: when to ask the cloud for events, when
+//! the cloud looks gone, when the outbox is backing up, and how long to wait
+//! before reconnecting.
+//!
+//! Nothing here does I/O or reads a clock: callers pass monotonic time (a
+//! [`Duration`] since any fixed origin) and what the store said, and act on
+//! what comes back. That keeps every timing rule testable without a runtime.
+
+use std::time::Duration;
+
+/// Why the hub asks for events (the `reason` of a sync request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncReason {
+    /// An event arrived above a hole in the seqs.
+    Gap,
+    /// The broker session is new: queued events may have been lost.
+    FreshSession,
+    /// A checkpoint's `head_seq` is above the watermark.
+    BehindCheckpoint,
+}
+
+impl SyncReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SyncReason::Gap => "gap",
+            SyncReason::FreshSession => "fresh_session",
+            SyncReason::BehindCheckpoint => "behind_checkpoint",
+        }
+    }
+}
+
+/// The durable seq state, as the store reports it after each event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SeqView {
+    /// Every seq up to here has been seen.
+    pub watermark: u64,
+    /// Some seq above the watermark has been seen (so there is a hole).
+    pub gap: bool,
+}
+
+/// A sync request to publish: `{"from_seq": .., "reason": ..}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SyncRequest {
+    pub from_seq: u64,
+    pub reason: SyncReason,
+}
+
+impl SyncRequest {
+    /// The body published (signed) on `P/S/H/sync`.
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "from_seq": self.from_seq,
+            "reason": self.reason.as_str(),
+        }))
+        .unwrap_or_default()
+    }
+}
+
+/// First repeat of an unanswered sync request.
+pub const SYNC_BACKOFF_START: Duration = Duration::from_secs(1);
+/// Repeats never wait longer than this.
+pub const SYNC_BACKOFF_MAX: Duration = Duration::from_secs(300);
+
+/// Decides when to send sync requests, and with which reason.
+///
+/// Three conditions can hold at once; the request names the most specific
+/// (gap, then behind_checkpoint, then fresh_session) and always starts at
+/// W+1. A condition that newly appears, or a change of reason, sends at once
+/// with the backoff reset; otherwise the request repeats with backoff (1 s
+/// doubling to 5 min) until every condition has cleared:
+/// - gap: until no seq above W has been seen;
+/// - behind_checkpoint: until W reaches the checkpoint's head;
+/// - fresh_session: until a checkpoint shows `head_seq <= W`.
+#[derive(Debug, Clone)]
+pub struct SyncPlanner {
+    view: SeqView,
+    fresh: bool,
+    /// The highest checkpoint head above the watermark.
+    behind: Option<u64>,
+    /// The reason of the last request sent, while conditions hold.
+    last_reason: Option<SyncReason>,
+    next_at: Option<Duration>,
+    backoff: Duration,
+}
+
+impl SyncPlanner {
+    pub fn new(view: SeqView) -> Self {
+        SyncPlanner {
+            view,
+            fresh: false,
+            behind: None,
+            last_reason: None,
+            next_at: None,
+            backoff: SYNC_BACKOFF_START,
+        }
+    }
+
+    /// The seq state the planner last heard of.
+    pub fn view(&self) -> SeqView {
+        self.view
+    }
+
+    /// The reason a request would carry now, if one is needed.
+    pub fn wanted(&self) -> Option<SyncReason> {
+        if self.view.gap {
+            Some(SyncReason::Gap)
+        } else if self.behind.is_some() {
+            Some(SyncReason::BehindCheckpoint)
+        } else if self.fresh {
+            Some(SyncReason::FreshSession)
+        } else {
+            None
+        }
+    }
+
+    fn reschedule(&mut self, now: Duration) {
+        match self.wanted() {
+            None => {
+                self.last_reason = None;
+                self.next_at = None;
+                self.backoff = SYNC_BACKOFF_START;
+            }
+            Some(r) if Some(r) != self.last_reason => {
+                // New condition or a more specific one: ask now.
+                self.next_at = Some(now);
+                self.backoff = SYNC_BACKOFF_START;
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// A broker session started. `session_present = false` means it is new.
+    pub fn on_session(&mut self, session_present: bool, now: Duration) {
+        if !session_present {
+            self.fresh = true;
+            // A new session is news even if a fresh_session request was
+            // already repeating: ask again now.
+            if self.last_reason == Some(SyncReason::FreshSession) {
+                self.last_reason = None;
+            }
+        }
+        self.reschedule(now);
+    }
+
+    /// An authenticated event was committed and the seq state is now `view`.
+    pub fn on_event(&mut self, view: SeqView, now: Duration) {
+        self.view = view;
+        if self.behind.is_some_and(|head| head <= view.watermark) {
+            self.behind = None;
+        }
+        self.reschedule(now);
+    }
+
+    /// A checkpoint was committed: `head_seq` is the cloud's latest seq.
+    pub fn on_checkpoint(&mut self, head_seq: u64, view: SeqView, now: Duration) {
+        self.view = view;
+        if head_seq > view.watermark {
+            self.behind = Some(self.behind.map_or(head_seq, |h| h.max(head_seq)));
+        } else {
+            self.fresh = false;
+            if self.behind.is_some_and(|head| head <= view.watermark) {
+                self.behind = None;
+            }
+        }
+        self.reschedule(now);
+    }
+
+    /// The request to send now, if one is due; schedules the next repeat.
+    pub fn poll(&mut self, now: Duration) -> Option<SyncRequest> {
+        let reason = self.wanted()?;
+        let due = self.next_at?;
+        if now < due {
+            return None;
+        }
+        self.last_reason = Some(reason);
+        self.next_at = Some(now + self.backoff);
+        self.backoff = (self.backoff * 2).min(SYNC_BACKOFF_MAX);
+        Some(SyncRequest {
+            from_seq: self.view.watermark.saturating_add(1),
+            reason,
+        })
+    }
+
+    /// When [`SyncPlanner::poll`] next has something to say.
+    pub fn next_deadline(&self) -> Option<Duration> {
+        self.wanted().and(self.next_at)
+    }
+}
+
+/// What to do about an alert that follows a condition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AlertChange {
+    Raise,
+    Clear,
+}
+
+/// `cloud_stale`: raised after `stale_after` without an event or a fresh
+/// checkpoint, cleared by the next one. The clock starts at start-up, so a
+/// hub that boots into silence raises it after one full period.
+#[derive(Debug, Clone)]
+pub struct StaleTracker {
+    stale_after: Duration,
+    last_life: Duration,
+    raised: bool,
+}
+
+impl StaleTracker {
+    /// `raised` is what the store says (an alert survives restarts).
+    pub fn new(stale_after: Duration, now: Duration, raised: bool) -> Self {
+        StaleTracker {
+            stale_after,
+            last_life: now,
+            raised,
+        }
+    }
+
+    /// The cloud showed a sign of life.
+    pub fn on_life(&mut self, now: Duration) -> Option<AlertChange> {
+        self.last_life = self.last_life.max(now);
+        if self.raised {
+            self.raised = false;
+            Some(AlertChange::Clear)
+        } else {
+            None
+        }
+    }
+
+    /// Whether the alert must be raised now.
+    pub fn poll(&mut self, now: Duration) -> Option<AlertChange> {
+        if !self.raised && now.saturating_sub(self.last_life) >= self.stale_after {
+            self.raised = true;
+            Some(AlertChange::Raise)
+        } else {
+            None
+        }
+    }
+
+    /// When [`StaleTracker::poll`] may next raise.
+    pub fn next_deadline(&self) -> Option<Duration> {
+        (!self.raised).then(|| self.last_life + self.stale_after)
+    }
+}
+
+/// `outbox_backlog` thresholds: too many unsent rows, or the oldest too old.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BacklogLimits {
+    pub max_rows: u64,
+    pub max_age: Duration,
+}
+
+impl Default for BacklogLimits {
+    fn default() -> Self {
+        BacklogLimits {
+            max_rows: 10_000,
+            max_age: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// Follows the outbox depth; raises once above a limit, clears once below.
+#[derive(Debug, Clone)]
+pub struct BacklogMonitor {
+    limits: BacklogLimits,
+    raised: bool,
+}
+
+impl BacklogMonitor {
+    pub fn new(limits: BacklogLimits, raised: bool) -> Self {
+        BacklogMonitor { limits, raised }
+    }
+
+    /// `oldest_age` is the age of the oldest unsent row (None when empty).
+    pub fn observe(&mut self, depth: u64, oldest_age: Option<Duration>) -> Option<AlertChange> {
+        let over =
+            depth > self.limits.max_rows || oldest_age.is_some_and(|a| a > self.limits.max_age);
+        match (over, self.raised) {
+            (true, false) => {
+                self.raised = true;
+                Some(AlertChange::Raise)
+            }
+            (false, true) => {
+                self.raised = false;
+                Some(AlertChange::Clear)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Reconnect delays: capped exponential backoff with jitter.
+///
+/// rumqttc reconnects as fast as it is polled; without this a down broker
+/// would be hammered in a tight loop, and a fleet of hubs would reconnect in
+/// lockstep after a broker restart. "Equal jitter": half the current step
+/// fixed, half random, so delays still grow but hubs spread out.
+#[derive(Debug, Clone)]
+pub struct ReconnectBackoff {
+    start: Duration,
+    max: Duration,
+    step: Duration,
+}
+
+pub const RECONNECT_START: Duration = Duration::from_millis(100);
+pub const RECONNECT_MAX: Duration = Duration::from_secs(30);
+
+impl Default for ReconnectBackoff {
+    fn default() -> Self {
+        Self::new(RECONNECT_START, RECONNECT_MAX)
+    }
+}
+
+impl ReconnectBackoff {
+    pub fn new(start: Duration, max: Duration) -> Self {
+        ReconnectBackoff {
+            start,
+            max,
+            step: start,
+        }
+    }
+
+    /// The delay before the next attempt; `random` is any uniformly random u64.
+    pub fn next_delay(&mut self, random: u64) -> Duration {
+        let step = self.step;
+        self.step = (self.step * 2).min(self.max);
+        let half = step / 2;
+        let span = u64::try_from((step - half).as_nanos()).unwrap_or(u64::MAX);
+        let jitter = if span == 0 { 0 } else { random % (span + 1) };
+        half + Duration::from_nanos(jitter)
+    }
+
+    /// A connection succeeded: start again from the shortest delay.
+    pub fn reset(&mut self) {
+        self.step = self.start;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(x: u64) -> Duration {
+        Duration::from_secs(x)
+    }
+    fn view(watermark: u64, gap: bool) -> SeqView {
+        SeqView { watermark, gap }
+    }
+
+    #[test]
+    fn a_fresh_session_asks_from_the_watermark_plus_one_at_once() {
+        let mut p = SyncPlanner::new(view(0, false));
+        p.on_session(false, s(0));
+        assert_eq!(
+            p.poll(s(0)),
+            Some(SyncRequest {
+                from_seq: 1,
+                reason: SyncReason::FreshSession
+            })
+        );
+        assert_eq!(p.poll(s(0)), None);
+    }
+
+    #[test]
+    fn a_resumed_session_asks_for_nothing() {
+        let mut p = SyncPlanner::new(view(7, false));
+        p.on_session(true, s(0));
+        assert_eq!(p.poll(s(100)), None);
+        assert_eq!(p.next_deadline(), None);
+    }
+
+    #[test]
+    fn an_unanswered_request_repeats_with_doubling_backoff_capped_at_five_minutes() {
+        let mut p = SyncPlanner::new(view(3, false));
+        p.on_session(false, s(0));
+        let mut sent_at = vec![];
+        let mut t = s(0);
+        while t < s(2000) {
+            if p.poll(t).is_some() {
+                sent_at.push(t.as_secs());
+            }
+            t += Duration::from_millis(500);
+        }
+        assert_eq!(&sent_at[..10], &[0, 1, 3, 7, 15, 31, 63, 127, 255, 511]);
+        assert_eq!(sent_at[10] - sent_at[9], 300);
+        assert_eq!(sent_at[11] - sent_at[10], 300);
+    }
+
+    #[test]
+    fn a_fresh_session_request_stops_once_a_checkpoint_is_at_or_below_the_watermark() {
+        let mut p = SyncPlanner::new(view(0, false));
+        p.on_session(false, s(0));
+        assert!(p.poll(s(0)).is_some());
+        // Events alone do not end it: the hub cannot know nothing else was lost.
+        p.on_event(view(12, false), s(1));
+        assert_eq!(p.poll(s(1)).map(|r| r.from_seq), Some(13));
+        p.on_checkpoint(12, view(12, false), s(2));
+        assert_eq!(p.poll(s(1000)), None);
+        assert_eq!(p.next_deadline(), None);
+    }
+
+    #[test]
+    fn a_gap_asks_at_once_from_the_first_missing_seq_and_stops_when_it_closes() {
+        let mut p = SyncPlanner::new(view(5, false));
+        p.on_event(view(5, true), s(10));
+        assert_eq!(
+            p.poll(s(10)),
+            Some(SyncRequest {
+                from_seq: 6,
+                reason: SyncReason::Gap
+            })
+        );
+        assert_eq!(p.poll(s(10)), None);
+        assert!(p.poll(s(11)).is_some(), "repeats after 1 s");
+        p.on_event(view(9, false), s(12));
+        assert_eq!(p.poll(s(1000)), None);
+    }
+
+    #[test]
+    fn a_gap_during_a_fresh_session_request_is_sent_at_once_with_reason_gap() {
+        let mut p = SyncPlanner::new(view(0, false));
+        p.on_session(false, s(0));
+        assert!(p.poll(s(0)).is_some());
+        p.on_event(view(0, true), s(0));
+        assert_eq!(p.poll(s(0)).map(|r| r.reason), Some(SyncReason::Gap));
+        // Gap closed, the fresh session is still unconfirmed: back to it.
+        p.on_event(view(4, false), s(0));
+        assert_eq!(
+            p.poll(s(0)).map(|r| r.reason),
+            Some(SyncReason::FreshSession)
+        );
+    }
+
+    #[test]
+    fn a_checkpoint_above_the_watermark_asks_behind_checkpoint_until_caught_up() {
+        let mut p = SyncPlanner::new(view(10, false));
+        p.on_checkpoint(11, view(10, false), s(0));
+        assert_eq!(
+            p.poll(s(0)),
+            Some(SyncRequest {
+                from_seq: 11,
+                reason: SyncReason::BehindCheckpoint
+            })
+        );
+        p.on_event(view(11, false), s(1));
+        assert_eq!(p.poll(s(100)), None);
+    }
+
+    #[test]
+    fn a_checkpoint_at_the_watermark_asks_for_nothing() {
+        let mut p = SyncPlanner::new(view(12, false));
+        p.on_checkpoint(12, view(12, false), s(0));
+        assert_eq!(p.poll(s(0)), None);
+    }
+
+    #[test]
+    fn the_request_body_is_the_contracts_json() {
+        let r = SyncRequest {
+            from_seq: 13,
+            reason: SyncReason::BehindCheckpoint,
+        };
+        let v: serde_json::Value = serde_json::from_slice(&r.to_json()).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"from_seq": 13, "reason": "behind_checkpoint"})
+        );
+    }
+
+    #[test]
+    fn cloud_stale_is_raised_after_the_period_without_life_and_cleared_by_the_next() {
+        let mut t = StaleTracker::new(s(900), s(0), false);
+        assert_eq!(t.poll(s(899)), None);
+        assert_eq!(t.poll(s(900)), Some(AlertChange::Raise));
+        assert_eq!(t.poll(s(2000)), None, "raised once");
+        assert_eq!(t.on_life(s(2001)), Some(AlertChange::Clear));
+        assert_eq!(t.on_life(s(2002)), None);
+        assert_eq!(t.poll(s(2002 + 899)), None);
+        assert_eq!(t.poll(s(2002 + 900)), Some(AlertChange::Raise));
+    }
+
+    #[test]
+    fn a_stale_alert_left_raised_by_the_last_run_is_cleared_by_the_first_sign_of_life() {
+        let mut t = StaleTracker::new(s(900), s(0), true);
+        assert_eq!(t.poll(s(5000)), None);
+        assert_eq!(t.on_life(s(5000)), Some(AlertChange::Clear));
+    }
+
+    #[test]
+    fn the_backlog_alert_follows_depth_and_age_both_ways() {
+        let mut m = BacklogMonitor::new(BacklogLimits::default(), false);
+        assert_eq!(m.observe(10_000, Some(s(10))), None);
+        assert_eq!(m.observe(10_001, Some(s(10))), Some(AlertChange::Raise));
+        assert_eq!(m.observe(20_000, Some(s(10))), None);
+        assert_eq!(m.observe(5, Some(s(10))), Some(AlertChange::Clear));
+        assert_eq!(m.observe(5, Some(s(3601))), Some(AlertChange::Raise));
+        assert_eq!(m.observe(0, None), Some(AlertChange::Clear));
+    }
+
+    #[test]
+    fn reconnect_delays_grow_from_100_ms_to_30_s_with_jitter_and_reset_on_success() {
+        let mut b = ReconnectBackoff::default();
+        let first = b.next_delay(0);
+        assert_eq!(first, Duration::from_millis(50));
+        let mut last = Duration::ZERO;
+        for i in 0..20 {
+            last = b.next_delay(u64::MAX - i);
+            assert!(last <= RECONNECT_MAX);
+        }
+        assert!(last >= RECONNECT_MAX / 2);
+        b.reset();
+        let d = b.next_delay(u64::MAX);
+        assert!(d >= Duration::from_millis(50) && d <= Duration::from_millis(100));
+    }
+}

@@ -1,0 +1,362 @@
+//! Outbox -> broker: what the hub says, signed, at least once.
+//!
+//! Rows are published in id order, each signed into a hub envelope at send
+//! time (the outbox keeps bodies, so a rotated hub key signs what is still
+//! unsent). A row is marked sent only after the broker's PUBACK for it.
+//!
+//! ## Matching PUBACKs to rows
+//! rumqttc assigns packet ids inside its event loop, not in `publish`, and
+//! reports each as `Outgoing::Publish(pkid)` when it writes the packet, in
+//! the order requests were queued. So each connection keeps a FIFO of what
+//! we queued; every `Sent(pkid)` pairs the FIFO's front with its packet id,
+//! and `Acked(pkid)` resolves the pair. The [`Gate`] guarantees that the
+//! FIFO and rumqttc's queue hold the same requests: on a lost connection the
+//! poll task drops rumqttc's queue, and we drop our FIFO and start again
+//! from the first unsent row on the next connection (at least once; the
+//! cloud dedupes on ids). We keep fewer than [`CLIENT_INFLIGHT`] in flight,
+//! so rumqttc never has to hold a publish back for a packet-id collision.
+//!
+//! The door never waits on this: nothing here holds a lock the door needs,
+//! and rows pile up durably while the broker is away (`outbox_backlog` is
+//! raised past [`BacklogLimits`]). Sent rows are pruned by the daemon's
+//! maintenance task ([`crate::store::sweep::prune`]); unsent rows never (the
+//! schema refuses it).
+//!
+//! [`CLIENT_INFLIGHT`]: super::client::CLIENT_INFLIGHT
+
+use super::client::{Gate, GateRefusal, LinkEvent, status_payload};
+use super::plan::{AlertChange, BacklogLimits, BacklogMonitor};
+use crate::crypto;
+use crate::store::alerts::{self, Condition};
+use crate::store::outbox;
+use crate::store::{Priority, Store, StoreError};
+use crate::time::Timestamp;
+use ed25519_dalek::SigningKey;
+use rusqlite::Connection;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{Notify, mpsc, oneshot};
+
+/// Publishes awaiting their PUBACK at most (below rumqttc's inflight limit).
+pub const WINDOW: usize = 64;
+/// How often the backlog is measured and anything missed is retried.
+const TICK: Duration = Duration::from_secs(1);
+const BACKLOG_EVERY_TICKS: u32 = 10;
+/// How long a clean shutdown waits for the broker to take the offline status.
+pub const OFFLINE_ACK_TIMEOUT: Duration = Duration::from_secs(2);
+/// Subject of the `outbox_backlog` alert.
+const BACKLOG_SUBJECT: &str = "outbox";
+
+/// What the hub signs and where it goes.
+#[derive(Clone)]
+pub struct PublisherConfig {
+    pub hub_id: String,
+    pub hub_key: SigningKey,
+    /// `P/S/H/` (with the trailing slash): leaves are appended.
+    pub topic_base: String,
+    pub limits: BacklogLimits,
+}
+
+impl std::fmt::Debug for PublisherConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PublisherConfig")
+            .field("hub_id", &self.hub_id)
+            .field("topic_base", &self.topic_base)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Requests to the publisher task.
+#[derive(Debug)]
+pub enum PublisherCommand {
+    /// Publish the offline status, wait (bounded) for its PUBACK, then
+    /// disconnect cleanly and stop.
+    Shutdown(oneshot::Sender<()>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Item {
+    Row(i64),
+    Online,
+    Offline,
+}
+
+/// The publisher task's state for one connection.
+struct Link {
+    epoch: u64,
+    /// Highest outbox id queued on this connection.
+    after_id: i64,
+    status_due: bool,
+    /// Queued, packet id not yet known (in queue order).
+    queued: VecDeque<Item>,
+    /// Written, awaiting PUBACK.
+    by_pkid: HashMap<u16, Item>,
+}
+
+impl Link {
+    fn in_flight(&self) -> usize {
+        self.queued.len() + self.by_pkid.len()
+    }
+}
+
+pub struct Publisher {
+    cfg: PublisherConfig,
+    store: Store,
+    reader: Connection,
+    gate: Arc<Gate>,
+    link: Option<Link>,
+    acked: Vec<i64>,
+    backlog: BacklogMonitor,
+    offline_acked: bool,
+    retry_soon: bool,
+}
+
+impl Publisher {
+    pub fn new(cfg: PublisherConfig, store: Store, gate: Arc<Gate>) -> Result<Self, StoreError> {
+        let reader = store.reader()?;
+        let raised = alerts::open_alerts(&reader)?
+            .iter()
+            .any(|a| a.condition == Condition::OutboxBacklog.as_str());
+        Ok(Publisher {
+            backlog: BacklogMonitor::new(cfg.limits, raised),
+            cfg,
+            store,
+            reader,
+            gate,
+            link: None,
+            acked: Vec::new(),
+            offline_acked: false,
+            retry_soon: false,
+        })
+    }
+
+    fn topic(&self, leaf: &str) -> String {
+        format!("{}{}", self.cfg.topic_base, leaf)
+    }
+
+    /// Runs until shut down (or until every input is gone).
+    pub async fn run(
+        mut self,
+        mut link_rx: mpsc::Receiver<LinkEvent>,
+        wake: Arc<Notify>,
+        mut cmd_rx: mpsc::Receiver<PublisherCommand>,
+    ) {
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ticks: u32 = 0;
+        loop {
+            self.flush_acked().await;
+            self.fill();
+            let retry = if self.retry_soon {
+                Duration::from_millis(20)
+            } else {
+                Duration::from_secs(3600)
+            };
+            tokio::select! {
+                ev = link_rx.recv() => match ev {
+                    Some(LinkEvent::Closed) | None => break,
+                    Some(ev) => self.on_link(ev),
+                },
+                _ = wake.notified() => {}
+                _ = tokio::time::sleep(retry) => {}
+                _ = tick.tick() => {
+                    ticks = ticks.wrapping_add(1);
+                    if ticks.is_multiple_of(BACKLOG_EVERY_TICKS) {
+                        self.check_backlog().await;
+                    }
+                }
+                cmd = cmd_rx.recv() => {
+                    if let Some(PublisherCommand::Shutdown(done)) = cmd {
+                        self.shutdown(&mut link_rx).await;
+                        let _ = done.send(());
+                    }
+                    break;
+                }
+            }
+        }
+        self.flush_acked().await;
+    }
+
+    fn on_link(&mut self, ev: LinkEvent) {
+        match ev {
+            LinkEvent::Connected { epoch, .. } => {
+                self.link = Some(Link {
+                    epoch,
+                    after_id: 0,
+                    status_due: true,
+                    queued: VecDeque::new(),
+                    by_pkid: HashMap::new(),
+                });
+            }
+            LinkEvent::Lost { epoch } => {
+                if self.link.as_ref().is_some_and(|l| l.epoch == epoch) {
+                    self.link = None;
+                }
+            }
+            LinkEvent::Sent { epoch, pkid } => {
+                let Some(link) = self.link.as_mut().filter(|l| l.epoch == epoch) else {
+                    return;
+                };
+                match link.queued.pop_front() {
+                    Some(item) => {
+                        link.by_pkid.insert(pkid, item);
+                    }
+                    None => {
+                        tracing::warn!(pkid, "publish written that the publisher did not queue")
+                    }
+                }
+            }
+            LinkEvent::Acked { epoch, pkid } => {
+                let Some(link) = self.link.as_mut().filter(|l| l.epoch == epoch) else {
+                    return;
+                };
+                match link.by_pkid.remove(&pkid) {
+                    Some(Item::Row(id)) => self.acked.push(id),
+                    Some(Item::Offline) => self.offline_acked = true,
+                    Some(Item::Online) => {}
+                    None => tracing::warn!(pkid, "PUBACK for no publish of ours"),
+                }
+            }
+            LinkEvent::Closed => {}
+        }
+    }
+
+    /// Queues status and rows up to the window.
+    fn fill(&mut self) {
+        self.retry_soon = false;
+        let Some(link) = self.link.as_mut() else {
+            return;
+        };
+        let epoch = link.epoch;
+        if link.status_due {
+            let payload = status_payload(&self.cfg.hub_id, true, Timestamp::now_system());
+            let topic = format!("{}status", self.cfg.topic_base);
+            match self.gate.publish(epoch, &topic, true, payload) {
+                Ok(()) => {
+                    link.status_due = false;
+                    link.queued.push_back(Item::Online);
+                }
+                Err(r) => return self.refused(r),
+            }
+        }
+        let room = WINDOW.saturating_sub(link.in_flight());
+        if room == 0 {
+            return;
+        }
+        let rows = match outbox::unsent(&self.reader, link.after_id, room) {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the outbox");
+                self.retry_soon = true;
+                return;
+            }
+        };
+        for row in rows {
+            let envelope = crypto::hub_envelope(&self.cfg.hub_id, &self.cfg.hub_key, &row.body);
+            let topic = format!("{}{}", self.cfg.topic_base, row.topic.as_str());
+            match self.gate.publish(epoch, &topic, false, envelope) {
+                Ok(()) => {
+                    let link = self.link.as_mut().expect("link checked above");
+                    link.after_id = row.id;
+                    link.queued.push_back(Item::Row(row.id));
+                    tracing::debug!(outbox_id = row.id, topic = row.topic.as_str(), "published");
+                }
+                Err(r) => return self.refused(r),
+            }
+        }
+    }
+
+    fn refused(&mut self, r: GateRefusal) {
+        match r {
+            GateRefusal::Stale => self.link = None,
+            GateRefusal::Full => self.retry_soon = true,
+            GateRefusal::Closed => {}
+        }
+    }
+
+    async fn flush_acked(&mut self) {
+        if self.acked.is_empty() {
+            return;
+        }
+        let ids = std::mem::take(&mut self.acked);
+        let n = ids.len();
+        let res = self
+            .store
+            .write(Priority::Bulk, move |c| {
+                outbox::mark_sent(c, &ids, Timestamp::now_system())
+            })
+            .await;
+        match res {
+            Ok(()) => tracing::trace!(rows = n, "outbox rows acknowledged"),
+            // They stay unsent and go out again: at least once.
+            Err(e) => tracing::error!(error = %e, "cannot mark outbox rows sent"),
+        }
+    }
+
+    async fn check_backlog(&mut self) {
+        let depth = outbox::depth(&self.reader);
+        let oldest = outbox::oldest_unsent(&self.reader);
+        let (Ok(depth), Ok(oldest)) = (depth, oldest) else {
+            return;
+        };
+        let now = Timestamp::now_system();
+        let age = oldest.map(|t| Duration::from_micros(now.0.saturating_sub(t.0).max(0) as u64));
+        let change = self.backlog.observe(depth, age);
+        let Some(change) = change else { return };
+        tracing::warn!(depth, ?change, "outbox backlog");
+        let res = self
+            .store
+            .write(Priority::Bulk, move |c| match change {
+                AlertChange::Raise => {
+                    alerts::raise(c, Condition::OutboxBacklog, BACKLOG_SUBJECT, 1, now).map(|_| ())
+                }
+                AlertChange::Clear => {
+                    alerts::clear(c, Condition::OutboxBacklog, BACKLOG_SUBJECT, now).map(|_| ())
+                }
+            })
+            .await;
+        if let Err(e) = res {
+            tracing::error!(error = %e, "cannot record the outbox_backlog alert");
+        }
+    }
+
+    /// The offline status, then a clean DISCONNECT; bounded in time.
+    async fn shutdown(&mut self, link_rx: &mut mpsc::Receiver<LinkEvent>) {
+        let Some(epoch) = self.link.as_ref().map(|l| l.epoch) else {
+            return;
+        };
+        let payload = status_payload(&self.cfg.hub_id, false, Timestamp::now_system());
+        let topic = self.topic("status");
+        let deadline = tokio::time::Instant::now() + OFFLINE_ACK_TIMEOUT;
+        loop {
+            match self.gate.publish(epoch, &topic, true, payload.clone()) {
+                Ok(()) => break,
+                Err(GateRefusal::Full) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(10)).await
+                }
+                Err(_) => return,
+            }
+        }
+        if let Some(link) = self.link.as_mut() {
+            link.queued.push_back(Item::Offline);
+        }
+        while !self.offline_acked {
+            match tokio::time::timeout_at(deadline, link_rx.recv()).await {
+                Ok(Some(LinkEvent::Closed)) | Ok(None) | Err(_) => break,
+                Ok(Some(ev)) => self.on_link(ev),
+            }
+        }
+        self.flush_acked().await;
+        let _ = self.gate.disconnect(epoch);
+        // Let the poll task write the DISCONNECT and stop.
+        let _ = tokio::time::timeout_at(deadline + Duration::from_secs(1), async {
+            while let Some(ev) = link_rx.recv().await {
+                if ev == LinkEvent::Closed {
+                    break;
+                }
+            }
+        })
+        .await;
+    }
+}

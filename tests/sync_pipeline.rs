@@ -1,0 +1,475 @@
+//! The sync layer against a real Mosquitto, with a simple decider (verify,
+//! then record the event id once): in-order acks after commit, exactly-once
+//! effects across a broker restart, the outbox holding records while the
+//! broker is down, signed results, TLS with client certificates, password
+//! authentication. The full decision logic is tested with the daemon.
+
+mod common;
+
+use common::mosquitto::{BrokerOptions, Mosquitto, TestPki, password_file};
+use common::{HUB_ID, HUB_PUBLIC_KEY, SECRETS_TOML, SITE_ID};
+use ed25519_dalek::SigningKey;
+use lockhub::config::{MqttConfig, Signer};
+use lockhub::crypto;
+use lockhub::event::{EventResult, Outcome};
+use lockhub::sim::cloud::Cloud;
+use lockhub::store::outbox::{self, Topic};
+use lockhub::store::{Priority, Store, StoreError};
+use lockhub::sync::ingest::{Decide, Decided};
+use lockhub::sync::plan::{BacklogLimits, SeqView};
+use lockhub::sync::{self, SyncHandle, SyncSettings};
+use lockhub::time::Timestamp;
+use lockhub::verify::{self, VerifiedEvent, VerifyContext};
+use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+use rusqlite::Connection;
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+const PREFIX: &str = "lockhub/v1";
+const TEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn topic(leaf: &str) -> String {
+    format!("{PREFIX}/{SITE_ID}/{HUB_ID}/{leaf}")
+}
+
+fn cloud_key() -> SigningKey {
+    SigningKey::from_bytes(&[42; 32])
+}
+
+fn hub_key() -> SigningKey {
+    let v: toml::Value = toml::from_str(&SECRETS_TOML).unwrap();
+    let s = v["hub_key"]["secret"].as_str().unwrap();
+    SigningKey::from_bytes(&crypto::b64u_decode_32(s).unwrap())
+}
+
+/// Verifies, then records each event id once in a table of its own and
+/// queues a result; a repeat is answered `duplicate`.
+struct RecordOnce {
+    ring: Vec<Signer>,
+}
+
+impl Decide for RecordOnce {
+    type Checked = Result<VerifiedEvent, verify::Rejection>;
+
+    fn check(&self, payload: &[u8]) -> Self::Checked {
+        verify::verify_envelope(
+            payload,
+            &VerifyContext {
+                ring: &self.ring,
+                site_id: SITE_ID.parse().unwrap(),
+                hub_id: HUB_ID,
+                now: Timestamp::now_system(),
+            },
+        )
+    }
+
+    fn commit(&self, conn: &Connection, checked: Self::Checked) -> Result<Decided, StoreError> {
+        let now = Timestamp::now_system();
+        let ev = match checked {
+            Ok(ev) => ev,
+            Err(r) => {
+                let res = EventResult {
+                    event_id: None,
+                    seq: None,
+                    outcome: Outcome::Rejected,
+                    reason: Some(r.reason),
+                    duplicate: false,
+                    clamped: false,
+                    at: now,
+                    item: None,
+                    items: None,
+                };
+                outbox::enqueue(conn, Topic::Results, &res.to_json(), None, now)?;
+                return Ok(Decided::default());
+            }
+        };
+        conn.execute_batch("CREATE TABLE IF NOT EXISTS test_applied (event_id TEXT PRIMARY KEY)")?;
+        let id = ev.header.event_id.to_string();
+        let fresh = conn.execute(
+            "INSERT OR IGNORE INTO test_applied (event_id) VALUES (?1)",
+            [&id],
+        )? == 1;
+        let res = EventResult {
+            event_id: Some(ev.header.event_id),
+            seq: ev.header.seq,
+            outcome: Outcome::Applied,
+            reason: None,
+            duplicate: !fresh,
+            clamped: false,
+            at: now,
+            item: None,
+            items: None,
+        };
+        outbox::enqueue(conn, Topic::Results, &res.to_json(), None, now)?;
+        Ok(Decided {
+            seq: None,
+            checkpoint_head: None,
+            sign_of_life: true,
+            erased: false,
+        })
+    }
+}
+
+struct Hub {
+    _dir: tempfile::TempDir,
+    store: Store,
+    sync: Option<SyncHandle>,
+}
+
+fn mqtt_config(url: &str) -> MqttConfig {
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let (host, port) = rest.rsplit_once(':').unwrap();
+    MqttConfig {
+        url: url.to_owned(),
+        tls: scheme == "mqtts",
+        host: host.to_owned(),
+        port: port.parse().unwrap(),
+        client_id: HUB_ID.to_owned(),
+        topic_prefix: PREFIX.to_owned(),
+        ca_file: None,
+        cert_file: None,
+        key_file: None,
+        username: None,
+        password_file: None,
+    }
+}
+
+fn start_hub(mqtt: MqttConfig) -> Hub {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("lockhub.db"), &Default::default()).unwrap();
+    let settings = SyncSettings {
+        mqtt,
+        hub_id: HUB_ID.to_owned(),
+        topic_base: topic(""),
+        hub_key: hub_key(),
+        cloud_stale: Duration::from_secs(900),
+        backlog: BacklogLimits::default(),
+    };
+    let ring = vec![Signer {
+        id: "test-cloud".into(),
+        public_key: cloud_key().verifying_key(),
+        not_after: None,
+    }];
+    let sync = sync::start(
+        settings,
+        store.clone(),
+        Arc::new(RecordOnce { ring }),
+        SeqView::default(),
+    )
+    .unwrap();
+    Hub {
+        _dir: dir,
+        store,
+        sync: Some(sync),
+    }
+}
+
+impl Hub {
+    fn applied(&self) -> usize {
+        let r = self.store.reader().unwrap();
+        r.query_row("SELECT count(*) FROM test_applied", [], |r| {
+            r.get::<_, i64>(0)
+        })
+        .unwrap_or(0) as usize
+    }
+
+    fn unsent(&self) -> u64 {
+        outbox::depth(&self.store.reader().unwrap()).unwrap()
+    }
+
+    async fn stop(mut self) {
+        if let Some(s) = self.sync.take() {
+            s.shutdown().await;
+        }
+        self.store.close();
+    }
+}
+
+/// The cloud's side: a persistent test client that hears everything the
+/// hub says and can publish events.
+struct TestCloud {
+    client: AsyncClient,
+    rx: mpsc::UnboundedReceiver<(String, Vec<u8>)>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TestCloud {
+    async fn connect(opts: MqttOptions) -> Self {
+        let (client, mut eventloop) = AsyncClient::new(opts, 4096);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let sub = client.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                match eventloop.poll().await {
+                    Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                        let _ = sub.try_subscribe(topic("#"), QoS::AtLeastOnce);
+                        let _ = tx.send(("$connected".into(), vec![]));
+                    }
+                    Ok(Event::Incoming(Packet::Publish(p))) => {
+                        let _ = tx.send((p.topic.clone(), p.payload.to_vec()));
+                    }
+                    Ok(_) => {}
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+        });
+        let mut c = TestCloud { client, rx, task };
+        c.expect(|t, _| t == "$connected").await;
+        c
+    }
+
+    async fn plain(port: u16) -> Self {
+        let mut o = MqttOptions::new("test-cloud", "127.0.0.1", port);
+        o.set_clean_session(false)
+            .set_max_packet_size(4 << 20, 4 << 20)
+            .set_inflight(200);
+        Self::connect(o).await
+    }
+
+    /// Waits for a message matching `f`, bounded in time.
+    async fn expect(&mut self, mut f: impl FnMut(&str, &[u8]) -> bool) -> (String, Vec<u8>) {
+        tokio::time::timeout(TEST_TIMEOUT, async {
+            loop {
+                let (t, p) = self.rx.recv().await.expect("cloud client alive");
+                if f(&t, &p) {
+                    return (t, p);
+                }
+            }
+        })
+        .await
+        .expect("expected message within the timeout")
+    }
+
+    async fn publish(&self, payload: Vec<u8>) {
+        self.client
+            .publish(topic("events"), QoS::AtLeastOnce, false, payload)
+            .await
+            .unwrap();
+    }
+}
+
+impl Drop for TestCloud {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Checks a hub envelope's signature and returns its body as JSON.
+fn open_hub_envelope(payload: &[u8]) -> serde_json::Value {
+    let env: serde_json::Value = serde_json::from_slice(payload).expect("envelope JSON");
+    assert_eq!(env["v"], 1);
+    assert_eq!(env["hub_id"], HUB_ID);
+    let body = crypto::b64u_decode(env["body"].as_str().unwrap()).unwrap();
+    let sig: [u8; 64] = crypto::b64u_decode(env["sig"].as_str().unwrap())
+        .unwrap()
+        .try_into()
+        .unwrap();
+    let key = crypto::parse_public_key(HUB_PUBLIC_KEY).unwrap();
+    assert!(
+        crypto::verify(crypto::HUB_CONTEXT, &key, &body, &sig),
+        "hub signature must verify"
+    );
+    serde_json::from_slice(&body).unwrap()
+}
+
+fn test_cloud_signer() -> Cloud {
+    Cloud::new(cloud_key(), "test-cloud", SITE_ID.parse().unwrap(), HUB_ID)
+}
+
+fn is_online(t: &str, p: &[u8]) -> bool {
+    t.ends_with("/status") && String::from_utf8_lossy(p).contains("\"online\"")
+}
+
+/// Collects results until every id in `want` has at least one.
+async fn results_for(
+    cloud: &mut TestCloud,
+    want: &HashSet<Uuid>,
+) -> BTreeMap<Uuid, Vec<serde_json::Value>> {
+    let mut got: BTreeMap<Uuid, Vec<serde_json::Value>> = BTreeMap::new();
+    while want.iter().any(|id| !got.contains_key(id)) {
+        let (_, p) = cloud.expect(|t, _| t.ends_with("/results")).await;
+        let body = open_hub_envelope(&p);
+        if let Some(id) = body["event_id"].as_str() {
+            got.entry(id.parse().unwrap()).or_default().push(body);
+        }
+    }
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_across_a_broker_restart_is_applied_once_each_and_answered() {
+    let mut broker = Mosquitto::start_with(BrokerOptions {
+        max_inflight_messages: Some(50),
+        ..Default::default()
+    });
+    let mut cloud = TestCloud::plain(broker.port).await;
+    let hub = start_hub(mqtt_config(&broker.url()));
+    cloud.expect(is_online).await;
+
+    let mut signer = test_cloud_signer();
+    let events: Vec<_> = (0..600)
+        .map(|i| {
+            signer.event(
+                "guest.erased",
+                serde_json::json!({"holder_ref": format!("g-{i}")}),
+            )
+        })
+        .collect();
+    let want: HashSet<Uuid> = events.iter().map(|e| e.event_id).collect();
+    for e in &events[..300] {
+        cloud.publish(e.envelope.clone()).await;
+    }
+    // The broker goes away mid-flood and comes back on the same port.
+    broker.restart();
+    for e in &events[300..] {
+        cloud.publish(e.envelope.clone()).await;
+    }
+    let got = results_for(&mut cloud, &want).await;
+    assert_eq!(got.len(), 600);
+    assert!(
+        got.values()
+            .all(|r| r.iter().all(|b| b["outcome"] == "applied"))
+    );
+    // Exactly once: the effect table has one row per event, none twice.
+    let deadline = tokio::time::Instant::now() + TEST_TIMEOUT;
+    while hub.applied() < 600 {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(hub.applied(), 600);
+    // Every result row is eventually acknowledged by the broker.
+    while hub.unsent() > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "outbox never drained"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    hub.stop().await;
+    let (_, p) = cloud
+        .expect(|t, p| t.ends_with("/status") && String::from_utf8_lossy(p).contains("offline"))
+        .await;
+    let status: serde_json::Value = serde_json::from_slice(&p).unwrap();
+    assert_eq!(status["hub_id"], HUB_ID);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbox_holds_every_record_while_the_broker_is_down_and_sends_them_once_it_is_back() {
+    let mut broker = Mosquitto::start();
+    broker.stop();
+    let hub = start_hub(mqtt_config(&broker.url()));
+    let bodies: Vec<String> = (0..200)
+        .map(|i| format!("{{\"audit_id\":\"{}\",\"n\":{i}}}", Uuid::new_v4()))
+        .collect();
+    for b in &bodies {
+        let b = b.clone().into_bytes();
+        hub.store
+            .write(Priority::Bulk, move |c| {
+                outbox::enqueue(c, Topic::Alerts, &b, None, Timestamp::now_system())
+            })
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        hub.unsent(),
+        200,
+        "nothing is lost or marked while the broker is away"
+    );
+
+    broker.start_again();
+    let mut cloud = TestCloud::plain(broker.port).await;
+    let mut seen = HashSet::new();
+    while seen.len() < 200 {
+        let (_, p) = cloud.expect(|t, _| t.ends_with("/alerts")).await;
+        let body = open_hub_envelope(&p);
+        seen.insert(body["n"].as_i64().unwrap());
+    }
+    let deadline = tokio::time::Instant::now() + TEST_TIMEOUT;
+    while hub.unsent() > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "outbox never drained"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    hub.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step1_rejection_is_answered_and_claims_nothing() {
+    let broker = Mosquitto::start();
+    let mut cloud = TestCloud::plain(broker.port).await;
+    let hub = start_hub(mqtt_config(&broker.url()));
+    cloud.expect(is_online).await;
+    cloud.publish(b"{not json".to_vec()).await;
+    let (_, p) = cloud.expect(|t, _| t.ends_with("/results")).await;
+    let body = open_hub_envelope(&p);
+    assert_eq!(body["outcome"], "rejected");
+    assert_eq!(body["reason"], "bad_envelope");
+    assert_eq!(body["event_id"], serde_json::Value::Null);
+    assert_eq!(hub.applied(), 0);
+    hub.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_client_certificates_carries_events_and_results() {
+    let pki = TestPki::generate();
+    let broker = Mosquitto::start_with(BrokerOptions {
+        tls: Some(pki.server()),
+        ..Default::default()
+    });
+    let mut cfg = mqtt_config(&broker.url());
+    cfg.ca_file = Some(pki.path("ca.crt"));
+    cfg.cert_file = Some(pki.path("client.crt"));
+    cfg.key_file = Some(pki.path("client.key"));
+    let hub = start_hub(cfg.clone());
+
+    // The test cloud connects with the same client certificate (other id).
+    let mut o = MqttOptions::new("test-cloud", "127.0.0.1", broker.port);
+    o.set_clean_session(false);
+    let tls = lockhub::sync::client::tls_config(&cfg).unwrap();
+    o.set_transport(rumqttc::Transport::Tls(rumqttc::TlsConfiguration::Rustls(
+        Arc::new(tls),
+    )));
+    let mut cloud = TestCloud::connect(o).await;
+    cloud.expect(is_online).await;
+    let mut signer = test_cloud_signer();
+    let e = signer.event("guest.erased", serde_json::json!({"holder_ref": "g-1"}));
+    cloud.publish(e.envelope.clone()).await;
+    let got = results_for(&mut cloud, &HashSet::from([e.event_id])).await;
+    assert_eq!(got[&e.event_id][0]["outcome"], "applied");
+    hub.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_protected_broker_accepts_the_hub_with_its_password_file() {
+    let creds = tempfile::tempdir().unwrap();
+    let passwd = password_file(creds.path(), "hub", "s3cret-pass");
+    let broker = Mosquitto::start_with(BrokerOptions {
+        password_file: Some(passwd),
+        ..Default::default()
+    });
+    let pw: PathBuf = creds.path().join("hub.pw");
+    std::fs::write(&pw, "s3cret-pass\n").unwrap();
+    let mut cfg = mqtt_config(&broker.url());
+    cfg.username = Some("hub".into());
+    cfg.password_file = Some(pw);
+    let hub = start_hub(cfg);
+
+    let mut o = MqttOptions::new("test-cloud", "127.0.0.1", broker.port);
+    o.set_clean_session(false)
+        .set_credentials("hub", "s3cret-pass");
+    let mut cloud = TestCloud::connect(o).await;
+    cloud.expect(is_online).await;
+    let mut signer = test_cloud_signer();
+    let e = signer.event("guest.erased", serde_json::json!({"holder_ref": "g-1"}));
+    cloud.publish(e.envelope.clone()).await;
+    let got = results_for(&mut cloud, &HashSet::from([e.event_id])).await;
+    assert_eq!(got[&e.event_id][0]["outcome"], "applied");
+    hub.stop().await;
+}

@@ -1,0 +1,148 @@
+//! The daemon binary against a real Mosquitto, fed the shared MQTT vectors
+//! in order: every result as the vectors say, hub-signed; the first sync
+//! request is `from_seq` 1 `fresh_session`; SIGTERM publishes the offline
+//! status and exits 0.
+
+mod common;
+
+use common::mosquitto::Mosquitto;
+use common::{Fixture, HUB_ID, HUB_PUBLIC_KEY, SITE_ID, VECTORS_DIR};
+use lockhub::crypto;
+use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+fn topic(leaf: &str) -> String {
+    format!("lockhub/v1/{SITE_ID}/{HUB_ID}/{leaf}")
+}
+
+struct Daemon(Child);
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn open_hub_envelope(payload: &[u8]) -> serde_json::Value {
+    let env: serde_json::Value = serde_json::from_slice(payload).unwrap();
+    assert_eq!(env["hub_id"], HUB_ID);
+    let body = crypto::b64u_decode(env["body"].as_str().unwrap()).unwrap();
+    let sig: [u8; 64] = crypto::b64u_decode(env["sig"].as_str().unwrap())
+        .unwrap()
+        .try_into()
+        .unwrap();
+    let key = crypto::parse_public_key(HUB_PUBLIC_KEY).unwrap();
+    assert!(crypto::verify(crypto::HUB_CONTEXT, &key, &body, &sig));
+    serde_json::from_slice(&body).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_vector_gets_its_result_from_the_running_daemon() {
+    let broker = Mosquitto::start();
+    let fx = Fixture::with_hub_edits(&[(
+        "mqtt://127.0.0.1:1883",
+        &format!("mqtt://127.0.0.1:{}", broker.port),
+    )]);
+
+    let mut o = MqttOptions::new("test-cloud", "127.0.0.1", broker.port);
+    o.set_max_packet_size(4 << 20, 4 << 20);
+    let (client, mut eventloop) = AsyncClient::new(o, 256);
+    client
+        .subscribe(topic("#"), QoS::AtLeastOnce)
+        .await
+        .unwrap();
+    let (tx, mut rx) = mpsc::unbounded_channel::<(String, Vec<u8>)>();
+    let poll = tokio::spawn(async move {
+        while let Ok(ev) = eventloop.poll().await {
+            if let Event::Incoming(Packet::Publish(p)) = ev {
+                let _ = tx.send((p.topic.clone(), p.payload.to_vec()));
+            }
+        }
+    });
+    let mut next = async |want: &str| -> (String, Vec<u8>) {
+        tokio::time::timeout(TIMEOUT, async {
+            loop {
+                let (t, p) = rx.recv().await.unwrap();
+                if t.ends_with(want) {
+                    return (t, p);
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("no message on {want}"))
+    };
+
+    let mut daemon = Daemon(
+        Command::new(env!("CARGO_BIN_EXE_lockhub"))
+            .args(["run", "--config"])
+            .arg(fx.hub())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let (_, sync) = next("/sync").await;
+    let sync = open_hub_envelope(&sync);
+    assert_eq!(
+        sync,
+        serde_json::json!({"from_seq": 1, "reason": "fresh_session"})
+    );
+
+    let cases = std::fs::read_to_string(format!("{VECTORS_DIR}/cases.jsonl")).unwrap();
+    let cases: Vec<serde_json::Value> = cases
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for c in &cases {
+        let env = c["envelope"].as_str().unwrap().as_bytes().to_vec();
+        client
+            .publish(topic("events"), QoS::AtLeastOnce, false, env)
+            .await
+            .unwrap();
+    }
+    for c in &cases {
+        let (_, p) = next("/results").await;
+        let r = open_hub_envelope(&p);
+        let n = &c["n"];
+        assert_eq!(r["outcome"], c["outcome"], "case {n}");
+        assert_eq!(r["reason"], c["reason"], "case {n}");
+        assert_eq!(r["duplicate"], c["duplicate"], "case {n}");
+        if let Some(item) = c.get("item") {
+            assert_eq!(&r["item"], item, "case {n}");
+        }
+        if let Some(items) = c.get("items").and_then(|i| i.as_array()) {
+            let got: Vec<serde_json::Value> = r["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| serde_json::json!([i["outcome"], i["reason"]]))
+                .collect();
+            assert_eq!(&got, items, "case {n}");
+        }
+    }
+
+    // SIGTERM: offline status, clean exit.
+    Command::new("kill")
+        .args(["-TERM", &daemon.0.id().to_string()])
+        .status()
+        .unwrap();
+    let (_, status) = next("/status").await;
+    let mut status: serde_json::Value = serde_json::from_slice(&status).unwrap();
+    while status["state"] != "offline" {
+        status = serde_json::from_slice(&next("/status").await.1).unwrap();
+    }
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let code = loop {
+        if let Some(s) = daemon.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(std::time::Instant::now() < deadline, "daemon did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(code.success(), "{code}");
+    poll.abort();
+}
