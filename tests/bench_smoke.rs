@@ -9,7 +9,10 @@ mod harness;
 #[test]
 fn the_smoke_run_produces_every_figure_of_every_scenario() {
     let opts = harness::Options::parse(["--smoke".to_owned()]).expect("options");
-    assert!(opts.write.is_none(), "a smoke run never touches BENCHMARKS.md");
+    assert!(
+        opts.write.is_none(),
+        "a smoke run never touches BENCHMARKS.md"
+    );
     let figures = harness::run(&opts);
     for scenario in harness::SCENARIOS {
         for id in harness::expected_ids(scenario) {
@@ -43,7 +46,10 @@ fn the_figures_table_keeps_rows_it_did_not_measure() {
     let text = std::fs::read_to_string(&path).unwrap();
     assert!(text.contains("| `a.x` | first | 3/s |"), "{text}");
     assert!(!text.contains("| 1/s |"), "{text}");
-    assert!(text.contains("| `b.y` | second | 2 s | < 30 s | yes |"), "{text}");
+    assert!(
+        text.contains("| `b.y` | second | 2 s | < 30 s | yes |"),
+        "{text}"
+    );
     assert!(text.contains("--only resync"), "{text}");
     assert!(text.starts_with("# lockhub benchmarks"), "{text}");
 }

@@ -42,11 +42,15 @@ pub struct Mosquitto {
 }
 
 pub fn mosquitto_bin() -> PathBuf {
-    ["/usr/sbin/mosquitto", "/usr/bin/mosquitto", "/usr/local/sbin/mosquitto"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists())
-        .unwrap_or_else(|| "mosquitto".into())
+    [
+        "/usr/sbin/mosquitto",
+        "/usr/bin/mosquitto",
+        "/usr/local/sbin/mosquitto",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .find(|p| p.exists())
+    .unwrap_or_else(|| "mosquitto".into())
 }
 
 pub fn free_port() -> u16 {
@@ -78,7 +82,9 @@ impl Mosquitto {
         }
         c.push_str("persistence true\n");
         c.push_str(&format!("persistence_location {}/\n", data.display()));
-        c.push_str(&format!("listener {port} 127.0.0.1\nallow_anonymous true\n"));
+        c.push_str(&format!(
+            "listener {port} 127.0.0.1\nallow_anonymous true\n"
+        ));
         c.push_str(&format!(
             "max_inflight_messages {}\nmax_queued_messages {}\n",
             settings.max_inflight_messages, settings.max_queued_messages
@@ -105,7 +111,11 @@ impl Mosquitto {
         };
         let deadline = Instant::now() + Duration::from_secs(10);
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "mosquitto did not start: {}", m.log());
+            assert!(
+                Instant::now() < deadline,
+                "mosquitto did not start: {}",
+                m.log()
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
         m

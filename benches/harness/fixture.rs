@@ -79,7 +79,9 @@ pub fn grant(prefix: &str, i: usize) -> GrantSpec {
 /// `n` signed `key.issued` events for keys `prefix0..`, seqs from the
 /// cloud's counter. Signing happens here, before any timing.
 pub fn issue_events(cloud: &mut Cloud, prefix: &str, n: usize) -> Vec<SignedEvent> {
-    (0..n).map(|i| cloud.key_issued(&grant(prefix, i), &[])).collect()
+    (0..n)
+        .map(|i| cloud.key_issued(&grant(prefix, i), &[]))
+        .collect()
 }
 
 /// `ceil(n / per)` signed `batch` events holding `n` keys.
@@ -92,7 +94,9 @@ pub fn batch_events(cloud: &mut Cloud, prefix: &str, n: usize, per: usize) -> Ve
 /// to `dir/data`. `serial_port` is the pty the board simulator holds.
 pub fn write_config(dir: &Path, mqtt_url: &str, serial_port: &Path, policy: &str) -> PathBuf {
     let b64 = crypto::b64u_encode;
-    let public = b64(SigningKey::from_bytes(&CLOUD_SEED).verifying_key().as_bytes());
+    let public = b64(SigningKey::from_bytes(&CLOUD_SEED)
+        .verifying_key()
+        .as_bytes());
     let mut doors = String::new();
     for i in 0..DOORS {
         doors.push_str(&format!(
@@ -129,22 +133,21 @@ pub fn default_policy() -> Policy {
     Policy::default()
 }
 
-/// Loads keys `0..n` straight into `conn` with plain SQL in one transaction:
-/// a `keys` row, then its `key_doors` row, so every trigger of the schema
-/// runs exactly as it would for an applied event. Key `i` opens door
-/// `i % DOORS` with [`pin`]`(i)`.
+/// Loads keys `0..n` straight into `conn` with plain SQL: a `keys` row, then
+/// its `key_doors` row, so every trigger of the schema runs as it would for
+/// an applied event. Key `i` opens door `i % DOORS` with [`pin`]`(i)`.
+/// Run it as one job on the store's writer: that job is one transaction.
 pub fn bulk_load_keys(conn: &Connection, prefix: &str, n: usize) -> rusqlite::Result<()> {
     let now = Timestamp::now_system();
     let from = now.saturating_add_secs(-3600).0;
     let until = now.saturating_add_days(30).0;
-    let tx = conn.unchecked_transaction()?;
     {
-        let mut key = tx.prepare(
+        let mut key = conn.prepare(
             "INSERT INTO keys (key_id, version, state, check_in_id, valid_from, valid_until,
                                pin_tag, pin_key_id, holder_ref, updated_at)
              VALUES (?1, 1, 'active', ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
         )?;
-        let mut door = tx.prepare(
+        let mut door = conn.prepare(
             "INSERT INTO key_doors (key_id, door, pin_tag, live) VALUES (?1, ?2, ?3, 1)",
         )?;
         for i in 0..n {
@@ -163,5 +166,5 @@ pub fn bulk_load_keys(conn: &Connection, prefix: &str, n: usize) -> rusqlite::Re
             door.execute(params![key_id, door_name(i), &tag[..]])?;
         }
     }
-    tx.commit()
+    Ok(())
 }

@@ -15,6 +15,7 @@
 #![allow(dead_code)]
 
 pub mod broker;
+pub mod daemon;
 pub mod fixture;
 pub mod mqtt;
 pub mod pipeline;
@@ -24,6 +25,7 @@ pub mod stats;
 mod footprint;
 mod ingest;
 mod resync;
+mod scale;
 
 use report::Figure;
 use std::path::PathBuf;
@@ -79,7 +81,7 @@ impl Sizes {
 }
 
 /// Every scenario, in the order a full run takes them.
-pub const SCENARIOS: &[&str] = &["ingest", "resync", "footprint"];
+pub const SCENARIOS: &[&str] = &["ingest", "resync", "scale", "footprint"];
 
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -106,7 +108,10 @@ impl Options {
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Options, String> {
         let mut smoke = false;
         let mut only = vec![];
-        let mut write = Some(PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/BENCHMARKS.md")));
+        let mut write = Some(PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/BENCHMARKS.md"
+        )));
         let mut explicit_write = false;
         let mut args = args.into_iter();
         while let Some(a) = args.next() {
@@ -117,7 +122,10 @@ impl Options {
                     let v = args.next().ok_or("--only needs a list")?;
                     for s in v.split(',').filter(|s| !s.is_empty()) {
                         if !SCENARIOS.contains(&s) {
-                            return Err(format!("unknown scenario {s}; known: {}", SCENARIOS.join(", ")));
+                            return Err(format!(
+                                "unknown scenario {s}; known: {}",
+                                SCENARIOS.join(", ")
+                            ));
                         }
                         only.push(s.to_owned());
                     }
@@ -170,11 +178,15 @@ pub fn run(opts: &Options) -> Vec<Figure> {
         let figures = match scenario {
             "ingest" => rt.block_on(ingest::run(&opts.sizes)),
             "resync" => rt.block_on(resync::run(&opts.sizes)),
+            "scale" => rt.block_on(scale::run(&opts.sizes)),
             "footprint" => rt.block_on(footprint::run(&opts.sizes)),
             _ => unreachable!("SCENARIOS lists only these"),
         };
         report::print(&figures);
-        println!("   ({scenario} took {:.1} s)", started.elapsed().as_secs_f64());
+        println!(
+            "   ({scenario} took {:.1} s)",
+            started.elapsed().as_secs_f64()
+        );
         all.extend(figures);
     }
     all
@@ -185,6 +197,7 @@ pub fn expected_ids(scenario: &str) -> &'static [&'static str] {
     match scenario {
         "ingest" => ingest::IDS,
         "resync" => resync::IDS,
+        "scale" => scale::IDS,
         "footprint" => footprint::IDS,
         _ => &[],
     }
@@ -201,7 +214,15 @@ pub fn stamp() -> String {
         .unwrap_or_default();
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let date = lockhub::time::Timestamp::now_system().to_rfc3339();
-    format!("{cores} cores, {commit}, {}", &date[..10.min(date.len())])
+    // Other work on the machine skews every figure: say how much there was.
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_default();
+    format!(
+        "{cores} cores, load {load}, {commit}, {}",
+        &date[..10.min(date.len())]
+    )
 }
 
 pub const SKELETON: &str = include_str!("skeleton.md");

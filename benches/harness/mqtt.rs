@@ -162,8 +162,10 @@ impl AckOnly {
 /// Waits for the retained `online` status on the hub's status topic; the
 /// instant it arrived, or `None` after `timeout`.
 pub async fn wait_online(port: u16, timeout: Duration) -> Option<Instant> {
-    let (client, mut eventloop) =
-        AsyncClient::new(options(&format!("bench-status-{}", uuid::Uuid::new_v4()), port), 16);
+    let (client, mut eventloop) = AsyncClient::new(
+        options(&format!("bench-status-{}", uuid::Uuid::new_v4()), port),
+        16,
+    );
     let _ = client.subscribe(status_topic(), QoS::AtLeastOnce).await;
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
