@@ -1,13 +1,14 @@
 //! `lockhub run`: the daemon's lifetime in one function.
 //!
-//! Open the store, start the sync layer (and, with the door work, the serial
-//! tasks), wait for shutdown, then stop in the reverse order: the offline
-//! status is published and the connection closed cleanly, and the store's
+//! Open the store, start the sync layer and the serial tasks, wait for
+//! shutdown, then stop in the reverse order: the doors first, then the
+//! offline status is published and the connection closed cleanly, and the store's
 //! writer finishes its queue and is joined, so the database is closed.
 
 use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::maintenance::Maintenance;
+use crate::serial::{self, SerialSettings};
 use crate::store::{Store, StoreError, floor};
 use crate::sync::{self, SyncError, SyncSettings, decide};
 use std::future::Future;
@@ -66,9 +67,22 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         }
         .run(stop_rx),
     );
+    // The doors decide by the same effective clock (mqtt.md 'Time').
+    let now: serial::TimeSource = {
+        let clock = clock.clone();
+        Arc::new(move || clock.now())
+    };
+    let serial = serial::spawn(
+        SerialSettings::from_config(&config),
+        store.clone(),
+        now,
+        Some(sync.outbox_notify()),
+    );
 
     shutdown.await;
     tracing::info!("lockhub stopping");
+    // Doors first: no decision is taken while the cloud link closes.
+    serial.shutdown().await;
     let _ = stop_tx.send(true);
     let _ = housekeeping.await;
     sync.shutdown().await;

@@ -19,6 +19,7 @@
 //! | [`door`] | the door decision and the lockout rules (pure) |
 //! | [`clock`] | the effective time: system clock, durable floor, monotonic time; trust (pure) |
 //! | [`store`] | the SQLite mirror: migrations, the writer thread, reads |
+//! | [`serial`] | the lock boards: one task per port, keypad -> decision -> Unlock/Deny, door sensors, liveness |
 //! | [`sync`] | MQTT: the event loop, verify→apply ingest with in-order acks, the outbox publisher, sync requests |
 //! | [`maintenance`] | housekeeping: clock trust, time floor, expiry sweep, retention, signer expiry |
 //! | [`daemon`] | `run(config, shutdown)`: wires the store, sync and the serial ports together |
@@ -35,6 +36,7 @@ pub mod door;
 pub mod event;
 pub mod lifecycle;
 pub mod maintenance;
+pub mod serial;
 pub mod sim;
 pub mod store;
 pub mod sync;

@@ -32,6 +32,36 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
     },
+    /// A simulated lock board on a serial device, for tests, the demo and
+    /// checking wiring: type `DOOR KEYS` (e.g. `0 1234#`), `open DOOR`,
+    /// `close DOOR` or `tamper`; relay and deny feedback is printed.
+    SimBoard {
+        /// The serial device the board talks on (the hub is at the other end).
+        #[arg(long)]
+        port: String,
+        #[arg(long, default_value_t = 115_200)]
+        baud: u32,
+        #[arg(long, default_value_t = 1)]
+        board_id: u8,
+        /// Doors wired to the board (1..=16).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=16))]
+        doors: u8,
+        /// Name doors as the hub's config does: `--door-name 101=0`.
+        #[arg(long = "door-name", value_parser = parse_door_name)]
+        door_names: Vec<(String, u8)>,
+    },
+}
+
+fn parse_door_name(s: &str) -> Result<(String, u8), String> {
+    let (name, index) = s
+        .rsplit_once('=')
+        .ok_or_else(|| "expected NAME=INDEX".to_owned())?;
+    let index = index
+        .parse::<u8>()
+        .ok()
+        .filter(|i| *i <= 15)
+        .ok_or_else(|| "INDEX must be 0..=15".to_owned())?;
+    Ok((name.to_owned(), index))
 }
 
 /// `lockhub run`: logs to stderr; a config problem is exit 2, anything
@@ -119,5 +149,38 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Command::SimBoard {
+            port,
+            baud,
+            board_id,
+            doors,
+            door_names,
+        } => {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("cannot start the runtime: {e}");
+                    return ExitCode::from(1);
+                }
+            };
+            let cfg = firmware_bridge::BoardConfig::new(board_id, doors);
+            let run = lockhub::sim::board::run_interactive(
+                &port,
+                baud,
+                cfg,
+                door_names,
+                std::time::Duration::from_secs(2),
+            );
+            match rt.block_on(run) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("sim-board: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
     }
 }

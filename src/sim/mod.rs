@@ -2,4 +2,5 @@
 //! that signs events, and (elsewhere in this module) a lock board. Tests,
 //! the demo and the benchmarks use them; so can an installer checking wiring.
 
+pub mod board;
 pub mod cloud;

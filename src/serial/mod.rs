@@ -1,0 +1,229 @@
+//! The hub's serial driver: one task per configured `[[serial]]` port,
+//! speaking `serial.md` with the lock board on it.
+//!
+//! - [`port`]: open and reopen the port with backoff; the read/write loop
+//!   around a fresh [`firmware_bridge::HubLink`] per opening.
+//! - [`doors`]: keypad entry -> decision -> `Unlock`/`Deny`, one decision at
+//!   a time per door; the door sensor (forced, held open) as a state
+//!   machine.
+//! - `record`: audit rows and alerts nobody waits for, written in order by
+//!   one task per port so the loop never waits on the disk.
+//!
+//! The wire types, framing and link rules are `firmware_bridge`'s; nothing
+//! here redefines them. Decisions and lockouts are the store's
+//! ([`crate::store::door`]); this module makes sure each distinct Keypad is
+//! decided exactly once, that the decision is committed before the board
+//! hears it, and that one port, door or slow write never holds up another.
+//!
+//! Logs carry the serial name, door names and key ids; never a PIN, a PIN
+//! tag or a secret.
+
+pub mod doors;
+pub mod port;
+mod record;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use firmware_bridge::LinkConfig;
+use tokio::sync::{Notify, mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::config::{Config, PinKey, Policy};
+use crate::store::Store;
+use crate::time::Timestamp;
+use port::DoorTarget;
+use record::Record;
+
+/// The effective time for audit rows and decisions (mqtt.md 'Time'): the
+/// daemon passes its clock here, tests a plain function.
+pub type TimeSource = Arc<dyn Fn() -> Timestamp + Send + Sync>;
+
+/// How long [`SerialHandle::shutdown`] waits for a port task.
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The serial boundary's errors: why a port session ended.
+#[derive(Debug, thiserror::Error)]
+pub enum SerialError {
+    #[error("cannot open {path}: {source}")]
+    Open {
+        path: PathBuf,
+        source: tokio_serial::Error,
+    },
+    #[error("read failed: {0}")]
+    Read(std::io::Error),
+    #[error("the port reads end-of-file: the device is gone")]
+    Eof,
+    #[error("write failed: {0}")]
+    Write(std::io::Error),
+    #[error("write timed out")]
+    WriteTimeout,
+}
+
+/// One `[[door]]` on a port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DoorSettings {
+    pub name: String,
+    pub index: u8,
+    pub unlock_ms: u16,
+}
+
+/// One `[[serial]]` port and its doors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortSettings {
+    pub name: String,
+    pub path: PathBuf,
+    pub baud: u32,
+    pub doors: Vec<DoorSettings>,
+}
+
+/// Everything the serial driver needs from the config.
+#[derive(Debug, Clone)]
+pub struct SerialSettings {
+    pub ports: Vec<PortSettings>,
+    pub policy: Policy,
+    pub pin_keys: Arc<[PinKey]>,
+    /// The contract's timings ([`LinkConfig::hub`]); tests may shorten them.
+    pub link: LinkConfig,
+    /// Reopen delays: 100 ms doubling to 5 s.
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+}
+
+impl SerialSettings {
+    pub fn from_config(config: &Config) -> Self {
+        let ports = config
+            .serials
+            .iter()
+            .map(|s| PortSettings {
+                name: s.name.clone(),
+                path: s.port.clone(),
+                baud: s.baud,
+                doors: config
+                    .doors
+                    .iter()
+                    .filter(|d| d.serial == s.name)
+                    .map(|d| DoorSettings {
+                        name: d.name.clone(),
+                        index: d.index,
+                        unlock_ms: d.unlock_ms,
+                    })
+                    .collect(),
+            })
+            .collect();
+        SerialSettings {
+            ports,
+            policy: config.policy,
+            pin_keys: config.secrets.pin_keys.clone().into(),
+            link: LinkConfig::hub(),
+            backoff_initial: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What every task of one port shares.
+pub(crate) struct PortShared {
+    pub port: PortSettings,
+    pub policy: Policy,
+    pub pin_keys: Arc<[PinKey]>,
+    pub link: LinkConfig,
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+    pub store: Store,
+    now: TimeSource,
+    outbox_wake: Option<Arc<Notify>>,
+    recorder: mpsc::Sender<Record>,
+}
+
+impl PortShared {
+    pub fn now(&self) -> Timestamp {
+        (self.now)()
+    }
+
+    pub fn door(&self, index: u8) -> DoorTarget {
+        DoorTarget::for_index(&self.port.name, &self.port.doors, index)
+    }
+
+    /// Queues a record without waiting (see `record`).
+    pub fn record(&self, rec: Record) {
+        if let Err(e) = self.recorder.try_send(rec) {
+            let rec = match e {
+                mpsc::error::TrySendError::Full(r) | mpsc::error::TrySendError::Closed(r) => r,
+            };
+            tracing::error!(serial = %self.port.name, record = ?rec, "record queue full; dropped");
+        }
+    }
+
+    pub fn wake_outbox(&self) {
+        if let Some(w) = &self.outbox_wake {
+            w.notify_one();
+        }
+    }
+}
+
+/// The running driver. Drop it or call [`SerialHandle::shutdown`].
+pub struct SerialHandle {
+    stop: watch::Sender<bool>,
+    ports: Vec<JoinHandle<()>>,
+    others: Vec<JoinHandle<()>>,
+}
+
+impl SerialHandle {
+    /// Stops every port (each closes its device) and waits for them,
+    /// bounded; the recorders finish what was queued.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        for mut task in self.ports.into_iter().chain(self.others) {
+            if tokio::time::timeout(SHUTDOWN_TIMEOUT, &mut task)
+                .await
+                .is_err()
+            {
+                task.abort();
+                let _ = task.await;
+            }
+        }
+    }
+}
+
+/// Starts one task per port and its recorder. (The `keypad_lockout` alert
+/// of a lockout that ended is cleared by [`crate::maintenance`].)
+/// `outbox_wake` is notified after audit rows and alerts commit, so
+/// the publisher sends them at once.
+pub fn spawn(
+    settings: SerialSettings,
+    store: Store,
+    now: TimeSource,
+    outbox_wake: Option<Arc<Notify>>,
+) -> SerialHandle {
+    let (stop, stop_rx) = watch::channel(false);
+    let mut ports = Vec::new();
+    let mut others = Vec::new();
+    for port in settings.ports {
+        let (rec_tx, rec_rx) = mpsc::channel(record::RECORD_QUEUE);
+        others.push(tokio::spawn(record::run(
+            store.clone(),
+            rec_rx,
+            outbox_wake.clone(),
+        )));
+        let shared = Arc::new(PortShared {
+            port,
+            policy: settings.policy,
+            pin_keys: settings.pin_keys.clone(),
+            link: settings.link,
+            backoff_initial: settings.backoff_initial,
+            backoff_max: settings.backoff_max,
+            store: store.clone(),
+            now: now.clone(),
+            outbox_wake: outbox_wake.clone(),
+            recorder: rec_tx,
+        });
+        ports.push(tokio::spawn(port::run_port(shared, stop_rx.clone())));
+    }
+    SerialHandle {
+        stop,
+        ports,
+        others,
+    }
+}

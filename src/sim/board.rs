@@ -1,0 +1,560 @@
+//! A simulated lock board: [`firmware_bridge::Board`], the same state
+//! machine the firmware runs, driven over a real byte stream (a serial port
+//! or the master side of a pseudo-terminal).
+//!
+//! Three users:
+//! - tests script it ([`SimBoard::enter_pin`], [`SimBoard::set_door`],
+//!   [`SimBoard::run_until`], ...) and read what it saw and did from
+//!   [`SimEvent`]s; filters lose chosen frames on purpose;
+//! - the demo and installers run `lockhub sim-board --port PATH`, which reads
+//!   commands from stdin ([`Command::parse`]) and prints one line per relay
+//!   change or deny ([`SimEvent::line`]);
+//! - nobody else: it is not firmware, just the firmware's logic on a PC.
+//!
+//! It never prints or logs a PIN: typed keys go into the board, and only
+//! "entry sent" comes out.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::time::Duration;
+
+use firmware_bridge::board::{KeyAction, MAX_DOORS};
+use firmware_bridge::{Board, BoardConfig, DenyReason, Downlink, MAX_FRAME, Uplink, decode_frame};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::time::Instant;
+
+/// How often the board state machine is polled while idle.
+const STEP: Duration = Duration::from_millis(5);
+/// Events kept for the caller; the oldest go first past this.
+const EVENTS_MAX: usize = 4096;
+
+/// Something the simulated board saw or did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SimEvent {
+    /// A frame from the hub reached the board (after the downlink filter).
+    Received(Downlink),
+    /// The board wrote this frame (after the uplink filter).
+    Sent(Uplink),
+    /// The line lost this frame on purpose (a filter said so).
+    LostDown(Downlink),
+    /// The line lost this board frame on purpose.
+    LostUp(Uplink),
+    /// The board submitted an entry at `door` ('#' pressed).
+    EntrySent {
+        door: u8,
+    },
+    RelayOpened {
+        door: u8,
+    },
+    RelayClosed {
+        door: u8,
+    },
+    Denied {
+        door: u8,
+        locked_out: bool,
+    },
+    LinkUp,
+    LinkDown,
+}
+
+impl SimEvent {
+    /// The line `sim-board` prints, for the events a person cares about.
+    pub fn line(&self) -> Option<String> {
+        Some(match self {
+            SimEvent::EntrySent { door } => format!("door {door}: entry sent"),
+            SimEvent::RelayOpened { door } => format!("door {door}: relay open"),
+            SimEvent::RelayClosed { door } => format!("door {door}: relay closed"),
+            SimEvent::Denied {
+                door,
+                locked_out: false,
+            } => format!("door {door}: denied"),
+            SimEvent::Denied {
+                door,
+                locked_out: true,
+            } => format!("door {door}: denied (keypad locked out)"),
+            SimEvent::LinkUp => "link up".to_owned(),
+            SimEvent::LinkDown => "link down".to_owned(),
+            _ => return None,
+        })
+    }
+}
+
+/// Why the simulated board stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("the port reads end-of-file")]
+    Eof,
+    #[error("port I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("cannot open {path}: {source}")]
+    Open {
+        path: String,
+        source: tokio_serial::Error,
+    },
+}
+
+/// Decides whether the line loses a frame: `true` = lose it.
+pub type Filter<M> = Box<dyn FnMut(&M) -> bool + Send>;
+
+/// A board on a byte stream. See the module docs.
+pub struct SimBoard<Io> {
+    io: Io,
+    board: Board,
+    t0: Instant,
+    /// Bytes of the hub's current, not yet terminated frame.
+    partial: Vec<u8>,
+    relays: [bool; MAX_DOORS],
+    denied: [Option<DenyReason>; MAX_DOORS],
+    link_up: bool,
+    events: VecDeque<SimEvent>,
+    lose_up: Option<Filter<Uplink>>,
+    lose_down: Option<Filter<Downlink>>,
+}
+
+impl<Io: AsyncRead + AsyncWrite + Unpin> SimBoard<Io> {
+    /// A board that has just powered up (its Hello goes out on the first
+    /// step).
+    pub fn new(io: Io, cfg: BoardConfig) -> Self {
+        Self {
+            io,
+            board: Board::new(cfg, 0),
+            t0: Instant::now(),
+            partial: Vec::new(),
+            relays: [false; MAX_DOORS],
+            denied: [None; MAX_DOORS],
+            link_up: false,
+            events: VecDeque::new(),
+            lose_up: None,
+            lose_down: None,
+        }
+    }
+
+    /// The board's clock: milliseconds since it powered up.
+    pub fn now_ms(&self) -> u64 {
+        u64::try_from(self.t0.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Presses keys at `door` ('0'..='9', '*' clears, '#' submits).
+    pub fn press(&mut self, door: u8, keys: &str) {
+        let now = self.now_ms();
+        for k in keys.chars() {
+            if let KeyAction::Submitted(_) = self.board.on_key(door, k, now) {
+                self.push(SimEvent::EntrySent { door });
+            }
+        }
+    }
+
+    /// Types `pin` and '#' at `door`.
+    pub fn enter_pin(&mut self, door: u8, pin: &str) {
+        self.press(door, pin);
+        self.press(door, "#");
+    }
+
+    /// The door contact at `door` reads `open`.
+    pub fn set_door(&mut self, door: u8, open: bool) {
+        let now = self.now_ms();
+        self.board.on_door_sensor(door, open, now);
+    }
+
+    /// The tamper switch tripped.
+    pub fn tamper(&mut self) {
+        let now = self.now_ms();
+        let _ = self.board.on_tamper(now);
+    }
+
+    /// Loses every board frame for which `f` says `true` (until replaced).
+    pub fn lose_uplinks(&mut self, f: impl FnMut(&Uplink) -> bool + Send + 'static) {
+        self.lose_up = Some(Box::new(f));
+    }
+
+    /// Loses every hub frame for which `f` says `true` (until replaced).
+    pub fn lose_downlinks(&mut self, f: impl FnMut(&Downlink) -> bool + Send + 'static) {
+        self.lose_down = Some(Box::new(f));
+    }
+
+    /// Writes bytes as they are, outside the board (garbage, broken frames).
+    pub async fn write_raw(&mut self, bytes: &[u8]) -> Result<(), SimError> {
+        self.io.write_all(bytes).await?;
+        Ok(())
+    }
+
+    /// Whether `door`'s relay is energised now.
+    pub fn relay_open(&self, door: u8) -> bool {
+        self.board.relay_open(door, self.now_ms())
+    }
+
+    /// The state machine, for its counters.
+    pub fn board(&self) -> &Board {
+        &self.board
+    }
+
+    /// Events since the last call, oldest first.
+    pub fn take_events(&mut self) -> Vec<SimEvent> {
+        self.events.drain(..).collect()
+    }
+
+    /// Events not yet taken.
+    pub fn events(&self) -> impl Iterator<Item = &SimEvent> {
+        self.events.iter()
+    }
+
+    /// One step: read what arrived (waiting at most a few ms), poll the
+    /// board, write its frames, note level changes.
+    pub async fn step(&mut self) -> Result<(), SimError> {
+        let mut buf = [0u8; 512];
+        match tokio::time::timeout(STEP, self.io.read(&mut buf)).await {
+            Err(_) => {}
+            Ok(Ok(0)) => return Err(SimError::Eof),
+            Ok(Ok(n)) => self.on_bytes(buf.get(..n).unwrap_or_default()),
+            Ok(Err(e)) => return Err(e.into()),
+        }
+        let now = self.now_ms();
+        let frames: Vec<_> = self.board.poll(now).collect();
+        let mut out = Vec::new();
+        for f in frames {
+            let Ok(msg) = decode_frame::<Uplink>(&f) else {
+                continue;
+            };
+            if self.lose_up.as_mut().is_some_and(|lose| lose(&msg)) {
+                self.push(SimEvent::LostUp(msg));
+            } else {
+                out.extend_from_slice(&f);
+                self.push(SimEvent::Sent(msg));
+            }
+        }
+        if !out.is_empty() {
+            self.io.write_all(&out).await?;
+        }
+        self.note_levels(now);
+        Ok(())
+    }
+
+    /// Steps for `d`.
+    pub async fn run_for(&mut self, d: Duration) -> Result<(), SimError> {
+        let end = Instant::now() + d;
+        while Instant::now() < end {
+            self.step().await?;
+        }
+        Ok(())
+    }
+
+    /// Steps until `done` holds (true) or `timeout` passes (false).
+    pub async fn run_until(
+        &mut self,
+        timeout: Duration,
+        mut done: impl FnMut(&Self) -> bool,
+    ) -> Result<bool, SimError> {
+        let end = Instant::now() + timeout;
+        loop {
+            if done(self) {
+                return Ok(true);
+            }
+            if Instant::now() >= end {
+                return Ok(false);
+            }
+            self.step().await?;
+        }
+    }
+
+    /// Hands back the stream.
+    pub fn into_inner(self) -> Io {
+        self.io
+    }
+
+    /// Splits the byte stream into frames so the downlink filter can lose
+    /// whole frames; bytes that do not decode go to the board as they are
+    /// (it must drop them itself).
+    fn on_bytes(&mut self, bytes: &[u8]) {
+        let now = self.now_ms();
+        for &b in bytes {
+            if self.partial.len() > MAX_FRAME * 4 {
+                // Garbage without a terminator: hand it over and start again.
+                let junk = std::mem::take(&mut self.partial);
+                self.board.on_frame_bytes(&junk, now);
+            }
+            self.partial.push(b);
+            if b != 0 {
+                continue;
+            }
+            let frame = std::mem::take(&mut self.partial);
+            match decode_frame::<Downlink>(&frame) {
+                Ok(msg) => {
+                    if self.lose_down.as_mut().is_some_and(|lose| lose(&msg)) {
+                        self.push(SimEvent::LostDown(msg));
+                        continue;
+                    }
+                    self.push(SimEvent::Received(msg));
+                    self.board.on_frame_bytes(&frame, now);
+                }
+                Err(_) => self.board.on_frame_bytes(&frame, now),
+            }
+        }
+    }
+
+    fn note_levels(&mut self, now: u64) {
+        let up = self.board.link_up(now);
+        if up != self.link_up {
+            self.link_up = up;
+            self.push(if up {
+                SimEvent::LinkUp
+            } else {
+                SimEvent::LinkDown
+            });
+        }
+        let doors = self.board.config().door_count.min(MAX_DOORS as u8);
+        for door in 0..doors {
+            let i = usize::from(door);
+            let open = self.board.relay_open(door, now);
+            if self.relays.get(i).copied() != Some(open) {
+                if let Some(r) = self.relays.get_mut(i) {
+                    *r = open;
+                }
+                self.push(if open {
+                    SimEvent::RelayOpened { door }
+                } else {
+                    SimEvent::RelayClosed { door }
+                });
+            }
+            let deny = self.board.deny_feedback(door, now);
+            if self.denied.get(i).copied() != Some(deny) {
+                if let Some(d) = self.denied.get_mut(i) {
+                    *d = deny;
+                }
+                if let Some(reason) = deny {
+                    self.push(SimEvent::Denied {
+                        door,
+                        locked_out: reason == DenyReason::LOCKED_OUT,
+                    });
+                }
+            }
+        }
+    }
+
+    fn push(&mut self, ev: SimEvent) {
+        if self.events.len() >= EVENTS_MAX {
+            self.events.pop_front();
+        }
+        self.events.push_back(ev);
+    }
+}
+
+impl SimBoard<tokio_serial::SerialStream> {
+    /// A board on a serial device (a USB adapter wired to the hub's port,
+    /// or one end of a pseudo-terminal pair).
+    pub fn open(path: &str, baud: u32, cfg: BoardConfig) -> Result<Self, SimError> {
+        use tokio_serial::SerialPortBuilderExt;
+        let io = tokio_serial::new(path, baud)
+            .open_native_async()
+            .map_err(|source| SimError::Open {
+                path: path.to_owned(),
+                source,
+            })?;
+        Ok(Self::new(io, cfg))
+    }
+}
+
+/// One stdin command of `sim-board`.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Command {
+    /// `DOOR KEYS`: press keys at a door, e.g. `0 482913#`.
+    Keys { door: u8, keys: String },
+    /// `open DOOR` / `close DOOR`: the door contact.
+    Sensor { door: u8, open: bool },
+    /// `tamper`.
+    Tamper,
+}
+
+impl fmt::Debug for Command {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            // Keys may be a PIN: never shown.
+            Command::Keys { door, .. } => write!(f, "Keys {{ door: {door}, keys: <redacted> }}"),
+            Command::Sensor { door, open } => write!(f, "Sensor {{ door: {door}, open: {open} }}"),
+            Command::Tamper => f.write_str("Tamper"),
+        }
+    }
+}
+
+impl Command {
+    /// Parses one line. `doors` maps a door name to its index (from the
+    /// hub's config, if given); a plain number is an index.
+    pub fn parse(line: &str, doors: &[(String, u8)]) -> Result<Command, String> {
+        let mut words = line.split_whitespace();
+        let first = words.next().ok_or_else(|| "empty line".to_owned())?;
+        let door_of = |w: Option<&str>| -> Result<u8, String> {
+            let w = w.ok_or_else(|| "which door?".to_owned())?;
+            if let Some((_, i)) = doors.iter().find(|(n, _)| n == w) {
+                return Ok(*i);
+            }
+            w.parse::<u8>()
+                .ok()
+                .filter(|i| usize::from(*i) < MAX_DOORS)
+                .ok_or_else(|| format!("unknown door {w:?}: use an index 0..=15 or a door name"))
+        };
+        let cmd = match first {
+            "open" | "close" => Command::Sensor {
+                door: door_of(words.next())?,
+                open: first == "open",
+            },
+            "tamper" => Command::Tamper,
+            _ => {
+                let door = door_of(Some(first))?;
+                let keys: String = words.by_ref().collect();
+                if keys.is_empty()
+                    || !keys
+                        .chars()
+                        .all(|c| c.is_ascii_digit() || c == '*' || c == '#')
+                {
+                    return Err("keys are 0-9, * and #".to_owned());
+                }
+                Command::Keys { door, keys }
+            }
+        };
+        if words.next().is_some() {
+            return Err("too many words".to_owned());
+        }
+        Ok(cmd)
+    }
+
+    /// Applies the command to the board.
+    pub fn apply<Io: AsyncRead + AsyncWrite + Unpin>(self, sim: &mut SimBoard<Io>) {
+        match self {
+            Command::Keys { door, keys } => sim.press(door, &keys),
+            Command::Sensor { door, open } => sim.set_door(door, open),
+            Command::Tamper => sim.tamper(),
+        }
+    }
+}
+
+/// `lockhub sim-board`: a board on `path` driven by lines on stdin (see
+/// [`Command::parse`]), printing one line per relay change, deny, link
+/// change or refused command on stdout. Ends at end of input (after
+/// `linger`, so the last answers are seen) or when the port goes away.
+///
+/// Why stdin is read on a thread: the runtime has no async stdin here, and
+/// a blocking read must not stall the board's timers.
+pub async fn run_interactive(
+    path: &str,
+    baud: u32,
+    cfg: BoardConfig,
+    doors: Vec<(String, u8)>,
+    linger: Duration,
+) -> Result<(), SimError> {
+    let mut sim = SimBoard::open(path, baud, cfg)?;
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(64);
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { break };
+            if tx.blocking_send(line).is_err() {
+                break;
+            }
+        }
+    });
+    println!(
+        "sim-board on {path}: board {} with {} doors; commands: DOOR KEYS (e.g. 0 1234#), open DOOR, close DOOR, tamper",
+        cfg.board_id, cfg.door_count
+    );
+    let mut input_open = true;
+    let mut end: Option<Instant> = None;
+    loop {
+        while input_open {
+            match rx.try_recv() {
+                Ok(line) if line.trim().is_empty() => {}
+                Ok(line) => match Command::parse(&line, &doors) {
+                    Ok(cmd) => cmd.apply(&mut sim),
+                    Err(why) => println!("? {why}"),
+                },
+                Err(tokio::sync::mpsc::error::TryRecvError::Empty) => break,
+                Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => {
+                    input_open = false;
+                    end = Some(Instant::now() + linger);
+                }
+            }
+        }
+        sim.step().await?;
+        for ev in sim.take_events() {
+            if let Some(line) = ev.line() {
+                println!("{line}");
+            }
+        }
+        if end.is_some_and(|e| Instant::now() >= e) {
+            return Ok(());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_of_keys_names_a_door_by_index_or_by_name() {
+        let doors = [("101".to_owned(), 0u8)];
+        assert_eq!(
+            Command::parse("101 482913#", &doors),
+            Ok(Command::Keys {
+                door: 0,
+                keys: "482913#".into()
+            })
+        );
+        assert_eq!(
+            Command::parse("3 12 34#", &[]),
+            Ok(Command::Keys {
+                door: 3,
+                keys: "1234#".into()
+            })
+        );
+    }
+
+    #[test]
+    fn door_and_tamper_commands_parse() {
+        assert_eq!(
+            Command::parse("open 0", &[]),
+            Ok(Command::Sensor {
+                door: 0,
+                open: true
+            })
+        );
+        assert_eq!(
+            Command::parse("close 2", &[]),
+            Ok(Command::Sensor {
+                door: 2,
+                open: false
+            })
+        );
+        assert_eq!(Command::parse("tamper", &[]), Ok(Command::Tamper));
+    }
+
+    #[test]
+    fn bad_lines_are_refused_with_a_reason() {
+        assert!(Command::parse("", &[]).is_err());
+        assert!(Command::parse("open", &[]).is_err());
+        assert!(Command::parse("16 1234#", &[]).is_err());
+        assert!(Command::parse("0 12a4#", &[]).is_err());
+        assert!(Command::parse("tamper now", &[]).is_err());
+    }
+
+    #[test]
+    fn a_command_never_shows_its_keys() {
+        let c = Command::parse("0 482913#", &[]).unwrap();
+        assert!(!format!("{c:?}").contains("482913"));
+    }
+
+    #[test]
+    fn only_feedback_events_become_lines() {
+        assert_eq!(
+            SimEvent::Denied {
+                door: 1,
+                locked_out: true
+            }
+            .line()
+            .as_deref(),
+            Some("door 1: denied (keypad locked out)")
+        );
+        assert_eq!(
+            SimEvent::Sent(Uplink::Heartbeat { uptime_s: 1 }).line(),
+            None
+        );
+    }
+}
