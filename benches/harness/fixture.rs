@@ -37,7 +37,19 @@ pub fn pin_key() -> (&'static str, &'static [u8; 32]) {
 
 /// Key `i`'s PIN: unique per key, 8 digits. Bench data, never printed.
 pub fn pin(i: usize) -> String {
-    format!("{:08}", 10_000_000 + i)
+    pin_for("k", i)
+}
+
+/// Key `prefix{i}`'s PIN: each prefix has its own range, so keys loaded
+/// with plain SQL (`p`) and keys sent as events (`k`, `r`) never collide
+/// on a (door, PIN).
+pub fn pin_for(prefix: &str, i: usize) -> String {
+    let base = match prefix {
+        "p" => 20_000_000,
+        "r" => 30_000_000,
+        _ => 10_000_000,
+    };
+    format!("{:08}", base + i)
 }
 
 pub fn cloud() -> Cloud {
@@ -71,7 +83,7 @@ pub fn grant(prefix: &str, i: usize) -> GrantSpec {
         &format!("{prefix}{i}"),
         &format!("c-{prefix}{i}"),
         &door_name(i),
-        &pin(i),
+        &pin_for(prefix, i),
         pin_key(),
     )
 }
@@ -152,7 +164,7 @@ pub fn bulk_load_keys(conn: &Connection, prefix: &str, n: usize) -> rusqlite::Re
         )?;
         for i in 0..n {
             let key_id = format!("{prefix}{i}");
-            let tag = crypto::pin_tag(&PIN_KEY, pin(i).as_bytes());
+            let tag = crypto::pin_tag(&PIN_KEY, pin_for(prefix, i).as_bytes());
             key.execute(params![
                 key_id,
                 format!("c-{prefix}{i}"),

@@ -19,9 +19,14 @@ pub mod daemon;
 pub mod fixture;
 pub mod mqtt;
 pub mod pipeline;
+/// The serial tests' pseudo-terminal (the hub opens the slave path exactly
+/// as it opens `/dev/ttyAMA0`), shared rather than copied.
+#[path = "../../tests/common/pty.rs"]
+pub mod pty;
 pub mod report;
 pub mod stats;
 
+mod door;
 mod footprint;
 mod ingest;
 mod resync;
@@ -81,7 +86,7 @@ impl Sizes {
 }
 
 /// Every scenario, in the order a full run takes them.
-pub const SCENARIOS: &[&str] = &["ingest", "resync", "scale", "footprint"];
+pub const SCENARIOS: &[&str] = &["door", "ingest", "resync", "scale", "footprint"];
 
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -176,6 +181,7 @@ pub fn run(opts: &Options) -> Vec<Figure> {
         println!("== {scenario}");
         let started = std::time::Instant::now();
         let figures = match scenario {
+            "door" => rt.block_on(door::run(&opts.sizes)),
             "ingest" => rt.block_on(ingest::run(&opts.sizes)),
             "resync" => rt.block_on(resync::run(&opts.sizes)),
             "scale" => rt.block_on(scale::run(&opts.sizes)),
@@ -195,6 +201,7 @@ pub fn run(opts: &Options) -> Vec<Figure> {
 /// The ids a full or smoke run of `scenario` must produce.
 pub fn expected_ids(scenario: &str) -> &'static [&'static str] {
     match scenario {
+        "door" => door::IDS,
         "ingest" => ingest::IDS,
         "resync" => resync::IDS,
         "scale" => scale::IDS,
