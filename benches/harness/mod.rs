@@ -96,6 +96,9 @@ pub struct Options {
     pub only: Vec<String>,
     /// Where to write the figures table (BENCHMARKS.md for full runs).
     pub write: Option<PathBuf>,
+    /// `--profile-apply N`: only run the store-only pipeline over N events
+    /// (for `valgrind --tool=callgrind`); no figures.
+    pub profile_apply: Option<usize>,
 }
 
 impl Options {
@@ -105,6 +108,7 @@ impl Options {
             smoke: true,
             only: vec![],
             write: None,
+            profile_apply: None,
         }
     }
 
@@ -118,6 +122,7 @@ impl Options {
             "/BENCHMARKS.md"
         )));
         let mut explicit_write = false;
+        let mut profile_apply = None;
         let mut args = args.into_iter();
         while let Some(a) = args.next() {
             match a.as_str() {
@@ -140,6 +145,11 @@ impl Options {
                     explicit_write = true;
                 }
                 "--no-write" => write = None,
+                "--profile-apply" => {
+                    let n = args.next().ok_or("--profile-apply needs a count")?;
+                    profile_apply = Some(n.parse().map_err(|_| "--profile-apply needs a count")?);
+                    write = None;
+                }
                 other => return Err(format!("unknown argument {other}")),
             }
         }
@@ -153,6 +163,7 @@ impl Options {
             smoke,
             only,
             write,
+            profile_apply,
         })
     }
 
@@ -173,6 +184,18 @@ pub fn runtime() -> tokio::runtime::Runtime {
 /// Runs the chosen scenarios and returns their figures (printed as they come).
 pub fn run(opts: &Options) -> Vec<Figure> {
     let rt = runtime();
+    if let Some(n) = opts.profile_apply {
+        let mut cloud = fixture::cloud();
+        let events = fixture::issue_events(&mut cloud, "k", n);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let r = rt.block_on(pipeline::run(&dir.path().join("lockhub.db"), &events, 256));
+        println!(
+            "profile-apply: {n} events in {:.2} s ({:?})",
+            r.total.as_secs_f64(),
+            r
+        );
+        return vec![];
+    }
     let mut all = vec![];
     for &scenario in SCENARIOS {
         if !opts.wants(scenario) {
