@@ -16,6 +16,9 @@ use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 use uuid::Uuid;
 
+/// The SQLite file's name inside `data_dir`.
+pub const DATABASE_FILE: &str = "lockhub.db";
+
 /// A loaded, validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -167,7 +170,7 @@ impl Config {
 
     /// The SQLite file inside `data_dir`.
     pub fn database_path(&self) -> PathBuf {
-        self.hub.data_dir.join("lockhub.db")
+        self.hub.data_dir.join(DATABASE_FILE)
     }
 }
 

@@ -8,6 +8,7 @@
 use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::maintenance::Maintenance;
+use crate::notify;
 use crate::serial::{self, SerialSettings};
 use crate::store::{Store, StoreError, floor};
 use crate::sync::{self, SyncError, SyncSettings, decide};
@@ -79,8 +80,19 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         Some(sync.outbox_notify()),
     );
 
+    // Serving doors now: systemd may consider the hub started.
+    if let Err(e) = notify::ready() {
+        tracing::warn!(error = %e, "cannot notify systemd that the hub is ready");
+    }
+    let watchdog =
+        notify::watchdog_interval().map(|every| tokio::spawn(watchdog(store.clone(), every)));
+
     shutdown.await;
     tracing::info!("lockhub stopping");
+    let _ = notify::stopping();
+    if let Some(w) = watchdog {
+        w.abort();
+    }
     // Doors first: no decision is taken while the cloud link closes.
     serial.shutdown().await;
     let _ = stop_tx.send(true);
@@ -89,4 +101,29 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     store.close();
     tracing::info!("lockhub stopped");
     Ok(())
+}
+
+/// Pets systemd's watchdog only while the writer thread answers: a wedged
+/// writer (no door can be audited, so none can open) becomes a restart
+/// rather than a silent hub.
+async fn watchdog(store: Store, every: std::time::Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let alive =
+            tokio::time::timeout(every, store.write(crate::store::Priority::Bulk, |_| Ok(())))
+                .await;
+        match alive {
+            Ok(Ok(())) => {
+                let _ = notify::watchdog();
+            }
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "the store's writer failed; withholding the watchdog")
+            }
+            Err(_) => tracing::error!(
+                "the store's writer did not answer in time; withholding the watchdog"
+            ),
+        }
+    }
 }

@@ -20,6 +20,10 @@
 //! | [`clock`] | the effective time: system clock, durable floor, monotonic time; trust (pure) |
 //! | [`store`] | the SQLite mirror: migrations, the writer thread, reads |
 //! | [`serial`] | the lock boards: one task per port, keypad -> decision -> Unlock/Deny, door sensors, liveness |
+//! | [`provision`] | `lockhub provision`: writes hub.toml + secrets.toml safely, fresh keys |
+//! | [`status`] | `lockhub status`: a read-only snapshot of the database for operators |
+//! | [`notify`] | systemd `sd_notify` (READY, WATCHDOG, STOPPING) without libsystemd |
+//! | [`logging`] | the tracing subscriber: text or JSON on stderr, the filter |
 //! | [`sync`] | MQTT: the event loop, verify→apply ingest with in-order acks, the outbox publisher, sync requests |
 //! | [`maintenance`] | housekeeping: clock trust, time floor, expiry sweep, retention, signer expiry |
 //! | [`daemon`] | `run(config, shutdown)`: wires the store, sync and the serial ports together |
@@ -35,9 +39,13 @@ pub mod daemon;
 pub mod door;
 pub mod event;
 pub mod lifecycle;
+pub mod logging;
 pub mod maintenance;
+pub mod notify;
+pub mod provision;
 pub mod serial;
 pub mod sim;
+pub mod status;
 pub mod store;
 pub mod sync;
 pub mod time;

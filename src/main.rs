@@ -2,13 +2,19 @@
 //! parses its arguments, calls one library function, and maps errors to exit
 //! codes (2 for a configuration problem, 1 for anything else).
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
 #[command(name = "lockhub", version, about = "Offline-first door access hub")]
 struct Cli {
+    /// Log line format on stderr: `text` for people, `json` for collectors.
+    #[arg(long, global = true, value_enum, default_value_t = lockhub::logging::LogFormat::Text)]
+    log_format: lockhub::logging::LogFormat,
+    /// Log filter (`info`, `lockhub=debug,rumqttc=warn`, ...); overrides RUST_LOG.
+    #[arg(long, global = true)]
+    log_level: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -25,6 +31,17 @@ enum Command {
         /// Path to hub.toml.
         #[arg(long)]
         config: PathBuf,
+    },
+    /// Write hub.toml and secrets.toml for a new hub; print its public key.
+    Provision(Box<ProvisionArgs>),
+    /// Show the hub's state (keys, sync, outbox, alerts, links, clock); read-only.
+    Status {
+        /// Path to hub.toml.
+        #[arg(long, default_value = "/etc/lockhub/hub.toml")]
+        config: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
     },
     /// Run the daemon until SIGTERM or SIGINT.
     Run {
@@ -64,8 +81,64 @@ fn parse_door_name(s: &str) -> Result<(String, u8), String> {
     Ok((name.to_owned(), index))
 }
 
-/// `lockhub run`: logs to stderr; a config problem is exit 2, anything
-/// else that stops the daemon exit 1.
+#[derive(Args)]
+struct ProvisionArgs {
+    /// A provisioning bundle (JSON) from the cloud; `-` reads stdin.
+    #[arg(long, conflicts_with_all = ["site_id", "hub_id", "mqtt_url", "trust", "ca_file", "cert_file", "username"])]
+    bundle: Option<PathBuf>,
+    /// Site (tenant) UUID.
+    #[arg(long, required_unless_present = "bundle")]
+    site_id: Option<String>,
+    /// Hub id: 1..=64 of [A-Za-z0-9._-].
+    #[arg(long, required_unless_present = "bundle")]
+    hub_id: Option<String>,
+    /// Broker URL: mqtt://host[:port] or mqtts://host[:port].
+    #[arg(long, required_unless_present = "bundle")]
+    mqtt_url: Option<String>,
+    /// mqtts: the CA that signed the broker's certificate (PEM).
+    #[arg(long)]
+    ca_file: Option<PathBuf>,
+    /// mqtts: this hub's client certificate and its key (PEM).
+    #[arg(long, requires = "key_file")]
+    cert_file: Option<PathBuf>,
+    /// mqtts: the key of --cert-file (PEM; keep it 0600).
+    #[arg(long, requires = "cert_file")]
+    key_file: Option<PathBuf>,
+    /// Broker user name; the password is read from --password-file.
+    #[arg(long)]
+    username: Option<String>,
+    /// A file holding the broker password (never the password itself).
+    #[arg(long)]
+    password_file: Option<PathBuf>,
+    /// A trusted cloud signer: ID=PUBLIC_KEY[,NOT_AFTER] (repeat for several).
+    #[arg(long, value_name = "ID=KEY[,NOT_AFTER]")]
+    trust: Vec<lockhub::provision::TrustSpec>,
+    /// A PIN key: ID (generated) or ID=@FILE (base64url secret read from FILE).
+    #[arg(long, value_name = "ID[=@FILE]")]
+    pin_key: Vec<String>,
+    /// Use this hub key (file with the base64url seed) instead of a fresh one.
+    #[arg(long)]
+    hub_key_file: Option<PathBuf>,
+    /// Where to write hub.toml.
+    #[arg(long, default_value = "/etc/lockhub/hub.toml")]
+    config: PathBuf,
+    /// Where to write the secrets file (default: secrets.toml beside the config).
+    #[arg(long)]
+    secrets: Option<PathBuf>,
+    /// The daemon's data folder.
+    #[arg(long, default_value = "/var/lib/lockhub")]
+    data_dir: PathBuf,
+    /// Owner (USER[:GROUP]) of the secrets file and a new data folder.
+    #[arg(long)]
+    owner: Option<String>,
+    /// Replace existing files.
+    #[arg(long)]
+    force: bool,
+    /// Print the result as JSON (public values only).
+    #[arg(long)]
+    json: bool,
+}
+
 /// `lockhub keys`: read-only, safe while the daemon runs.
 fn keys(path: &std::path::Path) -> ExitCode {
     let config = match lockhub::config::load(path) {
@@ -86,14 +159,10 @@ fn keys(path: &std::path::Path) -> ExitCode {
     }
 }
 
+/// `lockhub run`: logs to stderr; a config problem is exit 2, anything
+/// else that stops the daemon exit 1.
 fn run(path: &std::path::Path) -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+    // Logging is already set up by main (--log-format, --log-level; src/logging.rs).
     let config = match lockhub::config::load(path) {
         Ok(c) => c,
         Err(errors) => {
@@ -135,6 +204,10 @@ fn run(path: &std::path::Path) -> ExitCode {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Err(e) = lockhub::logging::init(cli.log_format, cli.log_level.as_deref()) {
+        eprintln!("lockhub: {e}");
+        return ExitCode::from(2);
+    }
     match cli.command {
         Command::Run { config } => run(&config),
         Command::Keys { config } => keys(&config),
@@ -182,5 +255,81 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Provision(args) => match provision(*args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("lockhub provision: {e}");
+                ExitCode::from(if e.is_input_problem() { 2 } else { 1 })
+            }
+        },
+        Command::Status { config, json } => match lockhub::status::status(&config) {
+            Ok(s) => {
+                if json {
+                    println!("{}", s.to_json());
+                } else {
+                    print!("{}", s.to_text());
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("lockhub status: {e}");
+                ExitCode::from(if e.is_config_problem() { 2 } else { 1 })
+            }
+        },
     }
+}
+
+fn provision(a: ProvisionArgs) -> Result<(), lockhub::provision::ProvisionError> {
+    use lockhub::provision::{self as p, Bundle, MqttSpec, Request};
+    let mut req = match &a.bundle {
+        Some(path) => Request::from(Bundle::read(path)?),
+        None => Request {
+            site_id: a.site_id.unwrap_or_default(),
+            hub_id: a.hub_id.unwrap_or_default(),
+            mqtt: MqttSpec {
+                url: a.mqtt_url.unwrap_or_default(),
+                ca_file: a.ca_file,
+                cert_file: a.cert_file,
+                key_file: a.key_file,
+                username: a.username,
+                password_file: a.password_file,
+                ..Default::default()
+            },
+            trust: a.trust,
+            serials: vec![],
+            doors: vec![],
+            pin_keys: vec![],
+            hub_key: None,
+        },
+    };
+    for k in &a.pin_key {
+        req.pin_keys.push(p::parse_pin_key_arg(k)?);
+    }
+    if let Some(f) = &a.hub_key_file {
+        req.hub_key = Some(p::read_secret_file(f)?);
+    }
+    let secrets = a.secrets.unwrap_or_else(|| {
+        a.config
+            .parent()
+            .unwrap_or(std::path::Path::new("."))
+            .join("secrets.toml")
+    });
+    let owner = a.owner.as_deref().map(p::Owner::resolve).transpose()?;
+    let target = p::Target {
+        config: a.config,
+        secrets,
+        data_dir: a.data_dir,
+        force: a.force,
+        owner,
+    };
+    let done = p::provision(req, &target)?;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&done).unwrap_or_default()
+        );
+    } else {
+        print!("{}", p::summary(&done));
+    }
+    Ok(())
 }

@@ -233,8 +233,9 @@ async fn a_port_that_is_missing_at_start_is_opened_once_it_appears() {
     );
     s.link = quick_link();
     let hub = start(&db, s);
-    // Absent long enough to count as offline.
+    // Absent long enough to count as offline; status shows the port absent.
     assert!(until_db_idle(&db, |db| db.raised("board_offline", "board-a")).await);
+    assert_eq!(db.link("board-a"), Some(("absent".to_owned(), None)));
     let pty = Pty::open();
     pty::point(&link, &pty.path);
     let (mut sim, _keep) = board(pty, 1);
@@ -246,5 +247,11 @@ async fn a_port_that_is_missing_at_start_is_opened_once_it_appears() {
             .unwrap()
     );
     assert!(until_db(&mut sim, &db, |db| !db.raised("board_offline", "board-a")).await);
+    // The board's Hello put its id in the links table.
+    assert!(
+        until_db(&mut sim, &db, |db| db.link("board-a")
+            == Some(("up".to_owned(), Some(1))))
+        .await
+    );
     hub.shutdown().await;
 }

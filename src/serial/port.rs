@@ -34,6 +34,7 @@ use super::record::Record;
 use super::{DoorSettings, PortShared, SerialError};
 use crate::store::alerts::Condition;
 use crate::store::audit::AuditKind;
+use crate::store::links::LinkState;
 
 /// How often the loop advances timers when the line is quiet. Well under
 /// the link's 250 ms resend period, so resends go out on time.
@@ -106,6 +107,27 @@ struct Presence {
     /// always clears.)
     offline: bool,
     last_frame: Instant,
+    /// When `links.last_frame_at` was last stamped: at most every
+    /// `FRAME_SEEN_EVERY_S`, since each write costs an fsync.
+    last_frame_recorded: Option<Instant>,
+}
+
+impl Presence {
+    /// A valid frame arrived: note it, and stamp the links table now and then.
+    fn frame(&mut self, shared: &PortShared) {
+        self.last_frame = Instant::now();
+        let every = Duration::from_secs(crate::store::links::FRAME_SEEN_EVERY_S as u64);
+        if self
+            .last_frame_recorded
+            .is_none_or(|t| t.elapsed() >= every)
+        {
+            self.last_frame_recorded = Some(self.last_frame);
+            shared.record(Record::FrameSeen {
+                serial: shared.port.name.clone(),
+                at: shared.now(),
+            });
+        }
+    }
 }
 
 /// Runs one port until `stop` says so: open, session, backoff, repeat.
@@ -115,6 +137,7 @@ pub(crate) async fn run_port(shared: Arc<PortShared>, mut stop: watch::Receiver<
     let mut presence = Presence {
         offline: false,
         last_frame: Instant::now(),
+        last_frame_recorded: None,
     };
     let mut reported_absent = false;
     loop {
@@ -142,6 +165,11 @@ pub(crate) async fn run_port(shared: Arc<PortShared>, mut stop: watch::Receiver<
                 if !reported_absent {
                     tracing::warn!(serial = %serial, error = %e, "serial port cannot be opened; retrying");
                     reported_absent = true;
+                    shared.record(Record::Link {
+                        serial: serial.clone(),
+                        state: LinkState::Absent,
+                        at: shared.now(),
+                    });
                 } else {
                     tracing::debug!(serial = %serial, error = %e, "serial port still absent");
                 }
@@ -294,7 +322,7 @@ impl Session {
         }
         for m in msgs {
             self.heard_board = true;
-            presence.last_frame = Instant::now();
+            presence.frame(&self.shared);
             if let Some(m) = self.link.on_rx(m, now) {
                 self.on_uplink(m, now);
             }
@@ -311,6 +339,12 @@ impl Session {
                 door_count,
             } => {
                 tracing::info!(serial = %self.serial(), board_id, fw_major, fw_minor, door_count, "board hello");
+                self.shared.record(Record::Hello {
+                    serial: self.serial().to_owned(),
+                    board_id,
+                    fw: (fw_major, fw_minor),
+                    at: self.shared.now(),
+                });
             }
             Uplink::Keypad { door, pin, .. } => self.on_keypad(door, pin),
             Uplink::DoorSensor { door, open, .. } => {
@@ -526,6 +560,11 @@ impl Session {
             LinkEvent::Acked(_) | LinkEvent::Failed(_) => {}
             LinkEvent::Down => {
                 tracing::warn!(serial = %self.serial(), "board offline");
+                self.shared.record(Record::Link {
+                    serial: self.serial().to_owned(),
+                    state: LinkState::Down,
+                    at,
+                });
                 if !presence.offline {
                     presence.offline = true;
                     self.shared.record(Record::RaiseAlert {
@@ -538,6 +577,11 @@ impl Session {
             LinkEvent::Up => {
                 tracing::info!(serial = %self.serial(), "board online");
                 presence.offline = false;
+                self.shared.record(Record::Link {
+                    serial: self.serial().to_owned(),
+                    state: LinkState::Up,
+                    at,
+                });
                 // Always: the alert may be left over from before a restart.
                 self.shared.record(Record::ClearAlert {
                     condition: Condition::BoardOffline,

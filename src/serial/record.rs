@@ -15,6 +15,7 @@ use tokio::sync::{Notify, mpsc};
 use crate::store::alerts::{self, Condition};
 use crate::store::audit::AuditKind;
 use crate::store::door::{record_door_event, record_unlock};
+use crate::store::links::{self, LinkState};
 use crate::store::{Priority, Store};
 use crate::time::Timestamp;
 
@@ -47,6 +48,21 @@ pub(crate) enum Record {
         subject: String,
         at: Timestamp,
     },
+    /// The port's link state for `lockhub status` (`links` table).
+    Link {
+        serial: String,
+        state: LinkState,
+        at: Timestamp,
+    },
+    /// The board's Hello: who it is; the link is up.
+    Hello {
+        serial: String,
+        board_id: u8,
+        fw: (u8, u8),
+        at: Timestamp,
+    },
+    /// A valid frame arrived (sent at most every `FRAME_SEEN_EVERY_S`).
+    FrameSeen { serial: String, at: Timestamp },
 }
 
 impl Record {
@@ -71,6 +87,14 @@ impl Record {
                 subject,
                 at,
             } => alerts::clear(conn, condition, &subject, at).map(drop),
+            Record::Link { serial, state, at } => links::set_state(conn, &serial, state, at),
+            Record::Hello {
+                serial,
+                board_id,
+                fw,
+                at,
+            } => links::hello(conn, &serial, board_id, fw.0, fw.1, at),
+            Record::FrameSeen { serial, at } => links::frame_seen(conn, &serial, at),
         }
     }
 
@@ -94,6 +118,9 @@ impl Record {
             Record::ClearAlert {
                 condition, subject, ..
             } => format!("clear {} for {subject}", condition.as_str()),
+            Record::Link { serial, state, .. } => format!("link {serial} {}", state.as_str()),
+            Record::Hello { serial, .. } => format!("board hello on {serial}"),
+            Record::FrameSeen { serial, .. } => format!("frame seen on {serial}"),
         }
     }
 }

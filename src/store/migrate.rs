@@ -11,8 +11,13 @@ use rusqlite::Connection;
 use std::path::Path;
 
 /// Every migration, in order. Append only: a released step is never edited.
-pub const MIGRATIONS: &[(&str, &str)] =
-    &[("0001_init", include_str!("../../migrations/0001_init.sql"))];
+pub const MIGRATIONS: &[(&str, &str)] = &[
+    ("0001_init", include_str!("../../migrations/0001_init.sql")),
+    (
+        "0002_link_state",
+        include_str!("../../migrations/0002_link_state.sql"),
+    ),
+];
 
 /// The schema version a database is at.
 pub fn schema_version(conn: &Connection) -> Result<i64, StoreError> {

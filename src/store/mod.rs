@@ -27,6 +27,7 @@ pub mod audit;
 pub mod door;
 pub mod floor;
 pub mod keys;
+pub mod links;
 mod migrate;
 pub mod outbox;
 pub mod sweep;
@@ -87,6 +88,8 @@ pub enum StoreError {
     Sqlite(#[from] rusqlite::Error),
     #[error("the store is closed")]
     Closed,
+    #[error("no database at {0} (has the daemon run with this config?)")]
+    NoDatabase(PathBuf),
     #[error("{0}")]
     Invalid(String),
 }
@@ -227,13 +230,11 @@ fn connect_writer(path: &Path) -> Result<Connection, StoreError> {
 /// Opens an existing database read-only, for commands that inspect a hub
 /// (`keys`, `status`) while the daemon may be running: WAL lets them read
 /// without blocking it. Refuses a missing file (rather than creating an
-/// empty mirror) and a schema this binary does not know.
+/// empty mirror) and a schema newer than this binary; an older schema is
+/// left for the caller to judge (nothing is migrated from here).
 pub fn open_read_only(path: &Path) -> Result<Connection, StoreError> {
     if !path.exists() {
-        return Err(StoreError::Invalid(format!(
-            "no database at {}: has the daemon run with this config?",
-            path.display()
-        )));
+        return Err(StoreError::NoDatabase(path.to_owned()));
     }
     let conn = connect(path, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
     conn.pragma_update(None, "query_only", true)?;
@@ -245,12 +246,6 @@ pub fn open_read_only(path: &Path) -> Result<Connection, StoreError> {
             found,
             known,
         });
-    }
-    if found < known {
-        return Err(StoreError::Invalid(format!(
-            "database {} is at schema version {found}; start the daemon once to migrate it to {known}",
-            path.display()
-        )));
     }
     Ok(conn)
 }

@@ -31,6 +31,7 @@ use rumqttc::{
     AsyncClient, ClientError, Event, EventLoop, LastWill, MqttOptions, Outgoing, Packet, Publish,
     QoS, TlsConfiguration, Transport,
 };
+use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -301,6 +302,81 @@ pub struct PollSinks {
     pub session: mpsc::Sender<LinkEvent>,
 }
 
+/// Messages the poll task has taken from the event loop but not yet handed
+/// on. The poll task must never wait on a full channel: if it did, rumqttc
+/// would stop reading the socket, PUBACKs would stop arriving, the
+/// publisher's window and rumqttc's in-flight slots would stay full, the
+/// ingest task's acks could not be queued, and ingest would stop draining
+/// the channel the poll task waits on — a deadlock. So it parks what does
+/// not fit here and hands it on as capacity frees, while it keeps polling.
+///
+/// The backlog is bounded in practice by the broker's in-flight window for
+/// this client (Mosquitto's `max_inflight_messages`); past [`MAX_PARKED`]
+/// the connection is dropped and the broker redelivers what was unacked.
+struct Parked<T> {
+    tx: mpsc::Sender<T>,
+    queue: VecDeque<T>,
+}
+
+/// Beyond this many parked messages the connection is recycled.
+const MAX_PARKED: usize = 8192;
+
+impl<T> Parked<T> {
+    fn new(tx: mpsc::Sender<T>) -> Self {
+        Parked {
+            tx,
+            queue: VecDeque::new(),
+        }
+    }
+
+    /// Hands `item` on now if there is room, otherwise parks it (behind
+    /// anything parked earlier, so order is kept). `false` when the receiver
+    /// is gone.
+    fn push(&mut self, item: T) -> bool {
+        if self.queue.is_empty() {
+            match self.tx.try_send(item) {
+                Ok(()) => return true,
+                Err(mpsc::error::TrySendError::Full(item)) => self.queue.push_back(item),
+                Err(mpsc::error::TrySendError::Closed(_)) => return false,
+            }
+        } else {
+            self.queue.push_back(item);
+        }
+        true
+    }
+
+    fn overflowing(&self) -> bool {
+        self.queue.len() > MAX_PARKED
+    }
+
+    /// Waits for room for the oldest parked item and sends it. Only polled
+    /// while something is parked.
+    async fn drain_one(&mut self) -> bool {
+        match self.tx.reserve().await {
+            Ok(permit) => {
+                if let Some(item) = self.queue.pop_front() {
+                    permit.send(item);
+                }
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+/// Whether the connection died on an incoming packet over
+/// [`MAX_INCOMING_PACKET`]. With Mosquitto's `message_size_limit` set (as
+/// it should be) this never happens; without it, one oversized publish on
+/// the events topic would otherwise wedge the hub in a reconnect loop.
+fn poisoned_session(e: &rumqttc::ConnectionError) -> bool {
+    matches!(
+        e,
+        rumqttc::ConnectionError::MqttState(rumqttc::StateError::Deserialization(
+            rumqttc::mqttbytes::Error::PayloadSizeLimitExceeded(_)
+        ))
+    )
+}
+
 /// Polls the event loop until `stop` turns true and the connection is
 /// closed (cleanly by the publisher, or lost). Only forwards; never awaits
 /// the client. `reconnect` drops the current connection on purpose (the
@@ -318,22 +394,62 @@ pub async fn poll_loop(
         Event(Result<Event, rumqttc::ConnectionError>),
         Kick,
         Stop,
+        /// A parked message was handed on (or its receiver is gone).
+        Drained(bool),
     }
+    let PollSinks {
+        inbound,
+        link,
+        session,
+    } = sinks;
+    let mut inbound = Parked::new(inbound);
+    let mut link = Parked::new(link);
+    let mut session = Parked::new(session);
     let mut backoff = ReconnectBackoff::default();
     let mut epoch = 0u64;
     let mut up = false;
+    // A message bigger than MAX_INCOMING_PACKET stays at the head of our
+    // persistent session: rumqttc cannot read (or ack) it, so every
+    // reconnect gets it again and the hub would never see another event.
+    // When that happens we drop the session once (see `poisoned_session`).
+    let mut drop_session = false;
     loop {
         let step = tokio::select! {
             biased;
             _ = stop.wait_for(|s| *s), if !up => Step::Stop,
             _ = reconnect.notified(), if up => Step::Kick,
+            ok = inbound.drain_one(), if !inbound.queue.is_empty() => Step::Drained(ok),
+            ok = link.drain_one(), if !link.queue.is_empty() => Step::Drained(ok),
+            ok = session.drain_one(), if !session.queue.is_empty() => Step::Drained(ok),
             ev = eventloop.poll() => Step::Event(ev),
         };
         let failure = match step {
             Step::Stop => break,
+            Step::Drained(true) => continue,
+            Step::Drained(false) => break,
+            Step::Event(Ok(_)) if inbound.overflowing() || link.overflowing() => {
+                "too many messages waiting for the hub's own tasks".to_owned()
+            }
             Step::Kick => "reconnecting to get unacked events redelivered".to_owned(),
             Step::Event(Ok(ev)) => {
                 match ev {
+                    Event::Incoming(Packet::ConnAck(_)) if drop_session => {
+                        // This clean connection has discarded the broker's
+                        // session and the oversized message with it. Go back
+                        // to a persistent session at once, without
+                        // subscribing here: the next CONNACK says the session
+                        // is new, and the sync planner asks the cloud for
+                        // everything from W+1 (`fresh_session`), which covers
+                        // whatever the discarded session still held.
+                        drop_session = false;
+                        eventloop.mqtt_options.set_clean_session(false);
+                        tracing::warn!("discarded the broker session holding an oversized message");
+                        gate.lost(|| {
+                            eventloop.clean();
+                            eventloop.pending.clear();
+                        });
+                        continue;
+                    }
                     Event::Incoming(Packet::ConnAck(ack)) => {
                         epoch = gate.connected();
                         up = true;
@@ -350,12 +466,13 @@ pub async fn poll_loop(
                             epoch,
                             session_present: ack.session_present,
                         };
-                        let _ = sinks.link.send(ev).await;
-                        let _ = sinks.session.send(ev).await;
+                        link.push(ev);
+                        session.push(ev);
                     }
                     Event::Incoming(Packet::Publish(publish)) => {
-                        let sent = sinks.inbound.send(Inbound { epoch, publish }).await;
-                        if sent.is_err() {
+                        // `false`: the ingest task is gone; so is the daemon.
+                        let handed_on = inbound.push(Inbound { epoch, publish });
+                        if !handed_on {
                             break;
                         }
                     }
@@ -364,13 +481,13 @@ pub async fn poll_loop(
                             epoch,
                             pkid: ack.pkid,
                         };
-                        let _ = sinks.link.send(ev).await;
+                        link.push(ev);
                     }
                     Event::Incoming(Packet::SubAck(ack)) => {
                         tracing::debug!(codes = ?ack.return_codes, "subscribed");
                     }
                     Event::Outgoing(Outgoing::Publish(pkid)) => {
-                        let _ = sinks.link.send(LinkEvent::Sent { epoch, pkid }).await;
+                        link.push(LinkEvent::Sent { epoch, pkid });
                     }
                     Event::Outgoing(Outgoing::Disconnect) => {
                         // Our own clean disconnect (shutdown): stop here, so
@@ -382,7 +499,13 @@ pub async fn poll_loop(
                 }
                 continue;
             }
-            Step::Event(Err(e)) => e.to_string(),
+            Step::Event(Err(e)) => {
+                if poisoned_session(&e) {
+                    drop_session = true;
+                    eventloop.mqtt_options.set_clean_session(true);
+                }
+                e.to_string()
+            }
         };
         let was_up = up;
         up = false;
@@ -392,8 +515,8 @@ pub async fn poll_loop(
         });
         if was_up {
             tracing::warn!(epoch, error = %failure, "mqtt connection lost");
-            let _ = sinks.link.send(LinkEvent::Lost { epoch }).await;
-            let _ = sinks.session.send(LinkEvent::Lost { epoch }).await;
+            link.push(LinkEvent::Lost { epoch });
+            session.push(LinkEvent::Lost { epoch });
         } else {
             tracing::debug!(error = %failure, "mqtt connect failed");
         }
@@ -411,5 +534,9 @@ pub async fn poll_loop(
             eventloop.pending.clear();
         });
     }
-    let _ = sinks.link.send(LinkEvent::Closed).await;
+    // The end is told after everything parked: nothing is lost on the way out.
+    while !link.queue.is_empty() && link.drain_one().await {}
+    let _ = link.tx.send(LinkEvent::Closed).await;
+    while !session.queue.is_empty() && session.drain_one().await {}
+    while !inbound.queue.is_empty() && inbound.drain_one().await {}
 }

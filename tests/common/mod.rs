@@ -2,6 +2,7 @@
 //! written into a temporary folder with the secrets file at mode 0600.
 #![allow(dead_code)]
 
+pub mod daemon;
 pub mod db;
 pub mod mosquitto;
 

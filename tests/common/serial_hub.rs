@@ -88,6 +88,17 @@ impl Db {
     }
 
     /// Whether (condition, subject) is raised.
+    /// The `links` row of a port: (state, board_id), as `lockhub status` reads it.
+    pub fn link(&self, serial: &str) -> Option<(String, Option<i64>)> {
+        self.reader()
+            .query_row(
+                "SELECT state, board_id FROM links WHERE serial = ?1",
+                [serial],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .ok()
+    }
+
     pub fn raised(&self, condition: &str, subject: &str) -> bool {
         self.reader()
             .query_row(

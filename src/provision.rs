@@ -1,0 +1,961 @@
+//! `lockhub provision`: writes a hub's `hub.toml` and `secrets.toml`
+//! (config.md) from command-line values or from a provisioning bundle.
+//!
+//! ## Why it is shaped like this
+//! - **No window for the secrets.** The secrets file is created with mode
+//!   0600 by `open(2)` itself (never chmod-ed after), in a temporary name in
+//!   its own folder, chowned to the daemon's user before a byte is written,
+//!   and only then linked into place. A crash leaves the old file or none,
+//!   never a half-written or world-readable one.
+//! - **Never clobber by accident.** Without `--force` both files are checked
+//!   first and the final link uses `link(2)`, which refuses an existing name
+//!   atomically; with `--force` they are replaced by `rename(2)`.
+//! - **Fresh keys.** The hub's Ed25519 key is generated here from the OS RNG
+//!   unless the installer supplies one in a file, and PIN keys that the bundle
+//!   or the installer do not supply are generated too. Secrets are never taken
+//!   from the command line (other users can read `/proc/*/cmdline`), never
+//!   printed, and never logged; what is printed is the hub's *public* key, for
+//!   registration with the cloud.
+//! - **Valid by construction.** Every value is checked before anything is
+//!   written, with the same rules as `check-config`, so a provisioned hub
+//!   passes `check-config` (the round trip is tested).
+//!
+//! ## Provisioning bundle (JSON, version 1)
+//! What a cloud hands an installer for one hub. Unknown fields are refused so
+//! a typo is not silently dropped.
+//! ```json
+//! {
+//!   "v": 1,
+//!   "site_id": "6f1c1c0e-8a51-4d39-9d2e-6a3c5a7d9e10",
+//!   "hub_id": "hub-lobby-1",
+//!   "mqtt": {"url": "mqtts://broker.example.net:8883",
+//!            "client_id": null, "topic_prefix": null,
+//!            "ca_file": "/etc/lockhub/ca.pem", "cert_file": null, "key_file": null,
+//!            "username": null, "password_file": null},
+//!   "trust": [{"id": "cloud-2026-11", "public_key": "B64U", "not_after": "2027-06-01T00:00:00Z"}],
+//!   "serials": [{"name": "board-a", "port": "/dev/ttyAMA0", "baud": 115200}],
+//!   "doors": [{"name": "101", "serial": "board-a", "index": 0, "unlock_ms": 5000}],
+//!   "pin_keys": [{"id": "k1", "secret": "B64U of 32 bytes"}]
+//! }
+//! ```
+//! `mqtt` fields other than `url`, each `not_after`, `serials`, `doors` and
+//! `pin_keys` are optional. A bundle with `pin_keys` holds secrets: treat it
+//! like the secrets file (delete it after provisioning).
+
+use crate::config::{is_id, parse_mqtt_url};
+use crate::crypto::{b64u_decode_32, b64u_encode, parse_public_key};
+use crate::time::Timestamp;
+use ed25519_dalek::SigningKey;
+use rand::TryRng;
+use serde::{Deserialize, Serialize};
+use std::fs::{DirBuilder, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use uuid::Uuid;
+
+/// Mode of `hub.toml`: it holds no secret, and operators read it.
+pub const CONFIG_MODE: u32 = 0o644;
+/// Mode of `secrets.toml`: `check-config` refuses anything looser.
+pub const SECRETS_MODE: u32 = 0o600;
+/// Mode of a config folder this command creates (`/etc/lockhub`).
+pub const CONFIG_DIR_MODE: u32 = 0o755;
+/// Mode of a secrets or data folder this command creates.
+pub const PRIVATE_DIR_MODE: u32 = 0o700;
+/// The serial speed when none is given (serial.md).
+pub const DEFAULT_BAUD: u32 = 115_200;
+/// The relay time when none is given (config.md example).
+pub const DEFAULT_UNLOCK_MS: u16 = 5000;
+/// The PIN key id generated when none is named.
+pub const DEFAULT_PIN_KEY_ID: &str = "k1";
+
+/// The provisioning boundary's errors. None of them carries a secret.
+#[derive(Debug, thiserror::Error)]
+pub enum ProvisionError {
+    #[error("invalid value: {0}")]
+    Invalid(String),
+    #[error("cannot read the bundle {path}: {source}")]
+    BundleRead {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("bundle {path}: {message}")]
+    Bundle { path: PathBuf, message: String },
+    #[error("{path} already exists; pass --force to replace it")]
+    Exists { path: PathBuf },
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("unknown user {0:?} (not in /etc/passwd)")]
+    UnknownUser(String),
+    #[error("nothing written: check-config would refuse this config:\n{0}")]
+    Check(String),
+    #[error("the operating system's random number generator failed: {0}")]
+    Random(String),
+}
+
+impl ProvisionError {
+    /// Whether the installer's input is at fault (exit 2) rather than the
+    /// machine (exit 1).
+    pub fn is_input_problem(&self) -> bool {
+        matches!(
+            self,
+            ProvisionError::Invalid(_)
+                | ProvisionError::Bundle { .. }
+                | ProvisionError::Exists { .. }
+                | ProvisionError::UnknownUser(_)
+                | ProvisionError::Check(_)
+        )
+    }
+}
+
+/// The bundle's `mqtt` object (and the values the command line gives).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MqttSpec {
+    pub url: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic_prefix: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<PathBuf>,
+}
+
+/// A trusted cloud signer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrustSpec {
+    pub id: String,
+    pub public_key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_after: Option<String>,
+}
+
+impl std::str::FromStr for TrustSpec {
+    type Err = String;
+    /// `ID=PUBLIC_KEY[,NOT_AFTER]`, the `--trust` syntax.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (id, rest) = s
+            .split_once('=')
+            .ok_or_else(|| format!("{s:?}: expected ID=PUBLIC_KEY[,NOT_AFTER]"))?;
+        let (key, not_after) = match rest.split_once(',') {
+            Some((k, n)) => (k, Some(n.trim().to_owned())),
+            None => (rest, None),
+        };
+        Ok(TrustSpec {
+            id: id.trim().to_owned(),
+            public_key: key.trim().to_owned(),
+            not_after,
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SerialSpec {
+    pub name: String,
+    pub port: PathBuf,
+    #[serde(default = "default_baud")]
+    pub baud: u32,
+}
+
+fn default_baud() -> u32 {
+    DEFAULT_BAUD
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DoorSpec {
+    pub name: String,
+    pub serial: String,
+    pub index: u8,
+    #[serde(default = "default_unlock_ms")]
+    pub unlock_ms: u16,
+}
+
+fn default_unlock_ms() -> u16 {
+    DEFAULT_UNLOCK_MS
+}
+
+/// A PIN key in a bundle. Debug never shows the secret.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PinKeySpec {
+    pub id: String,
+    pub secret: String,
+}
+
+impl std::fmt::Debug for PinKeySpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PinKeySpec")
+            .field("id", &self.id)
+            .field("secret", &"<redacted>")
+            .finish()
+    }
+}
+
+/// A provisioning bundle (see the module docs for the schema).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Bundle {
+    pub v: u32,
+    pub site_id: String,
+    pub hub_id: String,
+    pub mqtt: MqttSpec,
+    pub trust: Vec<TrustSpec>,
+    #[serde(default)]
+    pub serials: Vec<SerialSpec>,
+    #[serde(default)]
+    pub doors: Vec<DoorSpec>,
+    #[serde(default)]
+    pub pin_keys: Vec<PinKeySpec>,
+}
+
+/// The only bundle version this lockhub understands.
+pub const BUNDLE_VERSION: u32 = 1;
+
+impl Bundle {
+    /// Reads a bundle file; `-` reads standard input.
+    pub fn read(path: &Path) -> Result<Bundle, ProvisionError> {
+        let text = if path == Path::new("-") {
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).map(|_| s)
+        } else {
+            std::fs::read_to_string(path)
+        }
+        .map_err(|source| ProvisionError::BundleRead {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text).map_err(|message| ProvisionError::Bundle {
+            path: path.to_owned(),
+            message,
+        })
+    }
+
+    /// Parses bundle JSON. The error names the line and column, never a value.
+    pub fn parse(text: &str) -> Result<Bundle, String> {
+        let b: Bundle = serde_json::from_str(text)
+            .map_err(|e| format!("{e} (line {}, column {})", e.line(), e.column()))?;
+        if b.v != BUNDLE_VERSION {
+            return Err(format!(
+                "bundle version {} is not supported (this lockhub reads version {BUNDLE_VERSION})",
+                b.v
+            ));
+        }
+        Ok(b)
+    }
+}
+
+/// Where a PIN key's secret comes from.
+#[derive(Clone, PartialEq, Eq)]
+pub enum PinKeySource {
+    Generate,
+    /// Base64url of 32 bytes, as read from a bundle or a file.
+    Given(String),
+}
+
+/// Everything `provision` needs, from a bundle or from flags.
+#[derive(Clone)]
+pub struct Request {
+    pub site_id: String,
+    pub hub_id: String,
+    pub mqtt: MqttSpec,
+    pub trust: Vec<TrustSpec>,
+    pub serials: Vec<SerialSpec>,
+    pub doors: Vec<DoorSpec>,
+    pub pin_keys: Vec<(String, PinKeySource)>,
+    /// Base64url of the hub key's 32-byte seed; generated when `None`.
+    pub hub_key: Option<String>,
+}
+
+impl From<Bundle> for Request {
+    fn from(b: Bundle) -> Self {
+        Request {
+            site_id: b.site_id,
+            hub_id: b.hub_id,
+            mqtt: b.mqtt,
+            trust: b.trust,
+            serials: b.serials,
+            doors: b.doors,
+            pin_keys: b
+                .pin_keys
+                .into_iter()
+                .map(|k| (k.id, PinKeySource::Given(k.secret)))
+                .collect(),
+            hub_key: None,
+        }
+    }
+}
+
+/// Where the files go and who owns them.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// `hub.toml`.
+    pub config: PathBuf,
+    /// `secrets.toml`; named in `hub.toml` as `[secrets] file`.
+    pub secrets: PathBuf,
+    /// `[hub] data_dir`; created (0700) when missing.
+    pub data_dir: PathBuf,
+    /// Replace existing files.
+    pub force: bool,
+    /// The daemon's user: owns the secrets file and the data folder, so a
+    /// daemon that runs as `lockhub` can read the one and write the other.
+    pub owner: Option<Owner>,
+}
+
+/// A numeric owner (uid, gid).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Owner {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl Owner {
+    /// Resolves `USER`, `USER:GROUP`, or numeric `UID[:GID]` through
+    /// `/etc/passwd` and `/etc/group`. Reading the files directly keeps the
+    /// binary free of libc's NSS (and static-friendly); the daemon's user is
+    /// a local system user (sysusers.d), which is always there.
+    pub fn resolve(spec: &str) -> Result<Owner, ProvisionError> {
+        let (user, group) = match spec.split_once(':') {
+            Some((u, g)) => (u, Some(g)),
+            None => (spec, None),
+        };
+        let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+        let (uid, primary_gid) = match user.parse::<u32>() {
+            Ok(uid) => (uid, uid),
+            Err(_) => passwd
+                .lines()
+                .map(|l| l.split(':').collect::<Vec<_>>())
+                .find(|f| f.len() >= 4 && f[0] == user)
+                .and_then(|f| Some((f[2].parse().ok()?, f[3].parse().ok()?)))
+                .ok_or_else(|| ProvisionError::UnknownUser(user.to_owned()))?,
+        };
+        let gid = match group {
+            None => primary_gid,
+            Some(g) => match g.parse::<u32>() {
+                Ok(gid) => gid,
+                Err(_) => std::fs::read_to_string("/etc/group")
+                    .unwrap_or_default()
+                    .lines()
+                    .map(|l| l.split(':').collect::<Vec<_>>())
+                    .find(|f| f.len() >= 3 && f[0] == g)
+                    .and_then(|f| f[2].parse().ok())
+                    .ok_or_else(|| ProvisionError::UnknownUser(g.to_owned()))?,
+            },
+        };
+        Ok(Owner { uid, gid })
+    }
+}
+
+/// What was written: everything here is safe to print.
+#[derive(Debug, Clone, Serialize)]
+pub struct Provisioned {
+    pub site_id: String,
+    pub hub_id: String,
+    /// Base64url of the hub's Ed25519 public key: register it with the cloud.
+    pub hub_public_key: String,
+    pub hub_key_generated: bool,
+    pub config: PathBuf,
+    pub secrets: PathBuf,
+    pub data_dir: PathBuf,
+    pub pin_key_ids: Vec<String>,
+    /// The PIN keys generated here (the cloud must learn them out of band).
+    pub pin_keys_generated: Vec<String>,
+}
+
+/// 32 bytes from the OS RNG (getrandom), never a userspace PRNG: these are
+/// long-lived keys, and a failure is an error, not a panic.
+fn random32() -> Result<[u8; 32], ProvisionError> {
+    let mut b = [0u8; 32];
+    rand::rngs::SysRng
+        .try_fill_bytes(&mut b)
+        .map_err(|e| ProvisionError::Random(e.to_string()))?;
+    Ok(b)
+}
+
+fn invalid(msg: impl Into<String>) -> ProvisionError {
+    ProvisionError::Invalid(msg.into())
+}
+
+fn absolute(p: &Path) -> Result<PathBuf, ProvisionError> {
+    std::path::absolute(p).map_err(|source| ProvisionError::Write {
+        path: p.to_owned(),
+        source,
+    })
+}
+
+// ---- the files as written -------------------------------------------------
+
+#[derive(Serialize)]
+struct HubToml<'a> {
+    hub: HubSection<'a>,
+    mqtt: &'a MqttSpec,
+    trust: TrustSection<'a>,
+    secrets: SecretsSection<'a>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    serial: &'a [SerialSpec],
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    door: &'a [DoorSpec],
+}
+
+#[derive(Serialize)]
+struct HubSection<'a> {
+    site_id: String,
+    hub_id: &'a str,
+    data_dir: &'a Path,
+}
+
+#[derive(Serialize)]
+struct TrustSection<'a> {
+    signer: &'a [TrustSpec],
+}
+
+#[derive(Serialize)]
+struct SecretsSection<'a> {
+    file: &'a Path,
+}
+
+#[derive(Serialize)]
+struct SecretsToml {
+    hub_key: SecretEntry,
+    pin_key: Vec<PinKeyEntry>,
+}
+
+#[derive(Serialize)]
+struct SecretEntry {
+    secret: String,
+}
+
+#[derive(Serialize)]
+struct PinKeyEntry {
+    id: String,
+    secret: String,
+}
+
+/// A PIN key about to be written: id, secret, generated here.
+type NewPinKey = (String, [u8; 32], bool);
+
+/// Checks a request against config.md's rules and normalises it (lowercase
+/// site id, trimmed values). Returns the hub key seed and the PIN keys.
+fn validate(req: &mut Request) -> Result<([u8; 32], Vec<NewPinKey>), ProvisionError> {
+    let site = Uuid::parse_str(req.site_id.trim())
+        .map_err(|_| invalid(format!("site id {:?} is not a UUID", req.site_id)))?;
+    req.site_id = site.hyphenated().to_string();
+    if !is_id(&req.hub_id) {
+        return Err(invalid(format!(
+            "hub id {:?} must be 1..=64 of [A-Za-z0-9._-]",
+            req.hub_id
+        )));
+    }
+    let url = req.mqtt.url.trim().to_owned();
+    parse_mqtt_url(&url).map_err(|e| invalid(format!("MQTT URL {url:?}: {e}")))?;
+    req.mqtt.url = url;
+    if let Some(id) = &req.mqtt.client_id
+        && id.is_empty()
+    {
+        return Err(invalid("mqtt client_id is empty"));
+    }
+
+    if req.trust.is_empty() {
+        return Err(invalid(
+            "at least one trusted signer is needed (--trust ID=PUBLIC_KEY[,NOT_AFTER])",
+        ));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for t in &req.trust {
+        if !is_id(&t.id) {
+            return Err(invalid(format!(
+                "signer id {:?} must be 1..=64 of [A-Za-z0-9._-]",
+                t.id
+            )));
+        }
+        if !seen.insert(t.id.clone()) {
+            return Err(invalid(format!("signer {:?} is listed twice", t.id)));
+        }
+        parse_public_key(&t.public_key)
+            .map_err(|e| invalid(format!("signer {:?}: public key is {e}", t.id)))?;
+        if let Some(n) = &t.not_after {
+            Timestamp::parse_rfc3339(n).map_err(|_| {
+                invalid(format!(
+                    "signer {:?}: not_after {n:?} is not RFC 3339",
+                    t.id
+                ))
+            })?;
+        }
+    }
+
+    let mut names = std::collections::HashSet::new();
+    for s in &req.serials {
+        if !is_id(&s.name) || !names.insert(s.name.as_str()) {
+            return Err(invalid(format!(
+                "serial name {:?} is invalid or repeated",
+                s.name
+            )));
+        }
+        if s.baud == 0 {
+            return Err(invalid(format!(
+                "serial {:?}: baud must be positive",
+                s.name
+            )));
+        }
+    }
+    let mut doors = std::collections::HashSet::new();
+    let mut slots = std::collections::HashSet::new();
+    for d in &req.doors {
+        if !is_id(&d.name) || !doors.insert(d.name.as_str()) {
+            return Err(invalid(format!(
+                "door name {:?} is invalid or repeated",
+                d.name
+            )));
+        }
+        if !names.contains(d.serial.as_str()) {
+            return Err(invalid(format!(
+                "door {:?}: unknown serial {:?}",
+                d.name, d.serial
+            )));
+        }
+        if d.index > 15 {
+            return Err(invalid(format!(
+                "door {:?}: index {} is outside 0..=15",
+                d.name, d.index
+            )));
+        }
+        if !slots.insert((d.serial.as_str(), d.index)) {
+            return Err(invalid(format!(
+                "door {:?}: serial {:?} index {} is already used",
+                d.name, d.serial, d.index
+            )));
+        }
+        if d.unlock_ms == 0 {
+            return Err(invalid(format!(
+                "door {:?}: unlock_ms must be 1..=65535",
+                d.name
+            )));
+        }
+    }
+
+    let hub_seed = match &req.hub_key {
+        Some(b) => b64u_decode_32(b.trim())
+            .ok_or_else(|| invalid("the supplied hub key is not base64url of 32 bytes"))?,
+        None => random32()?,
+    };
+    if req.pin_keys.is_empty() {
+        req.pin_keys
+            .push((DEFAULT_PIN_KEY_ID.to_owned(), PinKeySource::Generate));
+    }
+    let mut ids = std::collections::HashSet::new();
+    let mut pins = Vec::new();
+    for (id, source) in &req.pin_keys {
+        if !is_id(id) || !ids.insert(id.clone()) {
+            return Err(invalid(format!("PIN key id {id:?} is invalid or repeated")));
+        }
+        let (secret, generated) = match source {
+            PinKeySource::Generate => (random32()?, true),
+            PinKeySource::Given(s) => (
+                b64u_decode_32(s.trim()).ok_or_else(|| {
+                    invalid(format!(
+                        "PIN key {id:?}: secret is not base64url of 32 bytes"
+                    ))
+                })?,
+                false,
+            ),
+        };
+        pins.push((id.clone(), secret, generated));
+    }
+    Ok((hub_seed, pins))
+}
+
+/// Writes `hub.toml` and `secrets.toml` for `req` at `target`.
+pub fn provision(mut req: Request, target: &Target) -> Result<Provisioned, ProvisionError> {
+    let (hub_seed, pins) = validate(&mut req)?;
+    let config = absolute(&target.config)?;
+    let secrets = absolute(&target.secrets)?;
+    let data_dir = absolute(&target.data_dir)?;
+    if config == secrets {
+        return Err(invalid(
+            "the config and the secrets file must be different files",
+        ));
+    }
+    if !target.force {
+        for p in [&config, &secrets] {
+            if p.symlink_metadata().is_ok() {
+                return Err(ProvisionError::Exists { path: p.clone() });
+            }
+        }
+    }
+
+    let hub_key = SigningKey::from_bytes(&hub_seed);
+    let hub_public_key = b64u_encode(hub_key.verifying_key().as_bytes());
+
+    let render_config = |secrets_file: &Path| -> Result<String, ProvisionError> {
+        let hub_toml = HubToml {
+            hub: HubSection {
+                site_id: req.site_id.clone(),
+                hub_id: &req.hub_id,
+                data_dir: &data_dir,
+            },
+            mqtt: &req.mqtt,
+            trust: TrustSection { signer: &req.trust },
+            secrets: SecretsSection { file: secrets_file },
+            serial: &req.serials,
+            door: &req.doors,
+        };
+        Ok(format!(
+            "# lockhub hub config (config.md), written by `lockhub provision`.\n\
+             # Hub public key (registered with the cloud): {hub_public_key}\n\n{}",
+            toml::to_string(&hub_toml).map_err(|e| invalid(e.to_string()))?
+        ))
+    };
+    let secrets_text = format!(
+        "# lockhub secrets for hub {}: keep 0600, owned by the daemon's user.\n\
+         # If this file leaks, rotate the hub key, the PIN keys and broker credentials.\n\n{}",
+        req.hub_id,
+        toml::to_string(&SecretsToml {
+            hub_key: SecretEntry {
+                secret: b64u_encode(&hub_seed),
+            },
+            pin_key: pins
+                .iter()
+                .map(|(id, s, _)| PinKeyEntry {
+                    id: id.clone(),
+                    secret: b64u_encode(s),
+                })
+                .collect(),
+        })
+        .map_err(|e| invalid(e.to_string()))?
+    );
+
+    // Folders first: the config's may be world-readable, the secrets' only
+    // when it already is.
+    make_dir(parent(&config), CONFIG_DIR_MODE, None)?;
+    make_dir(parent(&secrets), PRIVATE_DIR_MODE, None)?;
+
+    // Stage both files beside their final names, then run check-config's own
+    // loader on the staged pair: a config it would refuse (an mqtts URL
+    // without its `ca_file`, say) is reported and nothing is left behind.
+    let mut staged = Staged::default();
+    let secrets_tmp = staged.stage(
+        &secrets,
+        secrets_text.as_bytes(),
+        SECRETS_MODE,
+        target.owner,
+    )?;
+    let check_tmp = staged.stage(
+        &config,
+        render_config(&secrets_tmp)?.as_bytes(),
+        CONFIG_MODE,
+        None,
+    )?;
+    crate::config::load(&check_tmp).map_err(|e| {
+        ProvisionError::Check(
+            e.to_string()
+                .replace(&*check_tmp.to_string_lossy(), &config.to_string_lossy())
+                .replace(&*secrets_tmp.to_string_lossy(), &secrets.to_string_lossy()),
+        )
+    })?;
+    let config_tmp = staged.stage(
+        &config,
+        render_config(&secrets)?.as_bytes(),
+        CONFIG_MODE,
+        None,
+    )?;
+
+    make_dir(&data_dir, PRIVATE_DIR_MODE, target.owner)?;
+    // Secrets first: a config never names a secrets file that is not there.
+    commit(&secrets_tmp, &secrets, target.force)?;
+    commit(&config_tmp, &config, target.force)?;
+    drop(staged);
+
+    Ok(Provisioned {
+        site_id: req.site_id,
+        hub_id: req.hub_id,
+        hub_public_key,
+        hub_key_generated: req.hub_key.is_none(),
+        config,
+        secrets,
+        data_dir,
+        pin_key_ids: pins.iter().map(|(id, _, _)| id.clone()).collect(),
+        pin_keys_generated: pins
+            .iter()
+            .filter(|(_, _, g)| *g)
+            .map(|(id, _, _)| id.clone())
+            .collect(),
+    })
+}
+
+fn parent(p: &Path) -> &Path {
+    p.parent().unwrap_or(Path::new("/"))
+}
+
+/// Creates `dir` (and missing parents) with `mode`; an existing folder is
+/// left as it is, except that a newly created data folder gets its owner.
+fn make_dir(dir: &Path, mode: u32, owner: Option<Owner>) -> Result<(), ProvisionError> {
+    let err = |source| ProvisionError::Write {
+        path: dir.to_owned(),
+        source,
+    };
+    if dir.is_dir() {
+        return Ok(());
+    }
+    DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(dir)
+        .map_err(err)?;
+    // The umask may have narrowed the mode; set it exactly.
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).map_err(err)?;
+    if let Some(o) = owner {
+        std::os::unix::fs::chown(dir, Some(o.uid), Some(o.gid)).map_err(err)?;
+    }
+    Ok(())
+}
+
+/// Temporary files in the target folders; whatever is still there when
+/// this is dropped (an error on the way, or the check copy) is removed.
+#[derive(Default)]
+struct Staged(Vec<PathBuf>);
+
+impl Staged {
+    /// Writes `bytes` to a new temporary file beside `path`, created with
+    /// `mode` by `open(2)` (O_CREAT|O_EXCL: never with a looser mode, never
+    /// through an attacker's symlink), chowned before a byte is written, and
+    /// synced.
+    fn stage(
+        &mut self,
+        path: &Path,
+        bytes: &[u8],
+        mode: u32,
+        owner: Option<Owner>,
+    ) -> Result<PathBuf, ProvisionError> {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default();
+        let tmp = parent(path).join(format!(".{name}.{}.tmp", Uuid::new_v4().simple()));
+        let result = (|| {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(mode)
+                .open(&tmp)?;
+            self.0.push(tmp.clone());
+            if let Some(o) = owner {
+                std::os::unix::fs::fchown(&f, Some(o.uid), Some(o.gid))?;
+            }
+            // The umask can only narrow; set exactly `mode` (0644 for the config).
+            f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+            f.write_all(bytes)?;
+            f.sync_all()
+        })();
+        result.map_err(|source| ProvisionError::Write {
+            path: path.to_owned(),
+            source,
+        })?;
+        Ok(tmp)
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Moves a staged file into place: `link(2)` without `force` (refuses an
+/// existing name atomically), `rename(2)` with it; then syncs the folder.
+fn commit(tmp: &Path, path: &Path, force: bool) -> Result<(), ProvisionError> {
+    let result = if force {
+        std::fs::rename(tmp, path)
+    } else {
+        std::fs::hard_link(tmp, path)
+    };
+    match result {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            return Err(ProvisionError::Exists {
+                path: path.to_owned(),
+            });
+        }
+        Err(source) => {
+            return Err(ProvisionError::Write {
+                path: path.to_owned(),
+                source,
+            });
+        }
+        Ok(()) => {}
+    }
+    if let Ok(d) = std::fs::File::open(parent(path)) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// Reads a base64url secret from a file (`--hub-key-file`,
+/// `--pin-key ID=@FILE`): the first non-empty, non-comment line.
+pub fn read_secret_file(path: &Path) -> Result<String, ProvisionError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ProvisionError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    text.lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_owned)
+        .ok_or_else(|| invalid(format!("{} holds no key", path.display())))
+}
+
+/// Parses `--pin-key ID` (generate) or `--pin-key ID=@FILE` (read it).
+/// An inline secret (`ID=SECRET`) is refused: command lines are visible to
+/// every user of the machine.
+pub fn parse_pin_key_arg(arg: &str) -> Result<(String, PinKeySource), ProvisionError> {
+    match arg.split_once('=') {
+        None => Ok((arg.to_owned(), PinKeySource::Generate)),
+        Some((id, rest)) => match rest.strip_prefix('@') {
+            Some(file) => Ok((
+                id.to_owned(),
+                PinKeySource::Given(read_secret_file(Path::new(file))?),
+            )),
+            None => Err(invalid(format!(
+                "--pin-key {id}=...: give the secret as @FILE, never on the command line"
+            ))),
+        },
+    }
+}
+
+/// The human summary `provision` prints. Never a secret.
+pub fn summary(p: &Provisioned) -> String {
+    let mut s = String::new();
+    s.push_str(&format!(
+        "wrote {} (mode {:04o})\n",
+        p.config.display(),
+        CONFIG_MODE
+    ));
+    s.push_str(&format!(
+        "wrote {} (mode {:04o})\n",
+        p.secrets.display(),
+        SECRETS_MODE
+    ));
+    s.push_str(&format!("hub {} of site {}\n", p.hub_id, p.site_id));
+    s.push_str(&format!(
+        "PIN keys: {}{}\n",
+        p.pin_key_ids.join(", "),
+        if p.pin_keys_generated.is_empty() {
+            String::new()
+        } else {
+            format!(" (generated here: {})", p.pin_keys_generated.join(", "))
+        }
+    ));
+    s.push_str("Register this hub public key with the cloud:\n");
+    s.push_str(&format!("hub_public_key = {}\n", p.hub_public_key));
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: &str = "vpDAfBqmiMog0GAAR6GMchsmx2iCa19aGlMs764g2M0";
+
+    fn request() -> Request {
+        Request {
+            site_id: "6F1C1C0E-8A51-4D39-9D2E-6A3C5A7D9E10".into(),
+            hub_id: "hub-1".into(),
+            mqtt: MqttSpec {
+                url: "mqtt://127.0.0.1:1883".into(),
+                ..Default::default()
+            },
+            trust: vec![
+                "cloud-1=vpDAfBqmiMog0GAAR6GMchsmx2iCa19aGlMs764g2M0,2027-06-01T00:00:00Z"
+                    .parse()
+                    .unwrap(),
+            ],
+            serials: vec![],
+            doors: vec![],
+            pin_keys: vec![],
+            hub_key: None,
+        }
+    }
+
+    #[test]
+    fn trust_syntax_parses() {
+        let t: TrustSpec = format!("c={KEY}").parse().unwrap();
+        assert_eq!((t.id.as_str(), t.not_after), ("c", None));
+        assert!("no-equals".parse::<TrustSpec>().is_err());
+    }
+
+    #[test]
+    fn bad_values_are_refused_before_anything_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = Target {
+            config: dir.path().join("etc/hub.toml"),
+            secrets: dir.path().join("etc/secrets.toml"),
+            data_dir: dir.path().join("data"),
+            force: false,
+            owner: None,
+        };
+        let cases: &[fn(&mut Request)] = &[
+            |r| r.site_id = "nope".into(),
+            |r| r.hub_id = "has space".into(),
+            |r| r.mqtt.url = "http://x".into(),
+            |r| r.trust[0].public_key = "AAAA".into(),
+            |r| r.trust[0].not_after = Some("tomorrow".into()),
+            |r| r.trust.clear(),
+            |r| r.hub_key = Some("short".into()),
+            |r| {
+                r.doors.push(DoorSpec {
+                    name: "101".into(),
+                    serial: "nowhere".into(),
+                    index: 0,
+                    unlock_ms: 1,
+                })
+            },
+        ];
+        for (i, f) in cases.iter().enumerate() {
+            let mut r = request();
+            f(&mut r);
+            let e = provision(r, &target)
+                .err()
+                .unwrap_or_else(|| panic!("case {i}"));
+            assert!(e.is_input_problem(), "case {i}: {e}");
+        }
+        assert!(!dir.path().join("etc").exists(), "nothing written");
+    }
+
+    #[test]
+    fn inline_pin_secrets_are_refused() {
+        assert!(parse_pin_key_arg(&format!("k1={KEY}")).is_err());
+        assert!(matches!(
+            parse_pin_key_arg("k2").unwrap().1,
+            PinKeySource::Generate
+        ));
+    }
+
+    #[test]
+    fn bundle_rejects_unknown_fields_and_versions() {
+        let ok = format!(
+            r#"{{"v":1,"site_id":"6f1c1c0e-8a51-4d39-9d2e-6a3c5a7d9e10","hub_id":"h",
+                "mqtt":{{"url":"mqtt://b"}},"trust":[{{"id":"c","public_key":"{KEY}"}}]}}"#
+        );
+        assert!(Bundle::parse(&ok).is_ok());
+        assert!(Bundle::parse(&ok.replace("\"v\":1", "\"v\":2")).is_err());
+        assert!(Bundle::parse(&ok.replace("\"hub_id\"", "\"hubid\"")).is_err());
+    }
+}

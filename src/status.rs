@@ -1,0 +1,486 @@
+//! `lockhub status`: what an operator needs to know about a hub, read from
+//! its database while the daemon runs.
+//!
+//! ## Why it is shaped like this
+//! - **Read-only, alongside the daemon.** It opens its own read-only,
+//!   `query_only` connection and reads every table in one read transaction:
+//!   a consistent snapshot through WAL, which never waits for the daemon's
+//!   writer and never blocks it. It never migrates or creates anything; a
+//!   database from before migration 0002 just shows links as `unknown`.
+//! - **No secrets needed.** It reads only `[hub]` and `[[serial]]` from
+//!   `hub.toml`, deliberately not through `config::load`, which also reads
+//!   the secrets file: an operator (or a monitoring agent) may run status
+//!   without being able to read the hub's keys. The database holds no PIN or
+//!   PIN tag that status would print; it reports counts and states only.
+
+use crate::store::alerts::{AlertRow, open_alerts};
+use crate::store::links::{self, LinkRow};
+use crate::store::{MIGRATIONS, outbox, schema_version};
+use crate::time::Timestamp;
+use rusqlite::{Connection, OptionalExtension};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// The status boundary's errors.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    #[error("cannot read config {path}: {source}")]
+    ConfigRead {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config {path}: {message}")]
+    Config { path: PathBuf, message: String },
+    #[error("no database at {0} (has the daemon run yet?)")]
+    NoDatabase(PathBuf),
+    #[error("database {path}: {source}")]
+    Database {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
+    #[error("database {path}: {source}")]
+    Store {
+        path: PathBuf,
+        source: crate::store::StoreError,
+    },
+}
+
+impl StatusError {
+    /// Whether the config is at fault (exit 2) rather than the database (1).
+    pub fn is_config_problem(&self) -> bool {
+        matches!(
+            self,
+            StatusError::ConfigRead { .. } | StatusError::Config { .. }
+        )
+    }
+}
+
+/// The part of `hub.toml` status needs; everything else is ignored.
+#[derive(Deserialize)]
+struct PartialConfig {
+    hub: PartialHub,
+    #[serde(default)]
+    serial: Vec<PartialSerial>,
+}
+
+#[derive(Deserialize)]
+struct PartialHub {
+    hub_id: Option<String>,
+    data_dir: PathBuf,
+}
+
+#[derive(Deserialize)]
+struct PartialSerial {
+    name: String,
+    port: Option<PathBuf>,
+}
+
+/// What to look at: the database and the configured serial ports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub hub_id: Option<String>,
+    pub database: PathBuf,
+    /// `(name, port)` of each `[[serial]]`, in config order.
+    pub serials: Vec<(String, Option<PathBuf>)>,
+}
+
+impl Target {
+    /// Reads `[hub] data_dir`, `hub_id` and `[[serial]]` from `hub.toml`.
+    /// A relative `data_dir` resolves against the config's folder.
+    pub fn from_config(path: &Path) -> Result<Target, StatusError> {
+        let text = std::fs::read_to_string(path).map_err(|source| StatusError::ConfigRead {
+            path: path.to_owned(),
+            source,
+        })?;
+        let c: PartialConfig = toml::from_str(&text).map_err(|e| StatusError::Config {
+            path: path.to_owned(),
+            message: e.message().to_owned(),
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        Ok(Target {
+            hub_id: c.hub.hub_id,
+            database: base.join(c.hub.data_dir).join(crate::config::DATABASE_FILE),
+            serials: c.serial.into_iter().map(|s| (s.name, s.port)).collect(),
+        })
+    }
+}
+
+/// Key counts by state, plus tombstones.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct KeyCounts {
+    pub pre_issued: i64,
+    pub active: i64,
+    pub revoked: i64,
+    pub expired: i64,
+    pub tombstones: i64,
+}
+
+/// Sync progress (`seq_state`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SyncStatus {
+    /// Every seq up to here has been applied (or answered).
+    pub watermark: i64,
+    /// The highest `head_seq` a checkpoint showed.
+    pub head_seq: i64,
+    /// Seqs seen above the watermark (each gap below them is being asked for).
+    pub seen_above_watermark: i64,
+    /// The last event or fresh checkpoint from the cloud.
+    pub last_sign_of_life: Option<String>,
+    pub last_sign_of_life_age_s: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OutboxStatus {
+    pub depth: u64,
+    pub oldest_unsent: Option<String>,
+    pub oldest_unsent_age_s: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AlertStatus {
+    pub condition: String,
+    pub subject: String,
+    pub count: i64,
+    pub first_at: String,
+    pub last_at: String,
+}
+
+impl From<AlertRow> for AlertStatus {
+    fn from(a: AlertRow) -> Self {
+        AlertStatus {
+            condition: a.condition,
+            subject: a.subject,
+            count: a.count,
+            first_at: a.first_at.to_rfc3339(),
+            last_at: a.last_at.to_rfc3339(),
+        }
+    }
+}
+
+/// One serial port: config joined with the `links` row.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LinkStatus {
+    pub serial: String,
+    pub port: Option<PathBuf>,
+    /// `up`, `down`, `absent`, or `unknown` (the daemon has not reported it).
+    pub state: String,
+    pub board_id: Option<u8>,
+    /// `major.minor` from the board's Hello.
+    pub firmware: Option<String>,
+    pub since: Option<String>,
+    pub last_frame_at: Option<String>,
+    /// `false` for a row about a serial that hub.toml no longer names.
+    pub configured: bool,
+}
+
+/// The effective clock (mqtt.md 'Time').
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ClockStatus {
+    pub system: String,
+    pub floor: String,
+    /// The later of the two: what decisions use.
+    pub effective: String,
+    /// The system clock is not behind the floor and no `clock_untrusted`
+    /// alert is raised (expiry sweeps run only while trusted).
+    pub trusted: bool,
+}
+
+/// Everything `status` shows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Status {
+    pub hub_id: Option<String>,
+    pub database: PathBuf,
+    pub schema_version: i64,
+    /// The schema version this lockhub writes.
+    pub schema_known: i64,
+    pub at: String,
+    pub keys: KeyCounts,
+    pub sync: SyncStatus,
+    pub outbox: OutboxStatus,
+    pub alerts: Vec<AlertStatus>,
+    pub links: Vec<LinkStatus>,
+    pub clock: ClockStatus,
+}
+
+/// Opens the database read-only (never creating or migrating it).
+pub fn open_read_only(path: &Path) -> Result<Connection, StatusError> {
+    crate::store::open_read_only(path).map_err(|e| match e {
+        crate::store::StoreError::NoDatabase(p) => StatusError::NoDatabase(p),
+        source => StatusError::Store {
+            path: path.to_owned(),
+            source,
+        },
+    })
+}
+
+fn age_s(now: Timestamp, t: Timestamp) -> i64 {
+    (now.0 - t.0).div_euclid(Timestamp::MICROS_PER_SEC)
+}
+
+/// Reads the status of `target` at `now` (the system clock).
+pub fn gather(target: &Target, now: Timestamp) -> Result<Status, StatusError> {
+    let path = &target.database;
+    let conn = open_read_only(path)?;
+    let db = |source| StatusError::Database {
+        path: path.to_owned(),
+        source,
+    };
+    let store = |source| StatusError::Store {
+        path: path.to_owned(),
+        source,
+    };
+    // One read transaction: every number below is from the same snapshot.
+    conn.execute_batch("BEGIN DEFERRED").map_err(db)?;
+    let version = schema_version(&conn).map_err(store)?;
+
+    let mut keys = KeyCounts::default();
+    {
+        let mut stmt = conn
+            .prepare("SELECT state, count(*) FROM keys GROUP BY state")
+            .map_err(db)?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
+            .map_err(db)?;
+        for row in rows {
+            let (state, n) = row.map_err(db)?;
+            match state.as_str() {
+                "pre_issued" => keys.pre_issued = n,
+                "active" => keys.active = n,
+                "revoked" => keys.revoked = n,
+                "expired" => keys.expired = n,
+                _ => {}
+            }
+        }
+    }
+    keys.tombstones = conn
+        .query_row("SELECT count(*) FROM key_tombstones", [], |r| r.get(0))
+        .map_err(db)?;
+
+    let (watermark, head_seq, last_life): (i64, i64, Option<i64>) = conn
+        .query_row(
+            "SELECT watermark, head_seq, last_sign_of_life FROM seq_state WHERE id = 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .map_err(db)?;
+    let seen: i64 = conn
+        .query_row("SELECT count(*) FROM seq_seen", [], |r| r.get(0))
+        .map_err(db)?;
+    let last_life = last_life.map(Timestamp);
+    let sync = SyncStatus {
+        watermark,
+        head_seq,
+        seen_above_watermark: seen,
+        last_sign_of_life: last_life.map(Timestamp::to_rfc3339),
+        last_sign_of_life_age_s: last_life.map(|t| age_s(now, t)),
+    };
+
+    let oldest = outbox::oldest_unsent(&conn).map_err(store)?;
+    let outbox = OutboxStatus {
+        depth: outbox::depth(&conn).map_err(store)?,
+        oldest_unsent: oldest.map(Timestamp::to_rfc3339),
+        oldest_unsent_age_s: oldest.map(|t| age_s(now, t)),
+    };
+
+    let alerts: Vec<AlertStatus> = open_alerts(&conn)
+        .map_err(store)?
+        .into_iter()
+        .map(AlertStatus::from)
+        .collect();
+
+    let has_links: bool = conn
+        .query_row(
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'links')",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(db)?;
+    let rows: Vec<LinkRow> = if has_links {
+        links::all(&conn).map_err(store)?
+    } else {
+        Vec::new()
+    };
+    let link_status =
+        |row: Option<&LinkRow>, serial: &str, port: Option<PathBuf>, configured| LinkStatus {
+            serial: serial.to_owned(),
+            port,
+            state: row.map_or("unknown", |r| r.state.as_str()).to_owned(),
+            board_id: row.and_then(|r| r.board_id),
+            firmware: row.and_then(|r| r.fw).map(|(a, b)| format!("{a}.{b}")),
+            since: row.map(|r| r.since.to_rfc3339()),
+            last_frame_at: row.and_then(|r| r.last_frame_at).map(Timestamp::to_rfc3339),
+            configured,
+        };
+    let mut link_list: Vec<LinkStatus> = target
+        .serials
+        .iter()
+        .map(|(name, port)| {
+            let row = rows.iter().find(|r| &r.serial == name);
+            link_status(row, name, port.clone(), true)
+        })
+        .collect();
+    for row in rows
+        .iter()
+        .filter(|r| !target.serials.iter().any(|(n, _)| n == &r.serial))
+    {
+        link_list.push(link_status(Some(row), &row.serial, None, false));
+    }
+
+    let floor = Timestamp(
+        conn.query_row("SELECT floor FROM time_floor WHERE id = 1", [], |r| {
+            r.get(0)
+        })
+        .optional()
+        .map_err(db)?
+        .unwrap_or(0),
+    );
+    conn.execute_batch("COMMIT").map_err(db)?;
+
+    let untrusted_alert = alerts.iter().any(|a| a.condition == "clock_untrusted");
+    let clock = ClockStatus {
+        system: now.to_rfc3339(),
+        floor: floor.to_rfc3339(),
+        effective: now.max(floor).to_rfc3339(),
+        trusted: now >= floor && !untrusted_alert,
+    };
+
+    Ok(Status {
+        hub_id: target.hub_id.clone(),
+        database: path.clone(),
+        schema_version: version,
+        schema_known: MIGRATIONS.len() as i64,
+        at: now.to_rfc3339(),
+        keys,
+        sync,
+        outbox,
+        alerts,
+        links: link_list,
+        clock,
+    })
+}
+
+/// `lockhub status --config FILE`: the status now.
+pub fn status(config: &Path) -> Result<Status, StatusError> {
+    gather(&Target::from_config(config)?, Timestamp::now_system())
+}
+
+fn ago(age: Option<i64>) -> String {
+    match age {
+        Some(s) if s < 0 => " (in the future)".to_owned(),
+        Some(s) if s < 120 => format!(" ({s} s ago)"),
+        Some(s) if s < 7200 => format!(" ({} min ago)", s / 60),
+        Some(s) if s < 172_800 => format!(" ({} h ago)", s / 3600),
+        Some(s) => format!(" ({} days ago)", s / 86_400),
+        None => String::new(),
+    }
+}
+
+impl Status {
+    /// One JSON document (stable field names; times RFC 3339 UTC).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+
+    /// The human view.
+    pub fn to_text(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "hub      {}  (database {}, schema {}{})",
+            self.hub_id.as_deref().unwrap_or("?"),
+            self.database.display(),
+            self.schema_version,
+            if self.schema_version != self.schema_known {
+                format!(", this lockhub knows {}", self.schema_known)
+            } else {
+                String::new()
+            }
+        );
+        let k = &self.keys;
+        let _ = writeln!(
+            s,
+            "keys     active {}, pre_issued {}, revoked {}, expired {}, tombstones {}",
+            k.active, k.pre_issued, k.revoked, k.expired, k.tombstones
+        );
+        let y = &self.sync;
+        let _ = writeln!(
+            s,
+            "sync     watermark {}, cloud head {}{}, last sign of life {}{}",
+            y.watermark,
+            y.head_seq,
+            if y.seen_above_watermark > 0 {
+                format!(" ({} seen above a gap)", y.seen_above_watermark)
+            } else {
+                String::new()
+            },
+            y.last_sign_of_life.as_deref().unwrap_or("never"),
+            ago(y.last_sign_of_life_age_s)
+        );
+        let o = &self.outbox;
+        let _ = writeln!(
+            s,
+            "outbox   {} unsent{}",
+            o.depth,
+            o.oldest_unsent
+                .as_deref()
+                .map(|t| format!(", oldest {t}{}", ago(o.oldest_unsent_age_s)))
+                .unwrap_or_default()
+        );
+        let c = &self.clock;
+        let _ = writeln!(
+            s,
+            "clock    {}; system {}, floor {}",
+            if c.trusted { "trusted" } else { "UNTRUSTED" },
+            c.system,
+            c.floor
+        );
+        if self.links.is_empty() {
+            let _ = writeln!(s, "links    none configured");
+        }
+        for (i, l) in self.links.iter().enumerate() {
+            let _ = writeln!(
+                s,
+                "{}{} {}{}{}{}{}{}",
+                if i == 0 { "links    " } else { "         " },
+                l.serial,
+                l.state,
+                l.port
+                    .as_ref()
+                    .map(|p| format!(" on {}", p.display()))
+                    .unwrap_or_default(),
+                l.board_id
+                    .map(|b| format!(", board {b}"))
+                    .unwrap_or_default(),
+                l.firmware
+                    .as_deref()
+                    .map(|f| format!(", firmware {f}"))
+                    .unwrap_or_default(),
+                l.since
+                    .as_deref()
+                    .map(|t| format!(", since {t}"))
+                    .unwrap_or_default(),
+                if l.configured {
+                    ""
+                } else {
+                    " (not in hub.toml)"
+                }
+            );
+        }
+        if self.alerts.is_empty() {
+            let _ = writeln!(s, "alerts   none");
+        }
+        for (i, a) in self.alerts.iter().enumerate() {
+            let _ = writeln!(
+                s,
+                "{}{} {} x{} since {}",
+                if i == 0 { "alerts   " } else { "         " },
+                a.condition,
+                a.subject,
+                a.count,
+                a.first_at
+            );
+        }
+        s
+    }
+}
