@@ -123,6 +123,7 @@ impl Options {
         )));
         let mut explicit_write = false;
         let mut profile_apply = None;
+        let mut runs = None;
         let mut args = args.into_iter();
         while let Some(a) = args.next() {
             match a.as_str() {
@@ -145,6 +146,14 @@ impl Options {
                     explicit_write = true;
                 }
                 "--no-write" => write = None,
+                "--runs" => {
+                    let n = args.next().ok_or("--runs needs a count")?;
+                    runs = Some(
+                        n.parse::<usize>()
+                            .map_err(|_| "--runs needs a count")?
+                            .max(1),
+                    );
+                }
                 "--profile-apply" => {
                     let n = args.next().ok_or("--profile-apply needs a count")?;
                     profile_apply = Some(n.parse().map_err(|_| "--profile-apply needs a count")?);
@@ -157,7 +166,11 @@ impl Options {
             // Smoke figures say nothing about speed: keep them out of BENCHMARKS.md.
             write = None;
         }
-        let sizes = if smoke { Sizes::smoke() } else { Sizes::full() };
+        let mut sizes = if smoke { Sizes::smoke() } else { Sizes::full() };
+        if let Some(r) = runs {
+            // Fewer repeats for a quick look; the figure is still a median.
+            sizes.runs = r;
+        }
         Ok(Options {
             sizes,
             smoke,
