@@ -1,0 +1,364 @@
+//! Door latency: a Keypad frame written on the board's side of a pty →
+//! the Unlock frame read back, against the real `lockhub run` with a
+//! pre-filled mirror, (a) idle and (b) while signed events are ingested at a
+//! steady rate, in the same run against the same daemon.
+//!
+//! The board is played here at the frame level (not with `sim::board`,
+//! which polls every 5 ms) so that both timestamps are taken right at the
+//! write and the read. It answers the hub's Hello, Pings and Unlocks as the
+//! firmware would. Only correct PINs are typed and the lockout threshold is
+//! out of reach, so lockouts never interfere. Every 100th unlock, the
+//! harness checks that its `door.granted` audit row was already committed.
+
+use super::broker::{BrokerSettings, Mosquitto};
+use super::daemon::Daemon;
+use super::pty::{Master, Pty};
+use super::report::Figure;
+use super::stats::{Summary, micros, thousands};
+use super::{Sizes, fixture, mqtt};
+use firmware_bridge::{Downlink, FrameDecoder, MAX_FRAME, Pin, Uplink, encode_frame};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::sync::{Mutex, mpsc};
+
+pub const IDS: &[&str] = &[
+    "door.idle.median",
+    "door.idle.p99",
+    "door.idle.max",
+    "door.load.median",
+    "door.load.p99",
+    "door.load.max",
+    "door.load.ratio",
+    "door.load.ingest_rate",
+    "door.audit_before_unlock",
+];
+
+const S: &str = "door";
+/// Pause between entries: a door is not a flood, and back-to-back entries
+/// would measure queueing behind our own previous entry.
+const GAP: Duration = Duration::from_millis(3);
+/// An entry with no answer by then is a failure of the run, not a sample.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What the board read from the hub that the measurement cares about.
+#[derive(Debug, Clone, Copy)]
+enum Answer {
+    Unlock { door: u8, at: Instant },
+    Deny { door: u8 },
+}
+
+type Writer = Arc<Mutex<WriteHalf<Master>>>;
+
+async fn send(w: &Writer, msg: &Uplink) -> Instant {
+    let mut buf = [0u8; MAX_FRAME];
+    let frame = encode_frame(msg, &mut buf).expect("uplink fits a frame");
+    let mut w = w.lock().await;
+    let at = Instant::now();
+    w.write_all(frame).await.expect("pty write");
+    at
+}
+
+/// The board's side: answers Hello, Ping, Unlock and Deny like the firmware
+/// and reports each new Unlock or Deny (resends have a seq it has seen).
+async fn board(
+    mut r: ReadHalf<Master>,
+    w: Writer,
+    answers: mpsc::UnboundedSender<Answer>,
+    hello: mpsc::UnboundedSender<()>,
+) {
+    let mut dec = FrameDecoder::<Downlink>::new();
+    let mut buf = [0u8; 512];
+    let mut seen: std::collections::VecDeque<u16> = std::collections::VecDeque::new();
+    loop {
+        let n = match r.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let at = Instant::now();
+        for &b in &buf[..n] {
+            let Some(Ok(msg)) = dec.push(b) else { continue };
+            match msg {
+                Downlink::Hello { .. } => {
+                    send(
+                        &w,
+                        &Uplink::Hello {
+                            board_id: 1,
+                            fw_major: 1,
+                            fw_minor: 0,
+                            door_count: fixture::DOORS as u8,
+                        },
+                    )
+                    .await;
+                    let _ = hello.send(());
+                }
+                Downlink::Ping { nonce } => {
+                    send(&w, &Uplink::Pong { nonce }).await;
+                }
+                Downlink::Unlock { seq, door, .. } | Downlink::Deny { seq, door, .. } => {
+                    let fresh = !seen.contains(&seq);
+                    if fresh {
+                        seen.push_back(seq);
+                        if seen.len() > 64 {
+                            seen.pop_front();
+                        }
+                        let answer = match msg {
+                            Downlink::Unlock { .. } => Answer::Unlock { door, at },
+                            _ => Answer::Deny { door },
+                        };
+                        let _ = answers.send(answer);
+                    }
+                    send(&w, &Uplink::Ack { seq }).await;
+                }
+                Downlink::Ack { .. } => {}
+            }
+        }
+    }
+}
+
+/// A small deterministic generator, so runs probe the same keys.
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self, n: usize) -> usize {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 33) as usize) % n
+    }
+}
+
+struct Phase {
+    latencies: Summary,
+    audit_checks: usize,
+}
+
+/// Types `entries` correct PINs of random pre-filled keys, one at a time.
+#[allow(clippy::too_many_arguments)]
+async fn phase(
+    entries: usize,
+    keys: usize,
+    seq: &mut u16,
+    rng: &mut Lcg,
+    w: &Writer,
+    answers: &mut mpsc::UnboundedReceiver<Answer>,
+    reader: &rusqlite::Connection,
+    granted_before: &mut i64,
+) -> Phase {
+    let mut lat = Vec::with_capacity(entries);
+    let mut audit_checks = 0;
+    for k in 0..entries {
+        let i = rng.next(keys);
+        let door = (i % fixture::DOORS) as u8;
+        *seq = if *seq == u16::MAX { 1 } else { *seq + 1 };
+        let pin = Pin::from_digits(&fixture::pin_for("p", i)).expect("bench PINs are 8 digits");
+        let t0 = send(
+            w,
+            &Uplink::Keypad {
+                seq: *seq,
+                door,
+                pin,
+            },
+        )
+        .await;
+        let answer = tokio::time::timeout(ANSWER_TIMEOUT, answers.recv())
+            .await
+            .ok()
+            .flatten()
+            .expect("the hub answers every entry");
+        match answer {
+            Answer::Unlock { door: d, at } if d == door => lat.push(at - t0),
+            other => panic!("entry {k} at door {door}: expected an Unlock, got {other:?}"),
+        }
+        if k % 100 == 0 {
+            // The Unlock has been read: its door.granted row must be committed.
+            let granted: i64 = reader
+                .query_row(
+                    "SELECT count(*) FROM audit WHERE kind = 'door.granted'",
+                    [],
+                    |r| r.get(0),
+                )
+                .expect("count audit");
+            assert!(
+                granted > *granted_before + k as i64,
+                "an Unlock arrived before its audit row was committed"
+            );
+            audit_checks += 1;
+        }
+        tokio::time::sleep(GAP).await;
+    }
+    *granted_before += entries as i64;
+    Phase {
+        latencies: Summary::from_durations(&lat),
+        audit_checks,
+    }
+}
+
+pub async fn run(sizes: &Sizes) -> Vec<Figure> {
+    let mut cloud = fixture::cloud();
+    // Enough signed events to keep the load going for the whole loaded phase.
+    let expected_s = sizes.door_entries as f64 * 0.006 + 5.0;
+    let n_events = ((sizes.load_rate * expected_s) as usize).min(sizes.ingest_n.max(1000));
+    let payloads: Arc<Vec<Vec<u8>>> = Arc::new(
+        fixture::issue_events(&mut cloud, "k", n_events)
+            .into_iter()
+            .map(|e| e.envelope)
+            .collect(),
+    );
+
+    let broker = Mosquitto::start(BrokerSettings::default_window(n_events as u32 + 1000));
+    let pty = Pty::open();
+    let (master, _slave, path) = pty.into_parts();
+    let (r, w) = tokio::io::split(master);
+    let w: Writer = Arc::new(Mutex::new(w));
+    let (atx, mut answers) = mpsc::unbounded_channel();
+    let (htx, mut hello) = mpsc::unbounded_channel();
+    let board_task = tokio::spawn(board(r, w.clone(), atx, htx));
+
+    let mut daemon = Daemon::start(
+        &broker.url(),
+        &path,
+        fixture::NO_LOCKOUT_POLICY,
+        sizes.door_keys,
+    )
+    .await;
+    mqtt::wait_online(broker.port, Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|| panic!("the daemon never came online: {}", daemon.log()));
+    tokio::time::timeout(Duration::from_secs(10), hello.recv())
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| panic!("the hub never said Hello on the pty: {}", daemon.log()));
+    // Let the hub see our Hello answer before the first entry.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let reader = daemon.reader();
+    let mut granted = 0i64;
+    let (mut seq, mut rng) = (0u16, Lcg(7));
+
+    // Warm-up: the first entries pay for cold pages and prepared statements.
+    let _ = phase(
+        sizes.door_entries.min(200) / 4,
+        sizes.door_keys,
+        &mut seq,
+        &mut rng,
+        &w,
+        &mut answers,
+        &reader,
+        &mut granted,
+    )
+    .await;
+
+    let idle = phase(
+        sizes.door_entries,
+        sizes.door_keys,
+        &mut seq,
+        &mut rng,
+        &w,
+        &mut answers,
+        &reader,
+        &mut granted,
+    )
+    .await;
+
+    let w0 = Daemon::watermark(&reader);
+    let load_started = Instant::now();
+    let publisher = tokio::spawn(mqtt::publish_all(
+        broker.port,
+        mqtt::events_topic(),
+        payloads.clone(),
+        mqtt::Pace::PerSecond(sizes.load_rate),
+    ));
+    // Let the ingest reach its steady rate before measuring.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let w1 = Daemon::watermark(&reader);
+    let t1 = Instant::now();
+    let loaded = phase(
+        sizes.door_entries,
+        sizes.door_keys,
+        &mut seq,
+        &mut rng,
+        &w,
+        &mut answers,
+        &reader,
+        &mut granted,
+    )
+    .await;
+    let ingest_rate = (Daemon::watermark(&reader) - w1) as f64 / t1.elapsed().as_secs_f64();
+    let load_ran = load_started.elapsed();
+    publisher.abort();
+    let _ = w0;
+    drop(reader);
+    daemon.stop();
+    board_task.abort();
+
+    let (i, l) = (&idle.latencies, &loaded.latencies);
+    let ratio = l.p99() / i.p99();
+    let what = |which: &str, stat: &str| {
+        format!(
+            "Keypad written → Unlock read over a pty, {which}, {} keys, {} entries: {stat}",
+            thousands(sizes.door_keys as f64),
+            thousands(i.len() as f64)
+        )
+    };
+    let load_desc = format!(
+        "while ~{} signed events/s are ingested",
+        thousands(sizes.load_rate)
+    );
+    vec![
+        Figure::new(
+            "door.idle.median",
+            S,
+            &what("idle", "median"),
+            micros(i.median()),
+        ),
+        Figure::new("door.idle.p99", S, &what("idle", "p99"), micros(i.p99()))
+            .target("< 2 ms", i.p99() < 2000.0),
+        Figure::new("door.idle.max", S, &what("idle", "max"), micros(i.max())),
+        Figure::new(
+            "door.load.median",
+            S,
+            &what(&load_desc, "median"),
+            micros(l.median()),
+        ),
+        Figure::new(
+            "door.load.p99",
+            S,
+            &what(&load_desc, "p99"),
+            micros(l.p99()),
+        )
+        .target("< 5 ms", l.p99() < 5000.0),
+        Figure::new(
+            "door.load.max",
+            S,
+            &what(&load_desc, "max"),
+            micros(l.max()),
+        ),
+        Figure::new(
+            "door.load.ratio",
+            S,
+            "loaded p99 / idle p99 (same run, same daemon)",
+            format!("{ratio:.2}×"),
+        )
+        .target("≤ 3×", ratio <= 3.0),
+        Figure::new(
+            "door.load.ingest_rate",
+            S,
+            &format!(
+                "events/s the daemon actually committed during the loaded phase ({:.0} s of load)",
+                load_ran.as_secs_f64()
+            ),
+            format!("{}/s", thousands(ingest_rate)),
+        ),
+        Figure::new(
+            "door.audit_before_unlock",
+            S,
+            "spot checks: `door.granted` row already committed when its Unlock was read",
+            format!(
+                "{} of {}",
+                idle.audit_checks + loaded.audit_checks,
+                idle.audit_checks + loaded.audit_checks
+            ),
+        ),
+    ]
+}

@@ -1,0 +1,84 @@
+//! The hub's ingest pipeline without the broker: step 1 (verify) and the
+//! schema parse on this thread, then apply on the store's writer in jobs of
+//! `batch` events, with at most two jobs outstanding (one committing while
+//! the next fills), which is the shape of `sync::ingest`. It bounds what the
+//! daemon can reach, and splits its time into verify vs. apply.
+
+use super::fixture;
+use lockhub::event::parse_body;
+use lockhub::sim::cloud::SignedEvent;
+use lockhub::store::apply::{ApplyContext, apply_event};
+use lockhub::store::{Priority, Store};
+use lockhub::time::Timestamp;
+use lockhub::verify::verify_envelope;
+use std::collections::VecDeque;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// Where the time went.
+#[derive(Debug, Clone, Copy)]
+pub struct PipelineRun {
+    pub total: Duration,
+    /// Time this thread spent verifying and parsing.
+    pub verify: Duration,
+    /// Time this thread spent waiting for the writer.
+    pub waiting: Duration,
+}
+
+pub async fn run(db: &Path, events: &[SignedEvent], batch: usize) -> PipelineRun {
+    let policy = fixture::default_policy();
+    let store = Store::open(db, &policy).expect("open store");
+    let ctx = ApplyContext {
+        site_id: fixture::SITE_ID,
+        policy,
+    };
+    let ring = fixture::ring();
+    let schema = fixture::schema();
+    let mut outstanding: VecDeque<tokio::task::JoinHandle<()>> = VecDeque::new();
+    let (mut verify, mut waiting) = (Duration::ZERO, Duration::ZERO);
+    let started = Instant::now();
+    for chunk in events.chunks(batch) {
+        let t = Instant::now();
+        let vctx = fixture::verify_ctx(&ring);
+        let checked: Vec<_> = chunk
+            .iter()
+            .map(|e| {
+                let ev = verify_envelope(&e.envelope, &vctx).expect("genuine event");
+                let kind = parse_body(&ev.body, &schema);
+                (ev, kind)
+            })
+            .collect();
+        verify += t.elapsed();
+        let (s, c) = (store.clone(), ctx.clone());
+        outstanding.push_back(tokio::spawn(async move {
+            s.write(Priority::Bulk, move |conn| {
+                let now = Timestamp::now_system();
+                for (ev, kind) in checked {
+                    apply_event(conn, &c, &ev, kind, now)?;
+                }
+                Ok(())
+            })
+            .await
+            .expect("apply");
+        }));
+        if outstanding.len() >= 2 {
+            let t = Instant::now();
+            if let Some(h) = outstanding.pop_front() {
+                h.await.expect("writer job");
+            }
+            waiting += t.elapsed();
+        }
+    }
+    let t = Instant::now();
+    for h in outstanding {
+        h.await.expect("writer job");
+    }
+    waiting += t.elapsed();
+    let total = started.elapsed();
+    store.close();
+    PipelineRun {
+        total,
+        verify,
+        waiting,
+    }
+}
