@@ -130,7 +130,9 @@ impl Decide for HubDecider {
             Checked::Verified(ev, kind) => {
                 let issued_at = ev.header.issued_at;
                 let applied = apply::apply_event(conn, &self.apply, &ev, kind, now)?;
-                tracing::info!(
+                // Debug, not info: this runs inside the writer's transaction,
+                // once per event; ingest logs each committed batch at info.
+                tracing::debug!(
                     event_id = %ev.header.event_id,
                     seq = ?ev.header.seq,
                     outcome = applied.result.outcome.as_str(),

@@ -196,6 +196,8 @@ pub async fn run<D: Decide>(
                     }
                 }
                 if committed > 0 {
+                    let watermark = decided.iter().rev().find_map(|d| d.seq.map(|s| s.watermark));
+                    tracing::info!(events = committed, ?watermark, "events committed and acked");
                     sinks.outbox.notify_one();
                     decider.after_commit(&decided);
                 }
