@@ -209,6 +209,9 @@ impl TestCloud {
                         let _ = sub.try_subscribe(topic("#"), QoS::AtLeastOnce);
                         let _ = tx.send(("$connected".into(), vec![]));
                     }
+                    Ok(Event::Incoming(Packet::SubAck(_))) => {
+                        let _ = tx.send(("$subscribed".into(), vec![]));
+                    }
                     Ok(Event::Incoming(Packet::Publish(p))) => {
                         let _ = tx.send((p.topic.clone(), p.payload.to_vec()));
                     }
@@ -218,7 +221,9 @@ impl TestCloud {
             }
         });
         let mut c = TestCloud { client, rx, task };
-        c.expect(|t, _| t == "$connected").await;
+        // Subscribed, not just connected: a test that stops the broker next
+        // must find the subscription in the persisted session.
+        c.expect(|t, _| t == "$subscribed").await;
         c
     }
 
@@ -360,6 +365,10 @@ async fn a_flood_across_a_broker_restart_is_applied_once_each_and_answered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_outbox_holds_every_record_while_the_broker_is_down_and_sends_them_once_it_is_back() {
     let mut broker = Mosquitto::start();
+    // The cloud's persistent session (and subscription) exists before the
+    // outage, as a real cloud's does: what the hub sends on its return is
+    // queued for the cloud even if the hub reconnects first.
+    let mut cloud = TestCloud::plain(broker.port).await;
     broker.stop();
     let hub = start_hub(mqtt_config(&broker.url()));
     let bodies: Vec<String> = (0..200)
@@ -382,7 +391,6 @@ async fn the_outbox_holds_every_record_while_the_broker_is_down_and_sends_them_o
     );
 
     broker.start_again();
-    let mut cloud = TestCloud::plain(broker.port).await;
     let mut seen = HashSet::new();
     while seen.len() < 200 {
         let (_, p) = cloud.expect(|t, _| t.ends_with("/alerts")).await;

@@ -238,9 +238,13 @@ pub async fn daemon_ingest(
             (last, progressed) = (w, Instant::now());
         } else if progressed.elapsed() > STALL || started.elapsed() > mqtt::PHASE_TIMEOUT {
             let hwm = daemon.memory().map_or(0, |(_, hwm)| hwm);
+            // Keep the log past the temporary folder: a stall is a bug to chase.
+            let kept = std::env::temp_dir().join(format!("lockhub-stall-w{window}.log"));
+            let _ = std::fs::copy(daemon.dir.path().join("lockhub.log"), &kept);
             eprintln!(
-                "   daemon stalled at watermark {w} (window {window}); its log is in {}",
-                daemon.dir.path().display()
+                "   daemon stalled at watermark {w} (window {window}); its log is kept at {}; last lines:\n{}",
+                kept.display(),
+                daemon.log()
             );
             publisher.abort();
             drop(reader);

@@ -57,7 +57,7 @@ const GROUP_BUDGET: Duration = Duration::from_millis(4);
 /// How long one bulk job should run before it hands the writer back (the
 /// ingest pipeline cuts its batches by it), so a door job never waits
 /// behind a long job.
-pub const JOB_SLICE: Duration = Duration::from_millis(2);
+pub const JOB_SLICE: Duration = GROUP_BUDGET;
 
 /// The store boundary's errors.
 #[derive(Debug, thiserror::Error)]

@@ -43,8 +43,9 @@ pub const MAX_INCOMING_PACKET: usize = 2 * 1024 * 1024;
 /// Largest packet the hub sends (its envelopes are small).
 pub const MAX_OUTGOING_PACKET: usize = 256 * 1024;
 /// rumqttc's request channel. Producers are bounded (acks by the broker's
-/// in-flight window, publishes by the publisher's), so this never fills in
-/// practice; when it does, `try_*` says so and the caller retries.
+/// in-flight window, publishes by the publisher's), so this does not fill
+/// with a broker that honours its window; if it does, `try_*` says so and
+/// the caller retries.
 pub const REQUEST_CAPACITY: usize = 1024;
 /// Unacked hub publishes rumqttc tracks (packet ids cycle through 1..=this).
 /// The publisher keeps fewer than this in flight, so ids never collide.
@@ -428,7 +429,11 @@ pub async fn poll_loop(
             Step::Drained(true) => continue,
             Step::Drained(false) => break,
             Step::Event(Ok(_)) if inbound.overflowing() || link.overflowing() => {
-                "too many messages waiting for the hub's own tasks".to_owned()
+                format!(
+                    "too many messages waiting for the hub's own tasks ({} events, {} link events)",
+                    inbound.queue.len(),
+                    link.queue.len()
+                )
             }
             Step::Kick => "reconnecting to get unacked events redelivered".to_owned(),
             Step::Event(Ok(ev)) => {

@@ -132,7 +132,10 @@ async fn ack(gate: &Gate, inbound: &Inbound) -> bool {
     loop {
         match gate.ack(inbound.epoch, &inbound.publish) {
             Ok(()) => return true,
-            Err(GateRefusal::Full) => tokio::time::sleep(Duration::from_millis(5)).await,
+            Err(GateRefusal::Full) => {
+                tracing::debug!("rumqttc's request channel is full; retrying the ack");
+                tokio::time::sleep(Duration::from_millis(5)).await
+            }
             Err(GateRefusal::Stale | GateRefusal::Closed) => return false,
         }
     }
@@ -154,8 +157,10 @@ pub async fn run<D: Decide>(
 
     loop {
         if committing.is_none() && !next.is_empty() {
-            let (inbound, checked): (Vec<_>, Vec<_>) =
-                std::mem::take(&mut next).into_iter().unzip();
+            // At most MAX_BATCH per job; the rest waits in `next`, which the
+            // guard below keeps from growing (leftovers come back in front).
+            let take = next.len().min(MAX_BATCH);
+            let (inbound, checked): (Vec<_>, Vec<_>) = next.drain(..take).unzip();
             committing = Some((start_commit(&store, &decider, checked), inbound));
         }
         if !open && committing.is_none() {

@@ -156,7 +156,24 @@ impl Publisher {
             tokio::select! {
                 ev = link_rx.recv() => match ev {
                     Some(LinkEvent::Closed) | None => break,
-                    Some(ev) => self.on_link(ev),
+                    Some(ev) => {
+                        self.on_link(ev);
+                        // Take every event already waiting before the next
+                        // store write: one write marks a whole batch of
+                        // PUBACKs sent, so the publisher keeps up with a
+                        // flood of results instead of one PUBACK per fsync.
+                        let mut closed = false;
+                        while let Ok(ev) = link_rx.try_recv() {
+                            if matches!(ev, LinkEvent::Closed) {
+                                closed = true;
+                                break;
+                            }
+                            self.on_link(ev);
+                        }
+                        if closed {
+                            break;
+                        }
+                    }
                 },
                 _ = wake.notified() => {}
                 _ = tokio::time::sleep(retry) => {}
