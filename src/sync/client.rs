@@ -196,6 +196,8 @@ struct GateState {
 pub struct Gate {
     client: AsyncClient,
     state: Mutex<GateState>,
+    /// PUBACKs queued since start (for diagnosing flow control).
+    acks_queued: std::sync::atomic::AtomicU64,
 }
 
 impl Gate {
@@ -203,6 +205,7 @@ impl Gate {
         Arc::new(Gate {
             client,
             state: Mutex::new(GateState::default()),
+            acks_queued: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -230,7 +233,15 @@ impl Gate {
 
     /// Queues the PUBACK for a message delivered on connection `epoch`.
     pub fn ack(&self, epoch: u64, publish: &Publish) -> Result<(), GateRefusal> {
-        self.with_epoch(epoch, |c| c.try_ack(publish))
+        self.with_epoch(epoch, |c| c.try_ack(publish))?;
+        self.acks_queued
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// PUBACKs queued since start.
+    pub fn acks_queued(&self) -> u64 {
+        self.acks_queued.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Queues a QoS 1 publish on connection `epoch`.
@@ -406,6 +417,7 @@ pub async fn poll_loop(
     let mut inbound = Parked::new(inbound);
     let mut link = Parked::new(link);
     let mut session = Parked::new(session);
+    let mut received: u64 = 0;
     let mut backoff = ReconnectBackoff::default();
     let mut epoch = 0u64;
     let mut up = false;
@@ -430,9 +442,11 @@ pub async fn poll_loop(
             Step::Drained(false) => break,
             Step::Event(Ok(_)) if inbound.overflowing() || link.overflowing() => {
                 format!(
-                    "too many messages waiting for the hub's own tasks ({} events, {} link events)",
+                    "too many messages waiting for the hub's own tasks ({} events, {} link events; \
+                     {received} events received and {} acks queued since start)",
                     inbound.queue.len(),
-                    link.queue.len()
+                    link.queue.len(),
+                    gate.acks_queued()
                 )
             }
             Step::Kick => "reconnecting to get unacked events redelivered".to_owned(),
@@ -475,6 +489,7 @@ pub async fn poll_loop(
                         session.push(ev);
                     }
                     Event::Incoming(Packet::Publish(publish)) => {
+                        received += 1;
                         // `false`: the ingest task is gone; so is the daemon.
                         let handed_on = inbound.push(Inbound { epoch, publish });
                         if !handed_on {
