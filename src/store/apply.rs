@@ -780,6 +780,54 @@ fn write_grant(
     })
 }
 
+/// A grant's column values, in the `?1`..`?13` order both the insert and the
+/// upgrade statement use.
+struct GrantRow<'a> {
+    key: &'a Grant,
+    version: i64,
+    state: &'static str,
+    valid_until: i64,
+    event_id: &'a str,
+    now: i64,
+}
+
+fn grant_row<'a>(
+    key: &'a Grant,
+    placement: &Placement,
+    event_id: &'a str,
+    now: Timestamp,
+) -> GrantRow<'a> {
+    GrantRow {
+        key,
+        version: key.version as i64,
+        state: KeyState::from(key.state).as_str(),
+        valid_until: placement.valid_until.0,
+        event_id,
+        now: now.0,
+    }
+}
+
+impl GrantRow<'_> {
+    fn as_params(&self) -> [&dyn rusqlite::ToSql; 13] {
+        let k = self.key;
+        [
+            &k.key_id,
+            &self.version,
+            &self.state,
+            &k.check_in_id,
+            &k.reservation_id,
+            &k.valid_from.0,
+            &self.valid_until,
+            &k.pin_tag.0,
+            &k.pin_key_id,
+            &k.holder_ref,
+            &k.holder_name,
+            &self.event_id,
+            &self.now,
+        ]
+    }
+}
+
 fn insert_key(
     conn: &Connection,
     event_id: &str,
@@ -793,21 +841,7 @@ fn insert_key(
                            revoke_reason, event_id, updated_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, NULL, ?12, ?13)",
     )?
-    .execute(params![
-        key.key_id,
-        key.version as i64,
-        KeyState::from(key.state).as_str(),
-        key.check_in_id,
-        key.reservation_id,
-        key.valid_from.0,
-        placement.valid_until.0,
-        &key.pin_tag.0[..],
-        key.pin_key_id,
-        key.holder_ref,
-        key.holder_name,
-        event_id,
-        now.0
-    ])?;
+    .execute(grant_row(key, &placement, event_id, now).as_params())?;
     insert_doors(conn, key)
 }
 
@@ -829,21 +863,7 @@ fn upgrade_key(
                          holder_ref = ?10, holder_name = ?11, event_id = ?12, updated_at = ?13
           WHERE key_id = ?1",
     )?
-    .execute(params![
-        key.key_id,
-        key.version as i64,
-        KeyState::from(key.state).as_str(),
-        key.check_in_id,
-        key.reservation_id,
-        key.valid_from.0,
-        placement.valid_until.0,
-        &key.pin_tag.0[..],
-        key.pin_key_id,
-        key.holder_ref,
-        key.holder_name,
-        event_id,
-        now.0
-    ])?;
+    .execute(grant_row(key, &placement, event_id, now).as_params())?;
     insert_doors(conn, key)
 }
 
