@@ -139,3 +139,48 @@ impl Drop for Daemon {
         }
     }
 }
+
+/// A broker, a `lockhub run` online on it, and a publisher flooding it with
+/// pre-signed events: the common start of the ingest and resync scenarios.
+/// The clock (`started`) starts with the first publish.
+pub struct Flood {
+    pub broker: super::broker::Mosquitto,
+    pub daemon: Daemon,
+    pub reader: Connection,
+    pub started: Instant,
+    pub publisher: tokio::task::JoinHandle<(Duration, usize)>,
+}
+
+pub async fn flood(
+    settings: super::broker::BrokerSettings,
+    payloads: &std::sync::Arc<Vec<Vec<u8>>>,
+) -> Flood {
+    let broker = super::broker::Mosquitto::start(settings);
+    let daemon = Daemon::start(
+        &broker.url(),
+        Path::new("/dev/null"),
+        fixture::NO_LOCKOUT_POLICY,
+        0,
+    )
+    .await;
+    super::mqtt::wait_online(broker.port, Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|| panic!("the daemon never came online: {}", daemon.log()));
+    // The SUBSCRIBE went out before the status; leave it time to land.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let reader = daemon.reader();
+    let started = Instant::now();
+    let publisher = tokio::spawn(super::mqtt::publish_all(
+        broker.port,
+        super::mqtt::events_topic(),
+        payloads.clone(),
+        super::mqtt::Pace::Flood,
+    ));
+    Flood {
+        broker,
+        daemon,
+        reader,
+        started,
+        publisher,
+    }
+}

@@ -3,7 +3,7 @@
 //! and Mosquitto's QoS 1 delivery rate to a subscriber that only acks.
 
 use super::broker::{BrokerSettings, Mosquitto};
-use super::daemon::Daemon;
+use super::daemon::{Daemon, Flood, flood};
 use super::report::Figure;
 use super::stats::mib;
 use super::stats::{median, thousands};
@@ -12,7 +12,6 @@ use lockhub::config::Signer;
 use lockhub::crypto::{self, EVENT_CONTEXT};
 use lockhub::sim::cloud::SignedEvent;
 use lockhub::verify::verify_envelope;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -204,30 +203,20 @@ pub async fn daemon_ingest(
     window: u32,
 ) -> Result<(f64, u64), (u64, u64)> {
     let n = payloads.len() as u64;
-    let broker = Mosquitto::start(BrokerSettings {
-        max_inflight_messages: window,
-        max_queued_messages: payloads.len() as u32 + 1000,
-    });
-    let mut daemon = Daemon::start(
-        &broker.url(),
-        Path::new("/dev/null"),
-        fixture::NO_LOCKOUT_POLICY,
-        0,
+    let Flood {
+        broker: _broker,
+        mut daemon,
+        reader,
+        started,
+        publisher,
+    } = flood(
+        BrokerSettings {
+            max_inflight_messages: window,
+            max_queued_messages: payloads.len() as u32 + 1000,
+        },
+        payloads,
     )
     .await;
-    mqtt::wait_online(broker.port, Duration::from_secs(30))
-        .await
-        .unwrap_or_else(|| panic!("the daemon never came online: {}", daemon.log()));
-    // The SUBSCRIBE went out before the status; leave it time to land.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let reader = daemon.reader();
-    let started = Instant::now();
-    let publisher = tokio::spawn(mqtt::publish_all(
-        broker.port,
-        mqtt::events_topic(),
-        payloads.clone(),
-        mqtt::Pace::Flood,
-    ));
     let (mut last, mut progressed) = (0u64, Instant::now());
     loop {
         let w = Daemon::watermark(&reader);

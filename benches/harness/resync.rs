@@ -1,12 +1,11 @@
 //! Resync: 100,000 keys delivered as `batch` events of 500 items, the shape
 //! of the cloud's answer to a sync request after a long outage.
 
-use super::broker::{BrokerSettings, Mosquitto};
-use super::daemon::Daemon;
+use super::broker::BrokerSettings;
+use super::daemon::{Daemon, Flood, flood};
 use super::report::Figure;
 use super::stats::{median, thousands};
 use super::{Sizes, fixture, mqtt, pipeline};
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -68,26 +67,17 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
 /// Seconds from the first publish until the daemon's watermark covers every
 /// batch event.
 async fn daemon_resync(payloads: &Arc<Vec<Vec<u8>>>) -> f64 {
-    let broker = Mosquitto::start(BrokerSettings::default_window(payloads.len() as u32 + 100));
-    let mut daemon = Daemon::start(
-        &broker.url(),
-        Path::new("/dev/null"),
-        fixture::NO_LOCKOUT_POLICY,
-        0,
+    let Flood {
+        broker: _broker,
+        mut daemon,
+        reader,
+        started,
+        publisher,
+    } = flood(
+        BrokerSettings::default_window(payloads.len() as u32 + 100),
+        payloads,
     )
     .await;
-    mqtt::wait_online(broker.port, Duration::from_secs(30))
-        .await
-        .unwrap_or_else(|| panic!("the daemon never came online: {}", daemon.log()));
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let reader = daemon.reader();
-    let started = Instant::now();
-    let publisher = tokio::spawn(mqtt::publish_all(
-        broker.port,
-        mqtt::events_topic(),
-        payloads.clone(),
-        mqtt::Pace::Flood,
-    ));
     let n = payloads.len() as u64;
     while Daemon::watermark(&reader) < n {
         assert!(
