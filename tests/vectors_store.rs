@@ -5,8 +5,9 @@
 //! match, and afterwards the state the vectors' README describes must hold,
 //! down to the bytes of the database and WAL files.
 
+mod common;
+
 use lockhub::config::{Policy, Signer};
-use lockhub::crypto;
 use lockhub::event::{EventResult, Outcome, Reason, SchemaContext, parse_body};
 use lockhub::store::apply::{ApplyContext, apply_event, record_step1_rejection, seq_status};
 use lockhub::store::{Priority, Store};
@@ -22,20 +23,7 @@ const HUB: &str = "hub-lobby-1";
 const NAME: &[u8] = b"Ada Guest";
 
 fn ring() -> Vec<Signer> {
-    let text = std::fs::read_to_string(format!("{DIR}/trust.toml")).expect("trust.toml");
-    let doc: toml::Table = toml::from_str(&text).expect("trust.toml parses");
-    doc["trust"]["signer"]
-        .as_array()
-        .expect("[[trust.signer]]")
-        .iter()
-        .map(|s| Signer {
-            id: s["id"].as_str().unwrap().to_owned(),
-            public_key: crypto::parse_public_key(s["public_key"].as_str().unwrap()).unwrap(),
-            not_after: s
-                .get("not_after")
-                .map(|t| Timestamp::parse_rfc3339(t.as_str().unwrap()).unwrap()),
-        })
-        .collect()
+    common::vectors_trust_ring()
 }
 
 fn now() -> Timestamp {

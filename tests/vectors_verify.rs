@@ -3,8 +3,9 @@
 //! from `verify_envelope`; every other case must verify, and must then parse
 //! (or fail step 4 with the expected code and item).
 
+mod common;
+
 use lockhub::config::Signer;
-use lockhub::crypto;
 use lockhub::event::{EventKind, Reason, SchemaContext, SchemaError, parse_body};
 use lockhub::time::Timestamp;
 use lockhub::verify::{VerifyContext, verify_envelope};
@@ -15,20 +16,7 @@ const SITE: &str = "6f1c1c0e-8a51-4d39-9d2e-6a3c5a7d9e10";
 const HUB: &str = "hub-lobby-1";
 
 fn ring() -> Vec<Signer> {
-    let text = std::fs::read_to_string(format!("{DIR}/trust.toml")).expect("trust.toml");
-    let doc: toml::Table = toml::from_str(&text).expect("trust.toml parses");
-    doc["trust"]["signer"]
-        .as_array()
-        .expect("[[trust.signer]]")
-        .iter()
-        .map(|s| Signer {
-            id: s["id"].as_str().unwrap().to_owned(),
-            public_key: crypto::parse_public_key(s["public_key"].as_str().unwrap()).unwrap(),
-            not_after: s
-                .get("not_after")
-                .map(|t| Timestamp::parse_rfc3339(t.as_str().unwrap()).unwrap()),
-        })
-        .collect()
+    common::vectors_trust_ring()
 }
 
 fn is_step4(r: Reason) -> bool {

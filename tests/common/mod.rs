@@ -25,6 +25,24 @@ pub static TRUST_TOML: std::sync::LazyLock<String> =
 pub static SECRETS_TOML: std::sync::LazyLock<String> =
     std::sync::LazyLock::new(|| read_vector("secrets.toml"));
 
+/// The vectors' trust ring (`trust.toml`), as the config loader would build it.
+pub fn vectors_trust_ring() -> Vec<lockhub::config::Signer> {
+    let doc: toml::Table = toml::from_str(&TRUST_TOML).expect("trust.toml parses");
+    doc["trust"]["signer"]
+        .as_array()
+        .expect("[[trust.signer]]")
+        .iter()
+        .map(|s| lockhub::config::Signer {
+            id: s["id"].as_str().unwrap().to_owned(),
+            public_key: lockhub::crypto::parse_public_key(s["public_key"].as_str().unwrap())
+                .unwrap(),
+            not_after: s
+                .get("not_after")
+                .map(|t| lockhub::time::Timestamp::parse_rfc3339(t.as_str().unwrap()).unwrap()),
+        })
+        .collect()
+}
+
 /// The vectors' hub public key (spec/vectors/mqtt/README.md).
 pub const HUB_PUBLIC_KEY: &str = "hnxZGkSHul8kFkNda3meL_Y5hD-IGBBTJ6T2hvrbnJI";
 pub const SITE_ID: &str = "6f1c1c0e-8a51-4d39-9d2e-6a3c5a7d9e10";
