@@ -17,6 +17,7 @@ use lockhub::store::outbox::{self, Topic};
 use lockhub::store::{Priority, Store, StoreError};
 use lockhub::sync::ingest::{Decide, Decided};
 use lockhub::sync::plan::{BacklogLimits, SeqView};
+use lockhub::sync::window::ReceiveWindow;
 use lockhub::sync::{self, SyncHandle, SyncSettings};
 use lockhub::time::Timestamp;
 use lockhub::verify::{self, VerifiedEvent, VerifyContext};
@@ -50,6 +51,8 @@ fn hub_key() -> SigningKey {
 /// queues a result; a repeat is answered `duplicate`.
 struct RecordOnce {
     ring: Vec<Signer>,
+    /// Extra time each commit takes, to make the hub slower than a flood.
+    delay: Duration,
 }
 
 impl Decide for RecordOnce {
@@ -68,6 +71,7 @@ impl Decide for RecordOnce {
     }
 
     fn commit(&self, conn: &Connection, checked: Self::Checked) -> Result<Decided, StoreError> {
+        std::thread::sleep(self.delay);
         let now = Timestamp::now_system();
         let ev = match checked {
             Ok(ev) => ev,
@@ -139,6 +143,10 @@ fn mqtt_config(url: &str) -> MqttConfig {
 }
 
 fn start_hub(mqtt: MqttConfig) -> Hub {
+    start_hub_with(mqtt, ReceiveWindow::default(), Duration::ZERO)
+}
+
+fn start_hub_with(mqtt: MqttConfig, window: ReceiveWindow, delay: Duration) -> Hub {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&dir.path().join("lockhub.db"), &Default::default()).unwrap();
     let settings = SyncSettings {
@@ -148,6 +156,7 @@ fn start_hub(mqtt: MqttConfig) -> Hub {
         hub_key: hub_key(),
         cloud_stale: Duration::from_secs(900),
         backlog: BacklogLimits::default(),
+        window,
     };
     let ring = vec![Signer {
         id: "test-cloud".into(),
@@ -157,7 +166,7 @@ fn start_hub(mqtt: MqttConfig) -> Hub {
     let sync = sync::start(
         settings,
         store.clone(),
-        Arc::new(RecordOnce { ring }),
+        Arc::new(RecordOnce { ring, delay }),
         SeqView::default(),
     )
     .unwrap();
@@ -175,6 +184,10 @@ impl Hub {
             r.get::<_, i64>(0)
         })
         .unwrap_or(0) as usize
+    }
+
+    fn flow(&self) -> lockhub::sync::client::FlowStats {
+        self.sync.as_ref().expect("running").flow()
     }
 
     fn unsent(&self) -> u64 {
@@ -405,6 +418,67 @@ async fn the_outbox_holds_every_record_while_the_broker_is_down_and_sends_them_o
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    hub.stop().await;
+}
+
+/// Mosquitto 2.0's `max_inflight_messages` lets in-order acks run far past
+/// it, so the hub must bound its own intake: under a flood faster than it
+/// commits, it never holds more than its window unacked, and since nothing
+/// overflows, the connection is never recycled (each event arrives once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_faster_than_the_hub_commits_stays_within_its_receive_window() {
+    const EVENTS: usize = 1500;
+    const WINDOW: usize = 32;
+    // rumqttc decodes up to 10 packets per read once it reads at all.
+    const READ_BATCH: usize = 10;
+    let broker = Mosquitto::start_with(BrokerOptions {
+        max_queued_messages: Some(10_000),
+        ..Default::default()
+    });
+    let mut cloud = TestCloud::plain(broker.port).await;
+    let window = ReceiveWindow {
+        messages: WINDOW,
+        bytes: 1 << 20,
+    };
+    let hub = start_hub_with(
+        mqtt_config(&broker.url()),
+        window,
+        Duration::from_micros(500),
+    );
+    cloud.expect(is_online).await;
+
+    let mut signer = test_cloud_signer();
+    for i in 0..EVENTS {
+        let e = signer.event(
+            "guest.erased",
+            serde_json::json!({"holder_ref": format!("g-{i}")}),
+        );
+        cloud.publish(e.envelope).await;
+    }
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        while hub.applied() < EVENTS {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("every event applied");
+
+    let flow = hub.flow();
+    assert!(
+        flow.peak_outstanding <= WINDOW + READ_BATCH,
+        "the hub held {} messages unacked; its window is {WINDOW}",
+        flow.peak_outstanding
+    );
+    assert!(
+        flow.peak_outstanding >= WINDOW,
+        "the flood should have filled the window (peak {})",
+        flow.peak_outstanding
+    );
+    assert_eq!(
+        flow.received, EVENTS as u64,
+        "no redelivery: never recycled"
+    );
+    assert_eq!(hub.applied(), EVENTS);
     hub.stop().await;
 }
 

@@ -15,6 +15,13 @@
 //!   makes "is this still the connection?" and "queue the request" one
 //!   atomic step, so no stale ack or publish can slip into the next
 //!   connection, where its packet id could mean another message.
+//! - **The hub bounds what it reads.** Mosquitto 2.0's in-flight window
+//!   does not hold for a client that acks in order (see [`super::window`]),
+//!   so the poll task stops reading the socket while the messages it has not
+//!   acked fill the [`ReceiveWindow`]. PUBACKs therefore cannot go through
+//!   rumqttc's request channel, which is only served by the same `poll()`
+//!   that reads: the [`Gate`] queues their packet ids and the poll task
+//!   writes them to the connection itself, paused or not.
 //! - **No reconnect storm.** rumqttc reconnects as fast as it is polled; the
 //!   poll task sleeps a capped, jittered backoff between attempts.
 //! - **Big envelopes.** The default incoming limit (10 KiB) is far below the
@@ -26,27 +33,30 @@
 
 use super::SyncError;
 use super::plan::ReconnectBackoff;
+use super::window::{Outstanding, ReceiveWindow};
 use crate::config::MqttConfig;
 use rumqttc::{
-    AsyncClient, ClientError, Event, EventLoop, LastWill, MqttOptions, Outgoing, Packet, Publish,
-    QoS, TlsConfiguration, Transport,
+    AsyncClient, ClientError, Event, EventLoop, LastWill, MqttOptions, Outgoing, Packet, PubAck,
+    Publish, QoS, TlsConfiguration, Transport,
 };
 use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio_rustls::rustls;
 
 /// Largest MQTT packet accepted from the broker.
 pub const MAX_INCOMING_PACKET: usize = 2 * 1024 * 1024;
 /// Largest packet the hub sends (its envelopes are small).
 pub const MAX_OUTGOING_PACKET: usize = 256 * 1024;
-/// rumqttc's request channel. Producers are bounded (acks by the broker's
-/// in-flight window, publishes by the publisher's), so this does not fill
-/// with a broker that honours its window; if it does, `try_*` says so and
-/// the caller retries.
+/// rumqttc's request channel: the hub's own publishes (bounded by the
+/// publisher's window), subscriptions and the disconnect. Acks do not use
+/// it. If it is full, `try_*` says so and the caller retries.
 pub const REQUEST_CAPACITY: usize = 1024;
+/// How long writing acks to the socket may take before the connection is
+/// considered dead (rumqttc's own flush timeout is its connection timeout).
+const ACK_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Unacked hub publishes rumqttc tracks (packet ids cycle through 1..=this).
 /// The publisher keeps fewer than this in flight, so ids never collide.
 pub const CLIENT_INFLIGHT: u16 = 100;
@@ -188,6 +198,9 @@ pub enum GateRefusal {
 struct GateState {
     epoch: u64,
     connected: bool,
+    /// Packet ids to PUBACK on the current connection, in the order queued.
+    /// Bounded by the receive window: only received messages are acked.
+    acks: VecDeque<u16>,
 }
 
 /// The only way tasks reach the broker. Each connection has an epoch; a
@@ -198,6 +211,24 @@ pub struct Gate {
     state: Mutex<GateState>,
     /// PUBACKs queued since start (for diagnosing flow control).
     acks_queued: std::sync::atomic::AtomicU64,
+    /// Wakes the poll task when acks are queued.
+    acks_ready: Notify,
+    /// Messages received since start (written by the poll task).
+    received: std::sync::atomic::AtomicU64,
+    /// The most messages ever outstanding (received, not acked) at once.
+    peak_outstanding: std::sync::atomic::AtomicUsize,
+}
+
+/// How the hub's intake has behaved since start: for diagnosing flow
+/// control, and for tests that it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlowStats {
+    /// Messages received from the broker (redeliveries included).
+    pub received: u64,
+    /// PUBACKs queued.
+    pub acks_queued: u64,
+    /// The most messages received and not yet acked at any one time.
+    pub peak_outstanding: usize,
 }
 
 impl Gate {
@@ -206,6 +237,9 @@ impl Gate {
             client,
             state: Mutex::new(GateState::default()),
             acks_queued: std::sync::atomic::AtomicU64::new(0),
+            acks_ready: Notify::new(),
+            received: std::sync::atomic::AtomicU64::new(0),
+            peak_outstanding: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -231,17 +265,55 @@ impl Gate {
             .and_then(|s| s.connected.then_some(s.epoch))
     }
 
-    /// Queues the PUBACK for a message delivered on connection `epoch`.
+    /// Queues the PUBACK for a message delivered on connection `epoch` (a
+    /// QoS 0 message needs none). Never `Full`: the queue is bounded by the
+    /// receive window.
     pub fn ack(&self, epoch: u64, publish: &Publish) -> Result<(), GateRefusal> {
-        self.with_epoch(epoch, |c| c.try_ack(publish))?;
+        if publish.qos == QoS::AtMostOnce {
+            return Ok(());
+        }
+        {
+            let mut st = self.state.lock().map_err(|_| GateRefusal::Closed)?;
+            if !st.connected || st.epoch != epoch {
+                return Err(GateRefusal::Stale);
+            }
+            st.acks.push_back(publish.pkid);
+        }
         self.acks_queued
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.acks_ready.notify_one();
         Ok(())
+    }
+
+    /// Takes the acks queued for connection `epoch` (none if it is gone).
+    fn take_acks(&self, epoch: u64) -> Vec<u16> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if !st.connected || st.epoch != epoch {
+            return Vec::new();
+        }
+        st.acks.drain(..).collect()
     }
 
     /// PUBACKs queued since start.
     pub fn acks_queued(&self) -> u64 {
         self.acks_queued.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The intake counters so far.
+    pub fn flow(&self) -> FlowStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        FlowStats {
+            received: self.received.load(Relaxed),
+            acks_queued: self.acks_queued.load(Relaxed),
+            peak_outstanding: self.peak_outstanding.load(Relaxed),
+        }
+    }
+
+    /// Called by the poll task for each message it takes in.
+    fn note_received(&self, outstanding: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.received.fetch_add(1, Relaxed);
+        self.peak_outstanding.fetch_max(outstanding, Relaxed);
     }
 
     /// Queues a QoS 1 publish on connection `epoch`.
@@ -275,10 +347,12 @@ impl Gate {
     }
 
     /// Marks the connection lost and, under the same lock, lets the caller
-    /// throw away what was queued for it.
+    /// throw away what was queued for it (its unsent acks go too: the broker
+    /// redelivers those messages).
     fn lost(&self, forget: impl FnOnce()) {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         st.connected = false;
+        st.acks.clear();
         forget();
     }
 }
@@ -322,9 +396,10 @@ pub struct PollSinks {
 /// the channel the poll task waits on — a deadlock. So it parks what does
 /// not fit here and hands it on as capacity frees, while it keeps polling.
 ///
-/// The backlog is bounded in practice by the broker's in-flight window for
-/// this client (Mosquitto's `max_inflight_messages`); past [`MAX_PARKED`]
-/// the connection is dropped and the broker redelivers what was unacked.
+/// The backlog is bounded by the hub's [`ReceiveWindow`] (reading pauses
+/// while it is full); past [`MAX_PARKED`], which the window keeps out of
+/// reach, the connection is dropped and the broker redelivers what was
+/// unacked.
 struct Parked<T> {
     tx: mpsc::Sender<T>,
     queue: VecDeque<T>,
@@ -389,23 +464,50 @@ fn poisoned_session(e: &rumqttc::ConnectionError) -> bool {
     )
 }
 
+/// Writes PUBACKs straight to the connection, bypassing rumqttc's request
+/// channel (see the module docs). rumqttc keeps no state for an incoming
+/// QoS 1 message under manual acks, so there is nothing to update there.
+/// `Framed` encodes each packet whole into its write buffer, so these never
+/// interleave with rumqttc's own packets, even when a `poll()` was dropped
+/// mid-flush: the next flush sends both, in order.
+async fn write_acks(eventloop: &mut EventLoop, pkids: &[u16]) -> Result<(), String> {
+    let Some(network) = eventloop.network.as_mut() else {
+        return Err("no connection to ack on".to_owned());
+    };
+    let io = async {
+        for &pkid in pkids {
+            network.write(Packet::PubAck(PubAck::new(pkid))).await?;
+        }
+        network.flush().await
+    };
+    match tokio::time::timeout(ACK_WRITE_TIMEOUT, io).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("cannot write acks: {e}")),
+        Err(_) => Err("timed out writing acks".to_owned()),
+    }
+}
+
 /// Polls the event loop until `stop` turns true and the connection is
 /// closed (cleanly by the publisher, or lost). Only forwards; never awaits
-/// the client. `reconnect` drops the current connection on purpose (the
-/// ingest pipeline asks for it after a storage failure, to get the unacked
-/// messages redelivered).
+/// the client. Stops reading while `window` is full, and writes the acks the
+/// [`Gate`] queues. `reconnect` drops the current connection on purpose
+/// (the ingest pipeline asks for it after a storage failure, to get the
+/// unacked messages redelivered).
 pub async fn poll_loop(
     mut eventloop: EventLoop,
     gate: Arc<Gate>,
     sinks: PollSinks,
     events_topic: String,
-    reconnect: Arc<tokio::sync::Notify>,
+    window: ReceiveWindow,
+    reconnect: Arc<Notify>,
     mut stop: watch::Receiver<bool>,
 ) {
     enum Step {
         Event(Result<Event, rumqttc::ConnectionError>),
         Kick,
         Stop,
+        /// Acks are queued for this connection.
+        Acks,
         /// A parked message was handed on (or its receiver is gone).
         Drained(bool),
     }
@@ -417,7 +519,7 @@ pub async fn poll_loop(
     let mut inbound = Parked::new(inbound);
     let mut link = Parked::new(link);
     let mut session = Parked::new(session);
-    let mut received: u64 = 0;
+    let mut outstanding = Outstanding::default();
     let mut backoff = ReconnectBackoff::default();
     let mut epoch = 0u64;
     let mut up = false;
@@ -427,26 +529,47 @@ pub async fn poll_loop(
     // When that happens we drop the session once (see `poisoned_session`).
     let mut drop_session = false;
     loop {
+        // While connected, `acks_ready` is always armed, so the select never
+        // runs out of branches even with reading paused.
+        let reading = !up || !outstanding.full(&window);
         let step = tokio::select! {
             biased;
             _ = stop.wait_for(|s| *s), if !up => Step::Stop,
             _ = reconnect.notified(), if up => Step::Kick,
+            _ = gate.acks_ready.notified(), if up => Step::Acks,
             ok = inbound.drain_one(), if !inbound.queue.is_empty() => Step::Drained(ok),
             ok = link.drain_one(), if !link.queue.is_empty() => Step::Drained(ok),
             ok = session.drain_one(), if !session.queue.is_empty() => Step::Drained(ok),
-            ev = eventloop.poll() => Step::Event(ev),
+            ev = eventloop.poll(), if reading => Step::Event(ev),
         };
         let failure = match step {
             Step::Stop => break,
             Step::Drained(true) => continue,
             Step::Drained(false) => break,
+            Step::Acks => {
+                let pkids = gate.take_acks(epoch);
+                if pkids.is_empty() {
+                    continue;
+                }
+                match write_acks(&mut eventloop, &pkids).await {
+                    Ok(()) => {
+                        for pkid in pkids {
+                            outstanding.acked(pkid);
+                        }
+                        continue;
+                    }
+                    Err(e) => e,
+                }
+            }
             Step::Event(Ok(_)) if inbound.overflowing() || link.overflowing() => {
+                let flow = gate.flow();
                 format!(
                     "too many messages waiting for the hub's own tasks ({} events, {} link events; \
-                     {received} events received and {} acks queued since start)",
+                     {} events received and {} acks queued since start)",
                     inbound.queue.len(),
                     link.queue.len(),
-                    gate.acks_queued()
+                    flow.received,
+                    flow.acks_queued
                 )
             }
             Step::Kick => "reconnecting to get unacked events redelivered".to_owned(),
@@ -472,6 +595,7 @@ pub async fn poll_loop(
                     Event::Incoming(Packet::ConnAck(ack)) => {
                         epoch = gate.connected();
                         up = true;
+                        outstanding.reset();
                         backoff.reset();
                         tracing::info!(
                             epoch,
@@ -489,7 +613,10 @@ pub async fn poll_loop(
                         session.push(ev);
                     }
                     Event::Incoming(Packet::Publish(publish)) => {
-                        received += 1;
+                        if publish.qos != QoS::AtMostOnce {
+                            outstanding.received(publish.pkid, publish.payload.len());
+                        }
+                        gate.note_received(outstanding.len());
                         // `false`: the ingest task is gone; so is the daemon.
                         let handed_on = inbound.push(Inbound { epoch, publish });
                         if !handed_on {

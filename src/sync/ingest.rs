@@ -17,10 +17,10 @@
 //! broker redelivers; the dedupe table answers `duplicate`).
 //!
 //! ## Flow control
-//! Mosquitto delivers at most `max_inflight_messages` (default 20) unacked
-//! QoS 1 messages per client, so a batch is rarely bigger than that; raise it
-//! on the broker for faster catch-up after an outage. Our own bounds:
-//! [`MAX_BATCH`] events per job, and the bounded channel from the poll task.
+//! The poll task stops reading once the messages not yet acked fill the
+//! hub's receive window (`super::window`), so what reaches this task is
+//! bounded whatever the broker does. Our own bounds on top: [`MAX_BATCH`]
+//! events per job, and the bounded channel from the poll task.
 //!
 //! ## A storage failure
 //! The events after the failed one are not committed, so they must not be
@@ -35,7 +35,6 @@ use rusqlite::Connection;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::{Notify, mpsc};
 
 /// Events per writer job at most.
@@ -126,18 +125,12 @@ fn start_commit<D: Decide>(
     })
 }
 
-/// Sends one ack, retrying while rumqttc's channel is full. Returns false
-/// when the connection is gone (the broker will redeliver).
-async fn ack(gate: &Gate, inbound: &Inbound) -> bool {
-    loop {
-        match gate.ack(inbound.epoch, &inbound.publish) {
-            Ok(()) => return true,
-            Err(GateRefusal::Full) => {
-                tracing::debug!("rumqttc's request channel is full; retrying the ack");
-                tokio::time::sleep(Duration::from_millis(5)).await
-            }
-            Err(GateRefusal::Stale | GateRefusal::Closed) => return false,
-        }
+/// Queues one ack. Returns false when the connection is gone (the broker
+/// will redeliver).
+fn ack(gate: &Gate, inbound: &Inbound) -> bool {
+    match gate.ack(inbound.epoch, &inbound.publish) {
+        Ok(()) => true,
+        Err(GateRefusal::Full | GateRefusal::Stale | GateRefusal::Closed) => false,
     }
 }
 
@@ -196,7 +189,7 @@ pub async fn run<D: Decide>(
                     next = requeued;
                 }
                 for msg in &inbound[..committed] {
-                    if !ack(&gate, msg).await {
+                    if !ack(&gate, msg) {
                         tracing::debug!(epoch = msg.epoch, "connection gone; the broker will redeliver");
                     }
                 }

@@ -14,14 +14,17 @@
 //!   [`client::Gate`] through which every other task queues requests.
 //! - `ingest`: step 1, then batched commits, then in-order acks.
 //! - `publisher`: outbox rows, signed, out; marked sent after PUBACK.
-//! - `plan` / `ratelimit`: pure rules, unit-tested without a runtime.
+//! - `plan` / `ratelimit` / `window`: pure rules, unit-tested without a
+//!   runtime.
 //! - control (here): turns the planner's answers into outbox rows and alerts.
 //!
 //! ## Broker settings that matter
-//! Mosquitto keeps at most `max_inflight_messages` (default 20) unacked QoS 1
-//! messages per client in flight, and `max_queued_messages` (default 1000)
-//! queued for an offline persistent session, dropping the rest silently: the
-//! seq bookkeeping notices and the hub asks for them again (`gap`).
+//! Mosquitto keeps at most `max_queued_messages` (default 1000) queued for
+//! a persistent session, dropping the rest silently: the seq bookkeeping
+//! notices and the hub asks for them again (`gap`). Its
+//! `max_inflight_messages` is not a bound the hub can rely on (2.0.x lets
+//! in-order acks exceed it), so the hub keeps its own receive window
+//! (`window`) by pausing its reads.
 
 pub mod client;
 pub mod decide;
@@ -29,6 +32,7 @@ pub mod ingest;
 pub mod plan;
 pub mod publisher;
 pub mod ratelimit;
+pub mod window;
 
 use crate::config::MqttConfig;
 use crate::store::alerts::{self, Condition};
@@ -78,6 +82,8 @@ pub struct SyncSettings {
     pub hub_key: SigningKey,
     pub cloud_stale: Duration,
     pub backlog: BacklogLimits,
+    /// How much the hub takes from the broker before acking.
+    pub window: window::ReceiveWindow,
 }
 
 impl SyncSettings {
@@ -89,6 +95,7 @@ impl SyncSettings {
             hub_key: config.secrets.hub_key.clone(),
             cloud_stale: Duration::from_secs(u64::from(config.policy.cloud_stale_s)),
             backlog: BacklogLimits::default(),
+            window: window::ReceiveWindow::default(),
         }
     }
 }
@@ -100,6 +107,7 @@ pub struct SyncHandle {
     outbox_wake: Arc<Notify>,
     poll: JoinHandle<()>,
     others: Vec<JoinHandle<()>>,
+    gate: Arc<Gate>,
 }
 
 /// Starts the sync tasks on the current runtime. `seq` is the durable seq
@@ -149,6 +157,7 @@ pub fn start<D: Decide>(
             session: session_tx,
         },
         events_topic,
+        settings.window,
         reconnect.clone(),
         stop_rx,
     ));
@@ -156,7 +165,7 @@ pub fn start<D: Decide>(
         tokio::spawn(ingest::run(
             decider,
             store.clone(),
-            gate,
+            gate.clone(),
             inbound_rx,
             IngestSinks {
                 decided: decided_tx,
@@ -181,6 +190,7 @@ pub fn start<D: Decide>(
         outbox_wake,
         poll,
         others,
+        gate,
     })
 }
 
@@ -192,6 +202,11 @@ impl SyncHandle {
     /// alerts) so they go out at once rather than at the next tick.
     pub fn outbox_notify(&self) -> Arc<Notify> {
         self.outbox_wake.clone()
+    }
+
+    /// What the hub has taken in from the broker so far.
+    pub fn flow(&self) -> client::FlowStats {
+        self.gate.flow()
     }
 
     /// Publishes the offline status, disconnects cleanly, and stops every
