@@ -53,8 +53,11 @@ pub async fn run(db: &Path, events: &[SignedEvent], batch: usize) -> PipelineRun
         outstanding.push_back(tokio::spawn(async move {
             s.write(Priority::Bulk, move |conn| {
                 let now = Timestamp::now_system();
+                // Each event in its own savepoint, as `sync::ingest` does.
                 for (ev, kind) in checked {
+                    conn.execute_batch("SAVEPOINT ingest_event")?;
                     apply_event(conn, &c, &ev, kind, now)?;
+                    conn.execute_batch("RELEASE ingest_event")?;
                 }
                 Ok(())
             })
