@@ -53,6 +53,10 @@ struct RecordOnce {
     ring: Vec<Signer>,
     /// Extra time each commit takes, to make the hub slower than a flood.
     delay: Duration,
+    /// Every n-th commit takes this long instead (longer than a job slice,
+    /// so the job is cut short).
+    spike: Option<(u64, Duration)>,
+    commits: std::sync::atomic::AtomicU64,
 }
 
 impl Decide for RecordOnce {
@@ -71,7 +75,14 @@ impl Decide for RecordOnce {
     }
 
     fn commit(&self, conn: &Connection, checked: Self::Checked) -> Result<Decided, StoreError> {
-        std::thread::sleep(self.delay);
+        let n = self
+            .commits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        match self.spike {
+            Some((every, long)) if n.is_multiple_of(every) => std::thread::sleep(long),
+            _ => std::thread::sleep(self.delay),
+        }
         let now = Timestamp::now_system();
         let ev = match checked {
             Ok(ev) => ev,
@@ -147,6 +158,27 @@ fn start_hub(mqtt: MqttConfig) -> Hub {
 }
 
 fn start_hub_with(mqtt: MqttConfig, window: ReceiveWindow, delay: Duration) -> Hub {
+    start_hub_decider(
+        mqtt,
+        window,
+        RecordOnce {
+            ring: test_ring(),
+            delay,
+            spike: None,
+            commits: Default::default(),
+        },
+    )
+}
+
+fn test_ring() -> Vec<Signer> {
+    vec![Signer {
+        id: "test-cloud".into(),
+        public_key: cloud_key().verifying_key(),
+        not_after: None,
+    }]
+}
+
+fn start_hub_decider(mqtt: MqttConfig, window: ReceiveWindow, decider: RecordOnce) -> Hub {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&dir.path().join("lockhub.db"), &Default::default()).unwrap();
     let settings = SyncSettings {
@@ -158,15 +190,10 @@ fn start_hub_with(mqtt: MqttConfig, window: ReceiveWindow, delay: Duration) -> H
         backlog: BacklogLimits::default(),
         window,
     };
-    let ring = vec![Signer {
-        id: "test-cloud".into(),
-        public_key: cloud_key().verifying_key(),
-        not_after: None,
-    }];
     let sync = sync::start(
         settings,
         store.clone(),
-        Arc::new(RecordOnce { ring, delay }),
+        Arc::new(decider),
         SeqView::default(),
     )
     .unwrap();
@@ -184,6 +211,18 @@ impl Hub {
             r.get::<_, i64>(0)
         })
         .unwrap_or(0) as usize
+    }
+
+    /// Applied event ids in commit order.
+    fn applied_order(&self) -> Vec<Uuid> {
+        let r = self.store.reader().unwrap();
+        let mut stmt = r
+            .prepare("SELECT event_id FROM test_applied ORDER BY rowid")
+            .unwrap();
+        stmt.query_map([], |row| row.get::<_, String>(0))
+            .unwrap()
+            .map(|id| id.unwrap().parse().unwrap())
+            .collect()
     }
 
     fn flow(&self) -> lockhub::sync::client::FlowStats {
@@ -479,6 +518,62 @@ async fn a_flood_faster_than_the_hub_commits_stays_within_its_receive_window() {
         "no redelivery: never recycled"
     );
     assert_eq!(hub.applied(), EVENTS);
+    hub.stop().await;
+}
+
+/// Jobs that overrun their slice hand back the rest, and the jobs queued
+/// behind them hand back everything: events still commit (and are acked)
+/// in the order they arrived, each once, on one connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_cut_short_still_commit_every_event_once_in_arrival_order() {
+    const EVENTS: usize = 600;
+    let broker = Mosquitto::start_with(BrokerOptions {
+        max_queued_messages: Some(10_000),
+        ..Default::default()
+    });
+    let mut cloud = TestCloud::plain(broker.port).await;
+    let hub = start_hub_decider(
+        mqtt_config(&broker.url()),
+        ReceiveWindow::default(),
+        RecordOnce {
+            ring: test_ring(),
+            delay: Duration::from_micros(200),
+            // Longer than lockhub's 4 ms job slice.
+            spike: Some((23, Duration::from_millis(6))),
+            commits: Default::default(),
+        },
+    );
+    cloud.expect(is_online).await;
+
+    let mut signer = test_cloud_signer();
+    let mut sent = Vec::with_capacity(EVENTS);
+    for i in 0..EVENTS {
+        let e = signer.event(
+            "guest.erased",
+            serde_json::json!({"holder_ref": format!("g-{i}")}),
+        );
+        sent.push(e.event_id);
+        cloud.publish(e.envelope).await;
+    }
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        while hub.applied() < EVENTS {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("every event applied");
+    let order = hub.applied_order();
+    assert_eq!(order.len(), sent.len());
+    let first_out_of_order = order.iter().zip(&sent).position(|(a, b)| a != b);
+    assert_eq!(
+        first_out_of_order, None,
+        "committed in arrival order (the first difference is at that index)"
+    );
+    assert_eq!(
+        hub.flow().received,
+        EVENTS as u64,
+        "no redelivery: the connection was never recycled"
+    );
     hub.stop().await;
 }
 

@@ -51,13 +51,17 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 const QUEUE_DEPTH: usize = 4096;
 /// At most this many jobs share one transaction (door jobs aside)...
 const MAX_GROUP: usize = 512;
-/// ...and a group stops taking new bulk jobs after this much work, so a
-/// door entry queued behind a flood waits for one short group at most.
-const GROUP_BUDGET: Duration = Duration::from_millis(4);
+/// ...and a group of bulk jobs stops taking more after this much work.
+/// Each commit costs an fsync and rewrites every page the group dirtied, so
+/// under a flood longer groups are cheaper per event. A door job does not
+/// wait for the budget: the group commits as soon as it has run (see
+/// `run_group`), so its wait is the job running when it arrived, at most
+/// [`JOB_SLICE`], plus the commit.
+const GROUP_BUDGET: Duration = Duration::from_millis(16);
 /// How long one bulk job should run before it hands the writer back (the
-/// ingest pipeline cuts its batches by it), so a door job never waits
-/// behind a long job.
-pub const JOB_SLICE: Duration = GROUP_BUDGET;
+/// ingest pipeline sizes and cuts its jobs by it), so a door job never
+/// waits behind a long job.
+pub const JOB_SLICE: Duration = Duration::from_millis(4);
 
 /// The store boundary's errors.
 #[derive(Debug, thiserror::Error)]
@@ -475,7 +479,9 @@ fn take_waiting(rx: &mut mpsc::Receiver<Job>, pending: &mut VecDeque<Job>) {
 
 /// Runs jobs from the front of `pending` in one transaction and commits.
 /// Between jobs it looks at the channel again, so a door job that arrives
-/// mid-group runs next and shares this group's commit, even past the budget.
+/// mid-group runs next and shares this group's commit, even past the budget;
+/// once a door job has run, the group commits without taking more bulk
+/// work, so the door's answer waits for nothing else.
 fn run_group(conn: &Connection, pending: &mut VecDeque<Job>, rx: &mut mpsc::Receiver<Job>) {
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         let err = StoreError::Sqlite(e);
@@ -489,6 +495,7 @@ fn run_group(conn: &Connection, pending: &mut VecDeque<Job>, rx: &mut mpsc::Rece
     }
     let started = Instant::now();
     let mut finishes: Vec<Finish> = Vec::new();
+    let mut door_waits = false;
     while let Some(job) = pending.pop_front() {
         if job.outside {
             pending.push_front(job);
@@ -505,6 +512,7 @@ fn run_group(conn: &Connection, pending: &mut VecDeque<Job>, rx: &mut mpsc::Rece
             pending.push_front(job);
             break;
         }
+        door_waits |= job.priority == Priority::Door;
         let (ok, finish) = (job.run)(conn);
         if first && !ok {
             let _ = conn.execute_batch("ROLLBACK");
@@ -527,7 +535,7 @@ fn run_group(conn: &Connection, pending: &mut VecDeque<Job>, rx: &mut mpsc::Rece
         let door_next = pending
             .front()
             .is_some_and(|j| j.priority == Priority::Door && !j.outside);
-        let full = started.elapsed() >= GROUP_BUDGET || finishes.len() >= MAX_GROUP;
+        let full = door_waits || started.elapsed() >= GROUP_BUDGET || finishes.len() >= MAX_GROUP;
         if full && !door_next {
             break;
         }

@@ -6,10 +6,19 @@
 //! envelope, signature) is pure CPU and runs here as they arrive. The
 //! checked messages then go to the store writer as one job per batch: each
 //! event inside its own savepoint, so a storage error rolls back that event
-//! alone and stops the batch there. While one batch is committing, the next
-//! fills up, so under a flood many events share a transaction (and the
-//! writer may group our job with the door's and the publisher's) while a
-//! lone event is committed at once.
+//! alone and stops the batch there. A lone event is committed at once;
+//! under a flood up to [`MAX_IN_FLIGHT`] jobs wait at the writer, which
+//! runs them back to back in one transaction, so the writer never idles
+//! while we ack and one fsync covers several jobs.
+//!
+//! ## Job size, and jobs cut short
+//! A job should take about [`JOB_SLICE`] (a door entry may have to wait for
+//! the one that is running): [`JobSizer`] sizes jobs from the cost per
+//! event measured so far. A job that still runs over stops there and hands
+//! back the events it did not reach; it also raises a flag that makes the
+//! jobs queued behind it hand back everything, untouched, so no later event
+//! commits (and is acked) before an earlier one. Nothing new is sent until
+//! they are all back; then the handed-back events go first, in order.
 //!
 //! A message is acked only after its batch has committed, and acks go out in
 //! arrival order (MQTT 3.1.1 §4.6). Acks belong to the connection that
@@ -32,13 +41,55 @@ use super::client::{Gate, GateRefusal, Inbound};
 use super::plan::SeqView;
 use crate::store::{JOB_SLICE, Priority, Store, StoreError};
 use rusqlite::Connection;
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 use tokio::sync::{Notify, mpsc};
 
 /// Events per writer job at most.
 pub const MAX_BATCH: usize = 256;
+/// Jobs waiting at (or running in) the writer at once.
+pub const MAX_IN_FLIGHT: usize = 4;
+
+/// Sizes jobs to fill about three quarters of [`JOB_SLICE`], from a moving
+/// average of the writer's time per event.
+#[derive(Debug, Clone, Copy)]
+pub struct JobSizer {
+    per_event: Duration,
+}
+
+impl Default for JobSizer {
+    /// Starts from 100 µs an event (a Raspberry Pi 4 class guess); the
+    /// first jobs correct it.
+    fn default() -> Self {
+        JobSizer {
+            per_event: Duration::from_micros(100),
+        }
+    }
+}
+
+impl JobSizer {
+    /// How many events the next job should take.
+    pub fn batch(&self) -> usize {
+        let per = self.per_event.as_nanos().max(1);
+        let fit = JOB_SLICE.as_nanos() * 3 / 4 / per;
+        (fit as usize).clamp(1, MAX_BATCH)
+    }
+
+    /// A job applied `events` in `busy`.
+    pub fn observe(&mut self, events: usize, busy: Duration) {
+        if events == 0 {
+            return;
+        }
+        let sample = busy / events as u32;
+        // A quarter of the way to each new sample: quick to follow a
+        // slower disk, not thrown by one slow job.
+        self.per_event = (self.per_event * 3 + sample) / 4;
+    }
+}
 
 /// What one message did, as far as sync planning cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -72,10 +123,18 @@ pub trait Decide: Send + Sync + 'static {
     fn after_commit(&self, _decided: &[Decided]) {}
 }
 
-/// What a commit job gives back: what it decided, whether a storage error
-/// stopped it, and the events it left for the next job (its time slice ran
-/// out), in order.
-type CommitOutput<C> = (Vec<Decided>, bool, Vec<C>);
+/// What a commit job gives back.
+struct CommitOutput<C> {
+    /// What it decided, one per event applied, in order.
+    decided: Vec<Decided>,
+    /// A storage error stopped it after `decided`.
+    failed: bool,
+    /// The events it did not apply (its slice ran out, or a job ahead of it
+    /// was cut short), in order.
+    leftover: Vec<C>,
+    /// Writer time spent applying.
+    busy: Duration,
+}
 type Commit<C> = Pin<Box<dyn Future<Output = Result<CommitOutput<C>, StoreError>> + Send>>;
 
 /// Where the pipeline reports.
@@ -92,26 +151,40 @@ fn start_commit<D: Decide>(
     store: &Store,
     decider: &Arc<D>,
     checked: Vec<D::Checked>,
+    cut: &Arc<AtomicBool>,
 ) -> Commit<D::Checked> {
     let store = store.clone();
     let decider = decider.clone();
+    let cut = cut.clone();
     Box::pin(async move {
         store
             .write(Priority::Bulk, move |conn| {
                 let started = std::time::Instant::now();
-                let mut done = Vec::with_capacity(checked.len());
+                // A job ahead of this one stopped short: applying ours now
+                // would commit later events before earlier ones.
+                if cut.load(Ordering::Relaxed) {
+                    return Ok(CommitOutput {
+                        decided: Vec::new(),
+                        failed: false,
+                        leftover: checked,
+                        busy: Duration::ZERO,
+                    });
+                }
+                let mut decided = Vec::with_capacity(checked.len());
                 let mut items = checked.into_iter();
+                let mut failed = false;
                 for item in items.by_ref() {
                     conn.execute_batch("SAVEPOINT ingest_event")?;
                     match decider.commit(conn, item) {
                         Ok(d) => {
                             conn.execute_batch("RELEASE ingest_event")?;
-                            done.push(d);
+                            decided.push(d);
                         }
                         Err(e) => {
                             conn.execute_batch("ROLLBACK TO ingest_event; RELEASE ingest_event")?;
                             tracing::error!(error = %e, "cannot commit an event; will reconnect");
-                            return Ok((done, true, Vec::new()));
+                            failed = true;
+                            break;
                         }
                     }
                     // Hand the writer back: a door may be waiting.
@@ -119,7 +192,16 @@ fn start_commit<D: Decide>(
                         break;
                     }
                 }
-                Ok((done, false, items.collect()))
+                let leftover: Vec<_> = if failed { Vec::new() } else { items.collect() };
+                if failed || !leftover.is_empty() {
+                    cut.store(true, Ordering::Relaxed);
+                }
+                Ok(CommitOutput {
+                    decided,
+                    failed,
+                    leftover,
+                    busy: started.elapsed(),
+                })
             })
             .await
     })
@@ -142,21 +224,40 @@ pub async fn run<D: Decide>(
     mut rx: mpsc::Receiver<Inbound>,
     sinks: IngestSinks,
 ) {
-    let mut next: Vec<(Inbound, D::Checked)> = Vec::new();
-    let mut committing: Option<(Commit<D::Checked>, Vec<Inbound>)> = None;
+    // Checked, not yet sent to the writer, in arrival order.
+    let mut next: VecDeque<(Inbound, D::Checked)> = VecDeque::new();
+    // Sent, oldest first; they complete in this order.
+    let mut in_flight: VecDeque<(Commit<D::Checked>, Vec<Inbound>)> = VecDeque::new();
+    // A job was cut short (or failed): set by the job, cleared here once
+    // every job sent before it is back.
+    let cut = Arc::new(AtomicBool::new(false));
+    // Events handed back while the pipeline drains, in order.
+    let mut returned: Vec<(Inbound, D::Checked)> = Vec::new();
+    let mut draining = false;
+    let mut sizer = JobSizer::default();
     // A connection on which a commit failed: nothing more is acked on it.
     let mut poisoned: Option<u64> = None;
     let mut open = true;
 
     loop {
-        if committing.is_none() && !next.is_empty() {
-            // At most MAX_BATCH per job; the rest waits in `next`, which the
-            // guard below keeps from growing (leftovers come back in front).
-            let take = next.len().min(MAX_BATCH);
-            let (inbound, checked): (Vec<_>, Vec<_>) = next.drain(..take).unzip();
-            committing = Some((start_commit(&store, &decider, checked), inbound));
+        if draining && in_flight.is_empty() {
+            // Everything sent before the cut is back: the handed-back events
+            // go first, then what arrived meanwhile.
+            let mut requeued: VecDeque<_> = returned.drain(..).collect();
+            requeued.append(&mut next);
+            next = requeued;
+            if let Some(p) = poisoned {
+                next.retain(|(m, _)| m.epoch > p);
+            }
+            cut.store(false, Ordering::Relaxed);
+            draining = false;
         }
-        if !open && committing.is_none() {
+        while !draining && in_flight.len() < MAX_IN_FLIGHT && !next.is_empty() {
+            let take = next.len().min(sizer.batch());
+            let (inbound, checked): (Vec<_>, Vec<_>) = next.drain(..take).unzip();
+            in_flight.push_back((start_commit(&store, &decider, checked, &cut), inbound));
+        }
+        if !open && in_flight.is_empty() {
             break;
         }
         tokio::select! {
@@ -166,43 +267,57 @@ pub async fn run<D: Decide>(
                         continue;
                     }
                     let checked = decider.check(&inbound.publish.payload);
-                    next.push((inbound, checked));
+                    next.push_back((inbound, checked));
                 }
                 None => open = false,
             },
-            res = async { committing.as_mut().expect("guarded").0.as_mut().await }, if committing.is_some() => {
-                let (_, mut inbound) = committing.take().expect("guarded");
-                let (decided, failed, leftover) = match res {
-                    Ok(r) => r,
+            res = async { in_flight.front_mut().expect("guarded").0.as_mut().await }, if !in_flight.is_empty() => {
+                let (_, mut inbound) = in_flight.pop_front().expect("guarded");
+                let out = match res {
+                    Ok(out) => out,
                     Err(e) => {
                         tracing::error!(error = %e, "event batch did not commit; will reconnect");
-                        (Vec::new(), true, Vec::new())
+                        // Nothing of it committed; the jobs behind it may
+                        // have (they ran in a later transaction), so treat
+                        // it as a failure at its first event.
+                        cut.store(true, Ordering::Relaxed);
+                        CommitOutput {
+                            decided: Vec::new(),
+                            failed: true,
+                            leftover: Vec::new(),
+                            busy: Duration::ZERO,
+                        }
                     }
                 };
-                let committed = decided.len();
-                // Events the job's time slice did not reach go first in the
-                // next batch, in their order.
-                if !leftover.is_empty() {
+                let committed = out.decided.len();
+                sizer.observe(committed, out.busy);
+                if out.failed || !out.leftover.is_empty() {
+                    draining = true;
+                }
+                if !out.leftover.is_empty() {
                     let rest = inbound.split_off(committed);
-                    let mut requeued: Vec<_> = rest.into_iter().zip(leftover).collect();
-                    requeued.append(&mut next);
-                    next = requeued;
+                    returned.extend(rest.into_iter().zip(out.leftover));
                 }
                 for msg in &inbound[..committed] {
+                    // Past a failure on this connection, acks would skip the
+                    // failed events: the broker redelivers all of them.
+                    if poisoned.is_some_and(|p| msg.epoch <= p) {
+                        continue;
+                    }
                     if !ack(&gate, msg) {
                         tracing::debug!(epoch = msg.epoch, "connection gone; the broker will redeliver");
                     }
                 }
                 if committed > 0 {
-                    let watermark = decided.iter().rev().find_map(|d| d.seq.map(|s| s.watermark));
-                    tracing::info!(events = committed, ?watermark, "events committed and acked");
+                    let watermark = out.decided.iter().rev().find_map(|d| d.seq.map(|s| s.watermark));
+                    tracing::debug!(events = committed, ?watermark, "events committed and acked");
                     sinks.outbox.notify_one();
-                    decider.after_commit(&decided);
+                    decider.after_commit(&out.decided);
                 }
-                for d in decided {
+                for d in out.decided {
                     let _ = sinks.decided.send(d).await;
                 }
-                if failed {
+                if out.failed {
                     let epoch = inbound.get(committed).map_or(0, |m| m.epoch);
                     poisoned = Some(poisoned.map_or(epoch, |p| p.max(epoch)));
                     next.retain(|(m, _)| m.epoch > epoch);
@@ -210,5 +325,48 @@ pub async fn run<D: Decide>(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_is_sized_to_three_quarters_of_a_slice() {
+        let mut s = JobSizer::default();
+        for _ in 0..32 {
+            s.observe(10, Duration::from_micros(1000)); // 100 µs an event
+        }
+        assert_eq!(s.batch(), 30);
+    }
+
+    #[test]
+    fn the_size_follows_a_slower_writer_within_a_few_jobs() {
+        let mut s = JobSizer::default();
+        for _ in 0..8 {
+            s.observe(10, Duration::from_millis(10)); // 1 ms an event
+        }
+        assert!(s.batch() <= 4, "{}", s.batch());
+    }
+
+    #[test]
+    fn a_job_is_never_empty_nor_bigger_than_the_maximum() {
+        let mut slow = JobSizer::default();
+        slow.observe(1, Duration::from_secs(5));
+        assert_eq!(slow.batch(), 1);
+        let mut fast = JobSizer::default();
+        for _ in 0..64 {
+            fast.observe(1000, Duration::from_micros(100));
+        }
+        assert_eq!(fast.batch(), MAX_BATCH);
+    }
+
+    #[test]
+    fn a_job_that_applied_nothing_teaches_nothing() {
+        let mut s = JobSizer::default();
+        let before = s.batch();
+        s.observe(0, Duration::from_secs(1));
+        assert_eq!(s.batch(), before);
     }
 }
