@@ -252,7 +252,13 @@ pub async fn run<D: Decide>(
             cut.store(false, Ordering::Relaxed);
             draining = false;
         }
-        while !draining && in_flight.len() < MAX_IN_FLIGHT && !next.is_empty() {
+        // A lone event goes at once; otherwise wait for a full job, so a
+        // flood makes few big jobs rather than many small ones.
+        while !draining
+            && in_flight.len() < MAX_IN_FLIGHT
+            && !next.is_empty()
+            && (in_flight.is_empty() || next.len() >= sizer.batch() || !open)
+        {
             let take = next.len().min(sizer.batch());
             let (inbound, checked): (Vec<_>, Vec<_>) = next.drain(..take).unzip();
             in_flight.push_back((start_commit(&store, &decider, checked, &cut), inbound));
