@@ -14,8 +14,9 @@
 //! ## Job size, and jobs cut short
 //! A job should take about [`JOB_SLICE`] (a door entry may have to wait for
 //! the one that is running): [`JobSizer`] sizes jobs from the cost per
-//! event measured so far. A job that still runs over stops there and hands
-//! back the events it did not reach; it also raises a flag that makes the
+//! event measured so far. A job that still runs over, or that sees a door
+//! job waiting for the writer (`Store::door_signal`), stops after the
+//! event in hand and hands back the events it did not reach; it also raises a flag that makes the
 //! jobs queued behind it hand back everything, untouched, so no later event
 //! commits (and is acked) before an earlier one. Nothing new is sent until
 //! they are all back; then the handed-back events go first, in order.
@@ -153,6 +154,7 @@ fn start_commit<D: Decide>(
     checked: Vec<D::Checked>,
     cut: &Arc<AtomicBool>,
 ) -> Commit<D::Checked> {
+    let doors = store.door_signal();
     let store = store.clone();
     let decider = decider.clone();
     let cut = cut.clone();
@@ -187,8 +189,9 @@ fn start_commit<D: Decide>(
                             break;
                         }
                     }
-                    // Hand the writer back: a door may be waiting.
-                    if started.elapsed() >= JOB_SLICE {
+                    // Hand the writer back when a door waits, or at the
+                    // end of the slice in case one comes.
+                    if doors.waiting() || started.elapsed() >= JOB_SLICE {
                         break;
                     }
                 }
