@@ -6,9 +6,11 @@
 //! - `max_queued_messages`: the default 1000 silently *drops* QoS 1 messages
 //!   queued for a client beyond it. A benchmark that publishes 100,000
 //!   events faster than the hub takes them would measure a loss, not a rate.
-//! - `max_inflight_messages`: the default 20 unacked QoS 1 messages per client
-//!   caps how many events the hub can commit in one transaction (it acks only
-//!   after the commit). The runs state which value they used.
+//! - `max_inflight_messages`: the default 20 unacked QoS 1 messages per
+//!   client. Mosquitto 2.0 does not hold it for a client that acks in order
+//!   (BENCHMARKS.md 'Findings'), and the hub keeps its own receive window,
+//!   so it should not matter; the runs use 20 and 1000 to show that it
+//!   does not.
 //! - `persistence true` with the default autosave: what a production broker
 //!   does; Mosquitto 2.0 keeps messages in memory and snapshots them.
 

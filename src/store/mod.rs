@@ -801,7 +801,10 @@ mod tests {
         });
         let deadline = Instant::now() + Duration::from_secs(5);
         while !signal.waiting() {
-            assert!(Instant::now() < deadline, "the door job never showed as waiting");
+            assert!(
+                Instant::now() < deadline,
+                "the door job never showed as waiting"
+            );
             std::thread::sleep(Duration::from_millis(1));
         }
         release.store(true, Ordering::Relaxed);
