@@ -347,7 +347,8 @@ mod tests {
         for _ in 0..32 {
             s.observe(10, Duration::from_micros(1000)); // 100 µs an event
         }
-        assert_eq!(s.batch(), 30);
+        let three_quarters = JOB_SLICE.as_micros() * 3 / 4;
+        assert_eq!(s.batch() as u128, three_quarters / 100);
     }
 
     #[test]
