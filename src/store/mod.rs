@@ -9,11 +9,19 @@
 //!   writer-vs-writer `SQLITE_BUSY` and no interleaving to reason about.
 //! - **Group commit.** Jobs queue on a bounded channel; the writer runs as
 //!   many as are waiting (within a small time budget) in one transaction, each
-//!   inside its own savepoint so one failure rolls back alone, then commits
-//!   once and only then answers every job. Under a flood many events share one
-//!   fsync; each caller still learns of its own job only after the commit.
-//! - **The door first.** Jobs marked [`Priority::Door`] jump the queue, so a
-//!   keypad entry waits for at most one small group, not the whole flood.
+//!   but the first inside its own savepoint so one failure rolls back alone
+//!   (the first needs none: if it fails, the transaction holds nothing else),
+//!   then commits once and only then answers every job. Under a flood many
+//!   events share one fsync; each caller still learns of its own job only
+//!   after the commit.
+//! - **The door first.** Jobs marked [`Priority::Door`] jump the queue and
+//!   commit as soon as they have run; a waiting door job is visible to bulk
+//!   jobs ([`Store::door_signal`]), which stop early for it. A keypad entry
+//!   waits for one event of the flood, not the whole of it.
+//! - **Checkpoints beside the writer.** A second connection on its own thread
+//!   copies the WAL into the database file, so the writer only appends.
+//! - **Journals in memory.** Savepoint journals never go to temp files, which
+//!   was slow and left page copies (guest names among them) on disk.
 //! - **Invariants in SQL.** The schema (`migrations/`) refuses illegal states
 //!   with constraints and triggers; the Rust code above it is not trusted to
 //!   keep them.

@@ -10,8 +10,10 @@
 //!              |   +-------------- publisher <-- outbox rows --------------+
 //!              +-- session ------> control (sync planner, cloud_stale) ----+
 //! ```
-//! - `client`: the poll task, the only one that touches the event loop; the
-//!   [`client::Gate`] through which every other task queues requests.
+//! - `client`: the poll task, the only one that touches the event loop; it
+//!   pauses reading while the hub's receive window (`window`) is full, and
+//!   writes the acks the [`client::Gate`] queues; every other task queues
+//!   its requests through the gate.
 //! - `ingest`: step 1, then batched commits, then in-order acks.
 //! - `publisher`: outbox rows, signed, out; marked sent after PUBACK.
 //! - `plan` / `ratelimit` / `window`: pure rules, unit-tested without a
