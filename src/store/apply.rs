@@ -367,10 +367,10 @@ fn count_authenticated(
     head_seq: Option<u64>,
     now: Timestamp,
 ) -> Result<(), StoreError> {
-    raise_time_floor(conn, ev.header.issued_at)?;
     let Some(head) = head_seq else {
         return count_seq_and_time(conn, ev, now);
     };
+    raise_time_floor(conn, ev.header.issued_at)?;
     conn.prepare_cached("UPDATE seq_state SET head_seq = max(head_seq, ?1) WHERE id = 1")?
         .execute([head as i64])?;
     // Only a fresh checkpoint shows the cloud is alive: an old one may have
