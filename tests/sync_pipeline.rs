@@ -460,6 +460,29 @@ async fn the_outbox_holds_every_record_while_the_broker_is_down_and_sends_them_o
     hub.stop().await;
 }
 
+/// Publishes `n` distinct events as fast as the broker takes them, then
+/// waits until the hub has applied them all; returns their ids in order.
+async fn flood_and_wait(cloud: &TestCloud, hub: &Hub, n: usize) -> Vec<Uuid> {
+    let mut signer = test_cloud_signer();
+    let mut sent = Vec::with_capacity(n);
+    for i in 0..n {
+        let e = signer.event(
+            "guest.erased",
+            serde_json::json!({"holder_ref": format!("g-{i}")}),
+        );
+        sent.push(e.event_id);
+        cloud.publish(e.envelope).await;
+    }
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        while hub.applied() < n {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("every event applied");
+    sent
+}
+
 /// Mosquitto 2.0's `max_inflight_messages` lets in-order acks run far past
 /// it, so the hub must bound its own intake: under a flood faster than it
 /// commits, it never holds more than its window unacked, and since nothing
@@ -486,21 +509,7 @@ async fn a_flood_faster_than_the_hub_commits_stays_within_its_receive_window() {
     );
     cloud.expect(is_online).await;
 
-    let mut signer = test_cloud_signer();
-    for i in 0..EVENTS {
-        let e = signer.event(
-            "guest.erased",
-            serde_json::json!({"holder_ref": format!("g-{i}")}),
-        );
-        cloud.publish(e.envelope).await;
-    }
-    tokio::time::timeout(TEST_TIMEOUT, async {
-        while hub.applied() < EVENTS {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .expect("every event applied");
+    flood_and_wait(&cloud, &hub, EVENTS).await;
 
     let flow = hub.flow();
     assert!(
@@ -538,30 +547,14 @@ async fn jobs_cut_short_still_commit_every_event_once_in_arrival_order() {
         RecordOnce {
             ring: test_ring(),
             delay: Duration::from_micros(200),
-            // Longer than lockhub's 4 ms job slice.
-            spike: Some((23, Duration::from_millis(6))),
+            // Longer than a job slice: that job is cut short.
+            spike: Some((23, lockhub::store::JOB_SLICE * 3)),
             commits: Default::default(),
         },
     );
     cloud.expect(is_online).await;
 
-    let mut signer = test_cloud_signer();
-    let mut sent = Vec::with_capacity(EVENTS);
-    for i in 0..EVENTS {
-        let e = signer.event(
-            "guest.erased",
-            serde_json::json!({"holder_ref": format!("g-{i}")}),
-        );
-        sent.push(e.event_id);
-        cloud.publish(e.envelope).await;
-    }
-    tokio::time::timeout(TEST_TIMEOUT, async {
-        while hub.applied() < EVENTS {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .expect("every event applied");
+    let sent = flood_and_wait(&cloud, &hub, EVENTS).await;
     let order = hub.applied_order();
     assert_eq!(order.len(), sent.len());
     let first_out_of_order = order.iter().zip(&sent).position(|(a, b)| a != b);
