@@ -26,6 +26,7 @@ pub const IDS: &[&str] = &[
     "ingest.daemon.w20",
     "ingest.daemon.w1000",
     "ingest.daemon.vs_limit",
+    "ingest.daemon.results_out",
     "footprint.rss_ingest",
 ];
 
@@ -106,14 +107,16 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
 
     let mut best = (0.0f64, 0u32);
     let mut peak_rss = 0u64;
+    let mut results_out = vec![];
     for window in [20u32, 1000] {
         let mut rates = vec![];
         let mut stalled = None;
         for _ in 0..sizes.runs {
             match daemon_ingest(&payloads, window).await {
-                Ok((rate, hwm)) => {
-                    rates.push(rate);
-                    peak_rss = peak_rss.max(hwm);
+                Ok(run) => {
+                    rates.push(run.rate);
+                    peak_rss = peak_rss.max(run.hwm);
+                    results_out.extend(run.results_out);
                 }
                 Err((at, hwm)) => {
                     peak_rss = peak_rss.max(hwm);
@@ -178,6 +181,19 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
         )
         .target("≥ 50 %", share >= 50.0),
     );
+    figures.push(Figure::new(
+        "ingest.daemon.results_out",
+        S,
+        &format!(
+            "`lockhub run`: first publish → every result and audit record of the {} events acknowledged by the broker (outbox empty); while intake fills the hub's receive window these wait",
+            thousands(payloads.len() as f64)
+        ),
+        if results_out.is_empty() {
+            "not reached".to_owned()
+        } else {
+            format!("{:.1} s", median(&results_out))
+        },
+    ));
     figures.push(
         Figure::new(
             "footprint.rss_ingest",
@@ -194,14 +210,28 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
 /// as stalled (with where), not waited out.
 const STALL: Duration = Duration::from_secs(20);
 
+/// What one daemon flood measured.
+pub struct DaemonIngest {
+    /// Events/s from the first publish until all were committed.
+    pub rate: f64,
+    /// The daemon's VmHWM, bytes.
+    pub hwm: u64,
+    /// Seconds from the first publish until the outbox was empty, if it
+    /// emptied within [`RESULTS_TIMEOUT`].
+    pub results_out: Option<f64>,
+}
+
+/// How long to wait for the outbox to empty after the last commit.
+const RESULTS_TIMEOUT: Duration = Duration::from_secs(180);
+
 /// One broker with `window`, one real daemon, one flood: events/s from the
 /// first publish until the watermark covers every seq (each is committed,
-/// and the daemon acks right after its commit), and the daemon's VmHWM; or
-/// the watermark where it stalled.
+/// and the daemon acks right after its commit), the daemon's VmHWM, and when
+/// its results were all out; or the watermark where it stalled.
 pub async fn daemon_ingest(
     payloads: &Arc<Vec<Vec<u8>>>,
     window: u32,
-) -> Result<(f64, u64), (u64, u64)> {
+) -> Result<DaemonIngest, (u64, u64)> {
     let n = payloads.len() as u64;
     let Flood {
         broker: _broker,
@@ -243,11 +273,25 @@ pub async fn daemon_ingest(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let took = started.elapsed();
-    let hwm = daemon.memory().map_or(0, |(_, hwm)| hwm);
     let _ = publisher.await;
+    let drained = Instant::now();
+    let results_out = loop {
+        if Daemon::unsent(&reader) == 0 {
+            break Some(started.elapsed().as_secs_f64());
+        }
+        if drained.elapsed() > RESULTS_TIMEOUT {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let hwm = daemon.memory().map_or(0, |(_, hwm)| hwm);
     drop(reader);
     daemon.stop();
-    Ok((n as f64 / took.as_secs_f64(), hwm))
+    Ok(DaemonIngest {
+        rate: n as f64 / took.as_secs_f64(),
+        hwm,
+        results_out,
+    })
 }
 
 /// `verify_strict` alone, and the whole of step 1, over distinct events on
