@@ -102,15 +102,6 @@ impl Daemon {
         .map_or(0, |w| w as u64)
     }
 
-    /// Outbox rows (results, audit records, alerts) the broker has not yet
-    /// acknowledged.
-    pub fn unsent(conn: &Connection) -> u64 {
-        conn.query_row("SELECT count(*) FROM outbox WHERE sent_at IS NULL", [], |r| {
-            r.get::<_, i64>(0)
-        })
-        .map_or(u64::MAX, |n| n as u64)
-    }
-
     pub fn log(&self) -> String {
         let text = std::fs::read_to_string(self.dir.path().join("lockhub.log")).unwrap_or_default();
         let tail: Vec<&str> = text.lines().rev().take(20).collect();

@@ -11,6 +11,7 @@ use super::{Sizes, fixture, mqtt, pipeline};
 use lockhub::config::Signer;
 use lockhub::crypto::{self, EVENT_CONTEXT};
 use lockhub::sim::cloud::SignedEvent;
+use lockhub::store::outbox;
 use lockhub::verify::verify_envelope;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -276,7 +277,8 @@ pub async fn daemon_ingest(
     let _ = publisher.await;
     let drained = Instant::now();
     let results_out = loop {
-        if Daemon::unsent(&reader) == 0 {
+        // Rows the broker has not acknowledged yet (results, audit, alerts).
+        if outbox::depth(&reader).is_ok_and(|n| n == 0) {
             break Some(started.elapsed().as_secs_f64());
         }
         if drained.elapsed() > RESULTS_TIMEOUT {
