@@ -203,6 +203,13 @@ struct GateState {
     acks: VecDeque<u16>,
 }
 
+impl GateState {
+    /// Whether connection `epoch` is the one that is up.
+    fn is_current(&self, epoch: u64) -> bool {
+        self.connected && self.epoch == epoch
+    }
+}
+
 /// The only way tasks reach the broker. Each connection has an epoch; a
 /// request tagged with an older epoch is refused, atomically with respect to
 /// the poll task dropping the connection's queued requests.
@@ -249,7 +256,7 @@ impl Gate {
         f: impl FnOnce(&AsyncClient) -> Result<(), ClientError>,
     ) -> Result<(), GateRefusal> {
         let st = self.state.lock().map_err(|_| GateRefusal::Closed)?;
-        if !st.connected || st.epoch != epoch {
+        if !st.is_current(epoch) {
             return Err(GateRefusal::Stale);
         }
         // rumqttc reports a full and a closed channel alike; callers retry
@@ -274,7 +281,7 @@ impl Gate {
         }
         {
             let mut st = self.state.lock().map_err(|_| GateRefusal::Closed)?;
-            if !st.connected || st.epoch != epoch {
+            if !st.is_current(epoch) {
                 return Err(GateRefusal::Stale);
             }
             st.acks.push_back(publish.pkid);
@@ -288,15 +295,10 @@ impl Gate {
     /// Takes the acks queued for connection `epoch` (none if it is gone).
     fn take_acks(&self, epoch: u64) -> Vec<u16> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if !st.connected || st.epoch != epoch {
+        if !st.is_current(epoch) {
             return Vec::new();
         }
         st.acks.drain(..).collect()
-    }
-
-    /// PUBACKs queued since start.
-    pub fn acks_queued(&self) -> u64 {
-        self.acks_queued.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The intake counters so far.

@@ -38,7 +38,7 @@
 //! connection. We drop the rest of it and ask the poll task to reconnect,
 //! which makes the broker redeliver from the first unacked message.
 
-use super::client::{Gate, GateRefusal, Inbound};
+use super::client::{Gate, Inbound};
 use super::plan::SeqView;
 use crate::store::{JOB_SLICE, Priority, Store, StoreError};
 use rusqlite::Connection;
@@ -210,15 +210,6 @@ fn start_commit<D: Decide>(
     })
 }
 
-/// Queues one ack. Returns false when the connection is gone (the broker
-/// will redeliver).
-fn ack(gate: &Gate, inbound: &Inbound) -> bool {
-    match gate.ack(inbound.epoch, &inbound.publish) {
-        Ok(()) => true,
-        Err(GateRefusal::Full | GateRefusal::Stale | GateRefusal::Closed) => false,
-    }
-}
-
 /// Runs until the poll task's channel closes, then finishes what it holds.
 pub async fn run<D: Decide>(
     decider: Arc<D>,
@@ -313,7 +304,9 @@ pub async fn run<D: Decide>(
                     if poisoned.is_some_and(|p| msg.epoch <= p) {
                         continue;
                     }
-                    if !ack(&gate, msg) {
+                    // Refused only when the connection is gone: the broker
+                    // will redeliver.
+                    if gate.ack(msg.epoch, &msg.publish).is_err() {
                         tracing::debug!(epoch = msg.epoch, "connection gone; the broker will redeliver");
                     }
                 }
