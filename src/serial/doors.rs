@@ -12,10 +12,8 @@ use firmware_bridge::{DenyReason as WireDeny, Pin};
 use super::PortShared;
 use super::port::DoorTarget;
 use crate::door::{Decision, pin_tags};
-use crate::store::Priority;
-use crate::store::alerts::{self, Condition};
-use crate::store::door::{DoorEntry, door_entry, record_storage_failure};
-use crate::time::Timestamp;
+use crate::store::StoreError;
+use crate::store::door::{DoorEntry, decide_entry};
 
 /// Keypad entries that may wait behind the one being decided, per door.
 ///
@@ -201,11 +199,17 @@ pub(crate) enum Reply {
 }
 
 /// Decides one keypad entry and commits it: the PIN's tags under every PIN
-/// key, then [`door_entry`] on the writer with [`Priority::Door`]. Returns
-/// only after the audit row is committed, so the caller may then send the
-/// command. If the store refuses, the answer is `Deny` and `storage_failure`
-/// is raised for the door: no door opens unrecorded.
+/// key, then [`decide_entry`] (the door decision every driver shares).
+/// Returns only after the audit row is committed, so the caller may then
+/// send the command; within [`door::ANSWER_WITHIN`] of now in any case. If
+/// the store cannot commit in time, the answer is `Deny`, and the denial is
+/// kept and written with its `storage_failure` alert once storage works
+/// ([`storage_failure`]): no door opens unrecorded.
+///
+/// [`door::ANSWER_WITHIN`]: crate::store::door::ANSWER_WITHIN
 pub(crate) async fn decide(shared: &PortShared, target: &DoorTarget, pin: Pin) -> Reply {
+    // The 2 s count from here: the entry was acked just now.
+    let received = std::time::Instant::now();
     // The PIN is dropped here; only its tags go further.
     let tags = pin_tags(pin.as_bytes(), &shared.pin_keys);
     drop(pin);
@@ -216,12 +220,8 @@ pub(crate) async fn decide(shared: &PortShared, target: &DoorTarget, pin: Pin) -
         tags,
         at,
     };
-    let policy = shared.policy;
     let serial = &shared.port.name;
-    let result = shared
-        .store
-        .write(Priority::Door, move |c| door_entry(c, &entry, &policy))
-        .await;
+    let result = decide_entry(&shared.store, entry, shared.policy, received).await;
     shared.wake_outbox();
     match result {
         Ok(outcome) => match outcome.decision {
@@ -244,40 +244,18 @@ pub(crate) async fn decide(shared: &PortShared, target: &DoorTarget, pin: Pin) -
                 Reply::Deny { reason }
             }
         },
-        Err(e) => {
-            tracing::error!(serial = %serial, door = %target.name, error = %e, "cannot record the decision; denied");
-            storage_failure(shared, &target.name, at).await;
-            Reply::Deny {
-                reason: WireDeny::DENIED,
-            }
-        }
+        Err(e) => storage_failure(serial, &target.name, &e),
     }
 }
 
-/// Best effort after a failed decision write: the `storage_failure` denial
-/// row with its alert; if the audit table refuses that too, the alert
-/// alone, which may still fit (the alerts table is a separate write).
-async fn storage_failure(shared: &PortShared, door: &str, at: Timestamp) {
-    let d = door.to_owned();
-    let full = shared
-        .store
-        .write(Priority::Door, move |c| record_storage_failure(c, &d, at))
-        .await;
-    let Err(e) = full else {
-        shared.wake_outbox();
-        return;
-    };
-    tracing::error!(door = %door, error = %e, "cannot record the storage failure; raising the alert alone");
-    let d = door.to_owned();
-    match shared
-        .store
-        .write(Priority::Door, move |c| {
-            alerts::raise(c, Condition::StorageFailure, &d, 1, at)
-        })
-        .await
-    {
-        Ok(_) => shared.wake_outbox(),
-        Err(e) => tracing::error!(door = %door, error = %e, "cannot raise storage_failure"),
+/// The store could not commit the decision in time: deny. The denial itself
+/// is already kept by [`decide_entry`] and is written, with its
+/// `storage_failure` alert, as soon as storage takes writes again; no
+/// second write is tried here, so the person at the door is answered now.
+fn storage_failure(serial: &str, door: &str, e: &StoreError) -> Reply {
+    tracing::error!(serial = %serial, door = %door, error = %e, "cannot record the decision; denied");
+    Reply::Deny {
+        reason: WireDeny::DENIED,
     }
 }
 

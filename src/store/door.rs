@@ -17,9 +17,27 @@ use super::floor;
 use crate::config::Policy;
 use crate::door::{self, Candidate, Decision, DenyReason, DoorInput, Lockout, LockoutFacts};
 use crate::time::Timestamp;
+use super::{Store, StoreError as Error};
 use rusqlite::{Connection, OptionalExtension, params};
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 use uuid::Uuid;
+
+/// A door decision that has not committed this long after its keypad entry
+/// arrived is denied, and never commits later (serial.md 'Door decisions').
+pub const COMMIT_WITHIN: Duration = Duration::from_secs(2);
+/// The caller stops waiting for the store this long after the entry
+/// arrived, whatever the store does (a commit stuck in fsync), and denies:
+/// the answer is on the wire within the contract's 3 s.
+pub const ANSWER_WITHIN: Duration = Duration::from_millis(2_700);
+/// Denials kept in memory while they cannot be written; beyond it only
+/// their count is kept (for the alert).
+pub const MISSED_MAX: usize = 1024;
+/// How often the missed denials are tried again while storage fails.
+const RETRY_EVERY: Duration = Duration::from_millis(500);
 
 /// One keypad entry, as the serial driver hands it over.
 #[derive(Clone, PartialEq, Eq)]
@@ -185,6 +203,14 @@ pub fn door_entry(
     if let Decision::Deny { reason, lockout } = &decision {
         if *reason == DenyReason::PinAmbiguous {
             alerts::raise(conn, Condition::PinAmbiguous, &entry.door, 1, entry.at)?;
+            // The alert ends when one of these keys stops being live (a
+            // trigger on `keys` does it).
+            let found = match &entry.tags {
+                Some(tags) => candidates(conn, &entry.door, tags)?,
+                None => Vec::new(),
+            };
+            let ids: Vec<&str> = found.iter().map(|c| c.key_id.as_str()).collect();
+            alerts::remember_keys(conn, Condition::PinAmbiguous, &entry.door, &ids)?;
         }
         if let Some(l) = lockout {
             start_lockout(conn, &entry.door, l)?;
@@ -358,4 +384,181 @@ mod tests {
             "{s}"
         );
     }
+}
+
+/// Keypad entries denied because the store failed, kept in memory until they
+/// can be written: each becomes its `door.denied` (`storage_failure`) audit
+/// row and counts in the door's `storage_failure` alert, as soon as storage
+/// takes writes again (mqtt.md 'Alerts'). One per [`Store`].
+#[derive(Debug, Default)]
+pub struct StorageFailures {
+    missed: Mutex<Missed>,
+    retrying: AtomicBool,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Missed {
+    /// (door, effective time of the entry), oldest first.
+    entries: VecDeque<(String, Timestamp)>,
+    /// Denials past [`MISSED_MAX`], per door: counted, not audited.
+    overflow: BTreeMap<String, (i64, Timestamp)>,
+}
+
+impl Missed {
+    fn is_empty(&self) -> bool {
+        self.entries.is_empty() && self.overflow.is_empty()
+    }
+}
+
+impl StorageFailures {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Missed> {
+        self.missed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A denial at `door` at `at` could not be recorded.
+    pub fn note(&self, door: &str, at: Timestamp) {
+        let mut m = self.lock();
+        if m.entries.len() < MISSED_MAX {
+            m.entries.push_back((door.to_owned(), at));
+        } else {
+            let e = m.overflow.entry(door.to_owned()).or_insert((0, at));
+            e.0 += 1;
+            e.1 = e.1.max(at);
+        }
+    }
+
+    /// How many denials wait to be written.
+    pub fn pending(&self) -> usize {
+        let m = self.lock();
+        m.entries.len() + m.overflow.values().map(|(n, _)| *n as usize).sum::<usize>()
+    }
+
+    fn take(&self) -> Missed {
+        std::mem::take(&mut *self.lock())
+    }
+
+    /// Puts back what a failed write took, ahead of what was noted since.
+    fn restore(&self, mut taken: Missed) {
+        let mut m = self.lock();
+        let newer = std::mem::take(&mut m.entries);
+        taken.entries.extend(newer);
+        while taken.entries.len() > MISSED_MAX {
+            if let Some((door, at)) = taken.entries.pop_back() {
+                let e = taken.overflow.entry(door).or_insert((0, at));
+                e.0 += 1;
+                e.1 = e.1.max(at);
+            }
+        }
+        for (door, (n, at)) in std::mem::take(&mut m.overflow) {
+            let e = taken.overflow.entry(door).or_insert((0, at));
+            e.0 += n;
+            e.1 = e.1.max(at);
+        }
+        *m = taken;
+    }
+}
+
+/// Writes the missed denials: each its audit row and a bump of its door's
+/// `storage_failure` alert. A row the audit table refuses (while the alerts
+/// table still takes writes) is counted in the alert alone.
+fn write_missed(conn: &Connection, missed: &Missed) -> Result<(), StoreError> {
+    for (door, at) in &missed.entries {
+        conn.execute_batch("SAVEPOINT missed")?;
+        match record_storage_failure(conn, door, *at) {
+            Ok(_) => conn.execute_batch("RELEASE missed")?,
+            Err(e) => {
+                conn.execute_batch("ROLLBACK TO missed; RELEASE missed")?;
+                tracing::error!(door = %door, error = %e, "a missed denial cannot be audited; counted in its alert alone");
+                alerts::raise(conn, Condition::StorageFailure, door, 1, *at)?;
+            }
+        }
+    }
+    for (door, (n, at)) in &missed.overflow {
+        alerts::raise(conn, Condition::StorageFailure, door, *n, *at)?;
+    }
+    Ok(())
+}
+
+/// The door decision for any driver (serial today, OSDP later): decides
+/// `entry`, which arrived at `received`, and commits it with the missed
+/// denials before it, within [`COMMIT_WITHIN`] of `received` or not at all.
+/// A decision that commits ends every `storage_failure` alert: storage
+/// works again.
+///
+/// On any error the caller answers Deny (reason 1): the entry is kept as a
+/// missed denial and written, with its alert, as soon as the store takes
+/// writes ([`StorageFailures`]); nothing of the failed decision was or will
+/// be committed (a commit already stuck inside fsync past
+/// [`ANSWER_WITHIN`] aside: no software can take that back).
+pub async fn decide_entry(
+    store: &Store,
+    entry: DoorEntry,
+    policy: Policy,
+    received: Instant,
+) -> Result<DoorOutcome, Error> {
+    let failures = store.storage_failures();
+    let (door, at) = (entry.door.clone(), entry.at);
+    let missed = failures.take();
+    let job_missed = missed.clone();
+    let write = store.write_door(received + COMMIT_WITHIN, move |c| {
+        write_missed(c, &job_missed)?;
+        let outcome = door_entry(c, &entry, &policy)?;
+        alerts::clear_all(c, Condition::StorageFailure, entry.at)?;
+        Ok(outcome)
+    });
+    let result = tokio::time::timeout_at((received + ANSWER_WITHIN).into(), write)
+        .await
+        .unwrap_or(Err(Error::Deadline));
+    if result.is_err() {
+        failures.restore(missed);
+        failures.note(&door, at);
+        retry_missed(store);
+    }
+    result
+}
+
+/// Tries the missed denials again every [`RETRY_EVERY`] until they are
+/// written (one task per store at a time; a door decision that commits
+/// writes them too).
+fn retry_missed(store: &Store) {
+    let failures = store.storage_failures();
+    if failures.retrying.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let store = store.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(RETRY_EVERY).await;
+            let missed = failures.take();
+            if missed.is_empty() {
+                break;
+            }
+            let job_missed = missed.clone();
+            match store
+                .write(super::Priority::Bulk, move |c| write_missed(c, &job_missed))
+                .await
+            {
+                Ok(()) => {
+                    tracing::warn!(
+                        denials = missed.entries.len(),
+                        "storage takes writes again; missed denials recorded"
+                    );
+                }
+                Err(Error::Closed) => {
+                    failures.restore(missed);
+                    break;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "missed denials still cannot be written");
+                    failures.restore(missed);
+                }
+            }
+        }
+        failures.retrying.store(false, Ordering::Release);
+        // A denial noted between the last take and the flag going down
+        // starts its own retry.
+        if failures.pending() > 0 {
+            retry_missed(&store);
+        }
+    });
 }

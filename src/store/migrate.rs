@@ -17,6 +17,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0002_link_state",
         include_str!("../../migrations/0002_link_state.sql"),
     ),
+    (
+        "0003_alerts_end",
+        include_str!("../../migrations/0003_alerts_end.sql"),
+    ),
 ];
 
 /// The schema version a database is at.
@@ -37,10 +41,29 @@ pub(super) fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreErr
     if found == known {
         return Ok(());
     }
+    // Foreign keys are off while the steps run, as SQLite's procedure for
+    // rebuilding a table asks (a referenced table is dropped and renamed
+    // back into place), and checked whole before the commit. The pragma is a
+    // no-op inside a transaction, so it is set around it.
+    conn.pragma_update(None, "foreign_keys", false)?;
+    let result = run_steps(conn, found, known);
+    conn.pragma_update(None, "foreign_keys", true)?;
+    result
+}
+
+fn run_steps(conn: &mut Connection, found: i64, known: i64) -> Result<(), StoreError> {
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     for (name, sql) in &MIGRATIONS[found as usize..] {
         tx.execute_batch(sql)
             .map_err(|source| StoreError::Migration { name, source })?;
+    }
+    let broken: i64 = tx.query_row("SELECT count(*) FROM pragma_foreign_key_check", [], |r| {
+        r.get(0)
+    })?;
+    if broken > 0 {
+        return Err(StoreError::Invalid(format!(
+            "the migrations leave {broken} rows with a broken foreign key"
+        )));
     }
     tx.pragma_update(None, "user_version", known)?;
     tx.commit()?;
