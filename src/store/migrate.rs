@@ -90,6 +90,65 @@ mod tests {
     }
 
     #[test]
+    fn a_version_2_database_keeps_its_audit_outbox_and_alerts_through_the_rebuild_of_0003() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.db");
+        let mut c = Connection::open(&path).unwrap();
+        c.pragma_update(None, "foreign_keys", true).unwrap();
+        for (_, sql) in &MIGRATIONS[..2] {
+            c.execute_batch(sql).unwrap();
+        }
+        c.pragma_update(None, "user_version", 2).unwrap();
+        let id = "0190f000-0000-7000-8000-000000000001";
+        c.execute_batch(&format!(
+            "INSERT INTO audit (audit_id, at, kind, door, reason) VALUES ('{id}', 5, 'door.denied', '101', 'unknown_pin');
+             INSERT INTO outbox (topic, body, audit_id, created_at) VALUES ('audit', x'7b7d', '{id}', 5);
+             INSERT INTO alerts VALUES ('tamper', 'board-a', '{id}', 'raised', 1, 5, 5, 5);
+             UPDATE sqlite_sequence SET seq = 41 WHERE name = 'audit';"
+        ))
+        .unwrap();
+        migrate(&mut c, &path).unwrap();
+        assert_eq!(schema_version(&c).unwrap(), MIGRATIONS.len() as i64);
+        let fk: bool = c
+            .pragma_query_value(None, "foreign_keys", |r| r.get(0))
+            .unwrap();
+        assert!(fk, "foreign keys are back on");
+        let kept: (i64, i64, i64) = c
+            .query_row(
+                "SELECT (SELECT count(*) FROM audit WHERE audit_id = ?1 AND reason = 'unknown_pin'),
+                        (SELECT count(*) FROM outbox WHERE audit_id = ?1),
+                        (SELECT count(*) FROM alerts WHERE condition = 'tamper' AND state = 'raised')",
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .unwrap();
+        assert_eq!(kept, (1, 1, 1));
+        // The new kinds and conditions fit; seqnos are never reused.
+        c.execute(
+            "INSERT INTO audit (audit_id, at, kind, door, reason, condition)
+             VALUES ('0190f000-0000-7000-8000-000000000002', 6, 'alert.cleared', 'board-a', 'fixed', 'tamper')",
+            [],
+        )
+        .unwrap();
+        let seqno: i64 = c
+            .query_row("SELECT max(seqno) FROM audit", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(seqno, 42);
+        c.execute(
+            "INSERT INTO alerts VALUES ('keypad_flood', '101', ?1, 'raised', 1, 5, 5, 5)",
+            [id],
+        )
+        .unwrap();
+        // The rebuilt audit table is as immutable as before.
+        assert!(c.execute("UPDATE audit SET reason = 'x'", []).is_err());
+        assert!(
+            c.execute("INSERT INTO outbox (topic, body, audit_id, created_at) VALUES ('audit', x'00', 'nope', 1)", [])
+                .is_err(),
+            "the outbox still refers to the audit table"
+        );
+    }
+
+    #[test]
     fn a_failing_step_leaves_the_database_at_its_old_version() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("x.db");

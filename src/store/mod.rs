@@ -641,7 +641,8 @@ impl Patience {
     fn set(&self, until: Instant, yield_to_doors: bool) {
         use std::sync::atomic::Ordering::Relaxed;
         let us = until.saturating_duration_since(self.base).as_micros();
-        self.until_us.store(u64::try_from(us).unwrap_or(u64::MAX), Relaxed);
+        self.until_us
+            .store(u64::try_from(us).unwrap_or(u64::MAX), Relaxed);
         self.yield_to_doors.store(yield_to_doors, Relaxed);
     }
 
