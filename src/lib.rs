@@ -26,6 +26,7 @@
 //! | | [`daemon`] | `run(config, shutdown)`: wires the store, sync, serial ports and housekeeping |
 //! | operators | [`provision`] | `lockhub provision`: writes hub.toml + secrets.toml safely, fresh keys |
 //! | | [`status`] | `lockhub status`: a read-only snapshot for operators |
+//! | | [`alert_clear`] | `lockhub alert clear`: an operator ends a raised alert, audited; safe while the daemon runs |
 //! | | [`notify`] | systemd `sd_notify` (READY, WATCHDOG, STOPPING) without libsystemd |
 //! | | [`logging`] | the tracing subscriber: text or JSON on stderr |
 //! | peers | [`sim`] | a simulated cloud that signs events and a simulated lock board, for tests, the demo, benchmarks |
@@ -36,6 +37,7 @@
 //! `migrations/` holds the schema as append-only SQL files; the invariants of
 //! mqtt.md are enforced there, by SQLite, as the last line of defence.
 
+pub mod alert_clear;
 pub mod clock;
 pub mod config;
 pub mod crypto;

@@ -385,6 +385,35 @@ pub fn open_read_only(path: &Path) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
+/// A read-write connection for an operator's command (`lockhub alert
+/// clear`) beside a running daemon: the database must exist at exactly
+/// this binary's schema (nothing is created or migrated), writes are
+/// `synchronous=FULL` and wait for the daemon's writer with the usual
+/// busy timeout. Keep its transactions short: door jobs wait for them.
+pub fn open_operator(path: &Path) -> Result<Connection, StoreError> {
+    if !path.exists() {
+        return Err(StoreError::NoDatabase(path.to_owned()));
+    }
+    let conn = connect(path, OpenFlags::SQLITE_OPEN_READ_WRITE)?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    let found = schema_version(&conn)?;
+    let known = MIGRATIONS.len() as i64;
+    if found > known {
+        return Err(StoreError::TooNew {
+            path: path.to_owned(),
+            found,
+            known,
+        });
+    }
+    if found < known {
+        return Err(StoreError::Invalid(format!(
+            "database {} has schema version {found}; start the daemon once to upgrade it to {known}",
+            path.display()
+        )));
+    }
+    Ok(conn)
+}
+
 impl Store {
     /// Opens (creating if needed) the database at `path`, migrates it, writes
     /// the retention policy the triggers use, and starts the writer thread.
