@@ -49,6 +49,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         store.clone(),
         decider,
         seq,
+        clock.clone(),
     ) {
         Ok(s) => s,
         Err(e) => {
