@@ -8,7 +8,7 @@ mod common;
 #[path = "common/pty.rs"]
 mod pty;
 #[path = "common/serial_hub.rs"]
-#[allow(dead_code, unused_imports)]
+#[allow(unused_imports)]
 mod serial_hub;
 
 use common::daemon::{CloudClient, Daemon, DaemonOptions, WAIT};

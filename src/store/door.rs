@@ -10,11 +10,11 @@
 //! denials that count are the `door.denied` audit rows, so a restart or a
 //! power cut forgives nothing.
 
+use super::Store;
 use super::StoreError;
 use super::alerts::{self, Condition};
 use super::audit::{self, AuditKind, AuditRecord};
 use super::floor;
-use super::{Store, StoreError as Error};
 use crate::config::Policy;
 use crate::door::{self, Candidate, Decision, DenyReason, DoorInput, Lockout, LockoutFacts};
 use crate::time::Timestamp;
@@ -371,6 +371,25 @@ mod tests {
     }
 
     #[test]
+    fn missed_denials_past_the_limit_are_counted_and_a_restore_keeps_the_order() {
+        let f = StorageFailures::default();
+        for i in 0..MISSED_MAX + 3 {
+            f.note("101", Timestamp(i as i64));
+        }
+        assert_eq!(f.pending(), MISSED_MAX + 3);
+        let taken = f.take();
+        assert_eq!(f.pending(), 0);
+        f.note("102", Timestamp(9_999));
+        f.restore(taken);
+        let m = f.take();
+        assert_eq!(m.entries.len(), MISSED_MAX);
+        assert_eq!(m.entries[0], ("101".to_owned(), Timestamp(0)));
+        // The newest entry did not fit behind the restored ones: counted.
+        assert_eq!(m.overflow["101"].0, 3);
+        assert_eq!(m.overflow["102"].0, 1);
+    }
+
+    #[test]
     fn a_door_entry_debug_never_shows_tags() {
         let e = DoorEntry {
             door: "101".into(),
@@ -495,7 +514,7 @@ pub async fn decide_entry(
     entry: DoorEntry,
     policy: Policy,
     received: Instant,
-) -> Result<DoorOutcome, Error> {
+) -> Result<DoorOutcome, StoreError> {
     let failures = store.storage_failures();
     let (door, at) = (entry.door.clone(), entry.at);
     let missed = failures.take();
@@ -508,7 +527,7 @@ pub async fn decide_entry(
     });
     let result = tokio::time::timeout_at((received + ANSWER_WITHIN).into(), write)
         .await
-        .unwrap_or(Err(Error::Deadline));
+        .unwrap_or(Err(StoreError::Deadline));
     if result.is_err() {
         failures.restore(missed);
         failures.note(&door, at);
@@ -544,7 +563,7 @@ fn retry_missed(store: &Store) {
                         "storage takes writes again; missed denials recorded"
                     );
                 }
-                Err(Error::Closed) => {
+                Err(StoreError::Closed) => {
                     failures.restore(missed);
                     break;
                 }

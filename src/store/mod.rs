@@ -18,6 +18,14 @@
 //!   commit as soon as they have run; a waiting door job is visible to bulk
 //!   jobs ([`Store::door_signal`]), which stop early for it. A keypad entry
 //!   waits for one event of the flood, not the whole of it.
+//! - **A door job has a deadline** ([`Store::write_door`]): it commits by
+//!   then or not at all, so the door is answered within 3 s whatever the
+//!   storage does, and a denied door never leaves a committed grant. While
+//!   another process holds the write lock, a bulk group waiting for it
+//!   steps aside the moment a door job waits, and the door job waits for
+//!   the lock only until its own deadline (`Patience`, the writer's busy
+//!   handler). What the door side does on failure lives in [`door`]
+//!   (`decide_entry`, `StorageFailures`).
 //! - **Checkpoints beside the writer.** A second connection on its own thread
 //!   copies the WAL into the database file, so the writer only appends.
 //! - **Journals in memory.** Savepoint journals never go to temp files, which
@@ -1090,6 +1098,93 @@ mod tests {
         blocker.join().unwrap().unwrap();
         queued.into_iter().for_each(|t| t.join().unwrap().unwrap());
         assert_eq!(*order.lock().unwrap(), ["first", "door", "bulk", "bulk"]);
+    }
+
+    fn floor(store: &Store) -> i64 {
+        store
+            .reader()
+            .unwrap()
+            .query_row("SELECT floor FROM time_floor", [], |r| r.get(0))
+            .unwrap()
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_door_job_that_reaches_the_writer_after_its_deadline_is_refused_unrun() {
+        let (_dir, store) = open_temp();
+        let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let r = ran.clone();
+        let past = Instant::now() - Duration::from_millis(1);
+        let res = runtime().block_on(store.write_door(past, move |c| {
+            r.store(true, std::sync::atomic::Ordering::Relaxed);
+            c.execute("UPDATE time_floor SET floor = 7 WHERE id = 1", [])?;
+            Ok(())
+        }));
+        assert!(matches!(res, Err(StoreError::Deadline)), "{res:?}");
+        assert!(!ran.load(std::sync::atomic::Ordering::Relaxed));
+        assert_eq!(floor(&store), 0);
+    }
+
+    #[test]
+    fn a_door_job_that_finishes_after_its_deadline_is_rolled_back() {
+        let (_dir, store) = open_temp();
+        let deadline = Instant::now() + Duration::from_millis(50);
+        let res = runtime().block_on(store.write_door(deadline, move |c| {
+            c.execute("UPDATE time_floor SET floor = 7 WHERE id = 1", [])?;
+            std::thread::sleep(Duration::from_millis(100));
+            Ok(())
+        }));
+        assert!(matches!(res, Err(StoreError::Deadline)), "{res:?}");
+        assert_eq!(floor(&store), 0, "nothing of a late door job commits");
+        // The writer goes on.
+        store
+            .write_blocking(Priority::Bulk, |c| {
+                c.execute("UPDATE time_floor SET floor = 8 WHERE id = 1", [])?;
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(floor(&store), 8);
+    }
+
+    #[test]
+    fn with_the_write_lock_held_elsewhere_a_door_job_gives_up_at_its_deadline_ahead_of_a_waiting_bulk_job()
+     {
+        let (_dir, store) = open_temp();
+        let other = Connection::open(store.path()).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        // A bulk job starts waiting for the lock (up to the busy timeout)...
+        let bulk = {
+            let s = store.clone();
+            std::thread::spawn(move || {
+                s.write_blocking(Priority::Bulk, |c| {
+                    c.execute("UPDATE time_floor SET floor = 3 WHERE id = 1", [])?;
+                    Ok(())
+                })
+            })
+        };
+        std::thread::sleep(Duration::from_millis(100));
+        // ...and a door job arriving behind it is answered by its deadline,
+        // not after the bulk job's wait.
+        let deadline = Instant::now() + Duration::from_millis(300);
+        let res = runtime().block_on(store.write_door(deadline, |c| {
+            c.execute("UPDATE time_floor SET floor = 9 WHERE id = 1", [])?;
+            Ok(())
+        }));
+        assert!(matches!(res, Err(StoreError::Deadline)), "{res:?}");
+        assert!(
+            Instant::now() < deadline + BUSY_TIMEOUT,
+            "the door job waited for the bulk job's busy timeout"
+        );
+        other.execute_batch("ROLLBACK").unwrap();
+        // The bulk job, tried again after the door, commits once the lock is free.
+        bulk.join().unwrap().unwrap();
+        assert_eq!(floor(&store), 3);
     }
 
     #[test]

@@ -185,8 +185,8 @@ pub fn start<D: Decide>(
             store,
             clock,
             seq,
-            settings.cloud_stale,
-            stale_raised,
+            // Its clock starts with the control task (Duration::ZERO there).
+            StaleTracker::new(settings.cloud_stale, Duration::ZERO, stale_raised),
             session_rx,
             decided_rx,
             outbox_wake.clone(),
@@ -258,8 +258,7 @@ async fn control(
     store: Store,
     clock: SharedClock,
     seq: SeqView,
-    stale_after: Duration,
-    stale_raised: bool,
+    mut stale: StaleTracker,
     mut session_rx: mpsc::Receiver<LinkEvent>,
     mut decided_rx: mpsc::Receiver<Decided>,
     outbox_wake: Arc<Notify>,
@@ -267,7 +266,6 @@ async fn control(
     let origin = Instant::now();
     let now = || origin.elapsed();
     let mut planner = SyncPlanner::new(seq);
-    let mut stale = StaleTracker::new(stale_after, now(), stale_raised);
     let mut connected = false;
     let (mut session_open, mut decided_open) = (true, true);
     while session_open || decided_open {
