@@ -778,13 +778,16 @@ fn run_group(
         return;
     };
     let door_deadline = front.deadline;
+    // Only a bulk group steps aside: a door job counts as waiting until it
+    // starts, so a door group would step aside for itself.
+    let bulk = front.priority == Priority::Bulk;
     let wait_until = Instant::now() + BUSY_TIMEOUT;
     patience.set(
         door_deadline.map_or(wait_until, |d| d.min(wait_until)),
-        door_deadline.is_none(),
+        bulk,
     );
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
-        if door_deadline.is_none() && patience.doors.waiting() {
+        if bulk && patience.doors.waiting() {
             // Another process holds the write lock and a door job waits:
             // it goes first (`take_waiting`), with its own deadline; this
             // group is tried again after it.
