@@ -562,3 +562,50 @@ fn lockouts_are_never_overwritten() {
     );
     refused(&c, "UPDATE lockouts SET until = 2");
 }
+
+#[test]
+fn an_alert_cleared_audit_row_always_names_its_condition_subject_and_reason_and_keeps_them() {
+    let (_dir, c) = db();
+    let row = |n: u8, cols: &str, vals: &str| {
+        format!(
+            "INSERT INTO audit (audit_id, at, kind{cols}) VALUES ('00000000-0000-7000-8000-0000000000{n:02}', 5, 'alert.cleared'{vals})"
+        )
+    };
+    refused(&c, &row(1, "", ""));
+    refused(&c, &row(2, ", door, reason", ", 'board-a', 'fixed'"));
+    refused(&c, &row(3, ", door, condition", ", 'board-a', 'tamper'"));
+    refused(&c, &row(4, ", reason, condition", ", 'fixed', 'tamper'"));
+    accepted(
+        &c,
+        &row(
+            5,
+            ", door, reason, condition",
+            ", 'board-a', 'fixed', 'tamper'",
+        ),
+    );
+    refused(&c, "UPDATE audit SET condition = 'door_forced'");
+    // Only an operator's clear carries a condition.
+    refused(
+        &c,
+        "INSERT INTO audit (audit_id, at, kind, door, condition)
+         VALUES ('00000000-0000-7000-8000-000000000006', 5, 'board.tamper', 'board-a', 'tamper')",
+    );
+}
+
+#[test]
+fn every_alert_condition_of_the_contract_is_accepted_and_no_other() {
+    let (_dir, c) = db();
+    for (i, cond) in lockhub::store::alerts::Condition::ALL.iter().enumerate() {
+        accepted(
+            &c,
+            &format!(
+                "INSERT INTO alerts VALUES ('{}', 's', '00000000-0000-7000-8000-0000000000{i:02}', 'raised', 1, 1, 1, 1)",
+                cond.as_str()
+            ),
+        );
+    }
+    refused(
+        &c,
+        "INSERT INTO alerts VALUES ('door_sad', 's', '00000000-0000-7000-8000-000000000099', 'raised', 1, 1, 1, 1)",
+    );
+}
