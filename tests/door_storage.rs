@@ -118,6 +118,7 @@ async fn a_door_is_denied_within_3_s_while_another_connection_holds_the_write_lo
     let (opened, took) = type_pin(&mut sim, "482913").await;
     assert!(!opened, "no door opens unrecorded");
     assert!(took < ANSWER_BOUND, "the Deny took {took:?}");
+    eprintln!("figure: write lock held elsewhere: PIN typed -> Deny read in {took:?}");
     // Still stalled: the alert waits in memory, nothing is written.
     assert!(!db.raised("storage_failure", "101"));
 
@@ -233,6 +234,7 @@ async fn on_a_full_disk_doors_deny_fast_nothing_committed_is_lost_and_the_hub_re
         let (opened, took) = type_pin(&mut sim, "482913").await;
         assert!(!opened, "no door opens unrecorded");
         assert!(took < ANSWER_BOUND, "the Deny took {took:?}");
+        eprintln!("figure: disk full: PIN typed -> Deny read in {took:?}");
         sim.run_for(Duration::from_millis(300)).await.unwrap();
     }
     assert_eq!(db.audit(), before, "what was committed is all still there");
