@@ -271,6 +271,8 @@ async fn on_a_full_disk_doors_deny_fast_nothing_committed_is_lost_and_the_hub_re
         .unwrap();
     assert_eq!(alert_count, 3);
     hub.shutdown().await;
+    let last = db.audit();
+    assert_eq!(&last[..after.len()], &after[..]);
 
     // The file is sound: it opens (quick_check) with everything in it.
     let path = db.store.path().to_owned();
@@ -281,7 +283,7 @@ async fn on_a_full_disk_doors_deny_fast_nothing_committed_is_lost_and_the_hub_re
         .unwrap()
         .query_row("SELECT count(*) FROM audit", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(n as usize, after.len());
+    assert_eq!(n as usize, last.len());
     reopened.close();
     drop(db);
     drop(mount);

@@ -1,10 +1,14 @@
 //! The door decision's durable side: gather the facts, call
 //! [`crate::door::decide`], and record the outcome in the same transaction.
 //!
-//! Run [`door_entry`] on the writer with [`super::Priority::Door`]; send the
-//! board `Unlock` or `Deny` only after the write has committed, so no door
-//! opens unrecorded (mqtt.md 'Audit'). If the write fails, deny (reason 1)
-//! and call [`record_storage_failure`] (which may fail too; then log it).
+//! A driver (serial today, OSDP later) calls [`decide_entry`]: it runs
+//! [`door_entry`] as a door job that commits within [`COMMIT_WITHIN`] of the
+//! keypad entry or not at all, and answers within [`ANSWER_WITHIN`]. Send
+//! `Unlock` only for an `Ok` unlock, after the commit, so no door opens
+//! unrecorded (mqtt.md 'Audit'); on any error send `Deny` (reason 1). The
+//! denial that could not be written is kept ([`StorageFailures`]) and
+//! written with its `storage_failure` alert as soon as storage works; the
+//! next decision that commits ends the alert.
 //!
 //! The lockout needs no state of its own beyond the `lockouts` rows: the
 //! denials that count are the `door.denied` audit rows, so a restart or a
@@ -354,57 +358,6 @@ pub fn record_storage_failure(
     Ok(id)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_sql_list_of_counted_reasons_matches_the_pure_rule() {
-        for r in DenyReason::ALL {
-            let quoted = format!("'{}'", r.as_str());
-            assert_eq!(
-                COUNTED_REASONS_SQL.contains(&quoted),
-                r.counts_toward_lockout(),
-                "{quoted}"
-            );
-        }
-    }
-
-    #[test]
-    fn missed_denials_past_the_limit_are_counted_and_a_restore_keeps_the_order() {
-        let f = StorageFailures::default();
-        for i in 0..MISSED_MAX + 3 {
-            f.note("101", Timestamp(i as i64));
-        }
-        assert_eq!(f.pending(), MISSED_MAX + 3);
-        let taken = f.take();
-        assert_eq!(f.pending(), 0);
-        f.note("102", Timestamp(9_999));
-        f.restore(taken);
-        let m = f.take();
-        assert_eq!(m.entries.len(), MISSED_MAX);
-        assert_eq!(m.entries[0], ("101".to_owned(), Timestamp(0)));
-        // The newest entry did not fit behind the restored ones: counted.
-        assert_eq!(m.overflow["101"].0, 3);
-        assert_eq!(m.overflow["102"].0, 1);
-    }
-
-    #[test]
-    fn a_door_entry_debug_never_shows_tags() {
-        let e = DoorEntry {
-            door: "101".into(),
-            door_known: true,
-            tags: Some(vec![("k1".into(), [0xAB; 32])]),
-            at: Timestamp(0),
-        };
-        let s = format!("{e:?}");
-        assert!(
-            !s.contains("171") && !s.to_lowercase().contains("ab, "),
-            "{s}"
-        );
-    }
-}
-
 /// Keypad entries denied because the store failed, kept in memory until they
 /// can be written: each becomes its `door.denied` (`storage_failure`) audit
 /// row and counts in the door's `storage_failure` alert, as soon as storage
@@ -580,4 +533,55 @@ fn retry_missed(store: &Store) {
             retry_missed(&store);
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sql_list_of_counted_reasons_matches_the_pure_rule() {
+        for r in DenyReason::ALL {
+            let quoted = format!("'{}'", r.as_str());
+            assert_eq!(
+                COUNTED_REASONS_SQL.contains(&quoted),
+                r.counts_toward_lockout(),
+                "{quoted}"
+            );
+        }
+    }
+
+    #[test]
+    fn missed_denials_past_the_limit_are_counted_and_a_restore_keeps_the_order() {
+        let f = StorageFailures::default();
+        for i in 0..MISSED_MAX + 3 {
+            f.note("101", Timestamp(i as i64));
+        }
+        assert_eq!(f.pending(), MISSED_MAX + 3);
+        let taken = f.take();
+        assert_eq!(f.pending(), 0);
+        f.note("102", Timestamp(9_999));
+        f.restore(taken);
+        let m = f.take();
+        assert_eq!(m.entries.len(), MISSED_MAX);
+        assert_eq!(m.entries[0], ("101".to_owned(), Timestamp(0)));
+        // The newest entry did not fit behind the restored ones: counted.
+        assert_eq!(m.overflow["101"].0, 3);
+        assert_eq!(m.overflow["102"].0, 1);
+    }
+
+    #[test]
+    fn a_door_entry_debug_never_shows_tags() {
+        let e = DoorEntry {
+            door: "101".into(),
+            door_known: true,
+            tags: Some(vec![("k1".into(), [0xAB; 32])]),
+            at: Timestamp(0),
+        };
+        let s = format!("{e:?}");
+        assert!(
+            !s.contains("171") && !s.to_lowercase().contains("ab, "),
+            "{s}"
+        );
+    }
 }
