@@ -146,7 +146,8 @@ impl Maintenance {
     }
 
     /// Raises `signer_expiring` for each signer within 30 days of its
-    /// `not_after`, and clears it for the others.
+    /// `not_after`, and clears it for the others, also for a signer no
+    /// longer in the trust ring (its alert would otherwise never end).
     pub async fn check_signers(&self) -> Result<(), StoreError> {
         let now = self.clock.now();
         let expiring: Vec<String> = verify::signer_expiring(&self.trust_ring, now)
@@ -164,6 +165,11 @@ impl Maintenance {
                     } else {
                         alerts::clear(c, Condition::SignerExpiring, id, now)?
                     };
+                }
+                for gone in alerts::raised_subjects(c, Condition::SignerExpiring)? {
+                    if !all.contains(&gone) {
+                        changed |= alerts::clear(c, Condition::SignerExpiring, &gone, now)?;
+                    }
                 }
                 Ok(changed)
             })
@@ -384,6 +390,17 @@ mod tests {
             alerts::open_alerts(&m.store.reader().unwrap())
                 .unwrap()
                 .is_empty()
+        );
+        // A signer taken out of the ring while its alert is raised: it ends.
+        m.trust_ring[0].not_after = Some(soon);
+        m.check_signers().await.unwrap();
+        m.trust_ring.clear();
+        m.check_signers().await.unwrap();
+        assert!(
+            alerts::open_alerts(&m.store.reader().unwrap())
+                .unwrap()
+                .is_empty(),
+            "the alert of a removed signer ends"
         );
     }
 }

@@ -262,16 +262,21 @@ pub fn clear_all(
     condition: Condition,
     now: Timestamp,
 ) -> Result<usize, StoreError> {
-    let subjects: Vec<String> = conn
-        .prepare_cached(
-            "SELECT subject FROM alerts WHERE condition = ?1 AND state = 'raised' ORDER BY subject",
-        )?
-        .query_map([condition.as_str()], |r| r.get(0))?
-        .collect::<Result<_, _>>()?;
+    let subjects = raised_subjects(conn, condition)?;
     for subject in &subjects {
         clear(conn, condition, subject, now)?;
     }
     Ok(subjects.len())
+}
+
+/// The subjects of every raised alert of `condition`.
+pub fn raised_subjects(conn: &Connection, condition: Condition) -> Result<Vec<String>, StoreError> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT subject FROM alerts WHERE condition = ?1 AND state = 'raised' ORDER BY subject",
+        )?
+        .query_map([condition.as_str()], |r| r.get(0))?
+        .collect::<Result<_, _>>()?)
 }
 
 /// Clears the alerts of [`Condition::ends_when_quiet`] conditions whose last
