@@ -17,6 +17,16 @@ pub struct Daemon {
     pub started: Instant,
 }
 
+/// A temporary folder for a daemon's config and data: under
+/// `LOCKHUB_BENCH_DIR` when set (a slow disk, scripts/slow-disk), else in
+/// the system's temp folder.
+pub fn bench_dir() -> tempfile::TempDir {
+    match std::env::var_os("LOCKHUB_BENCH_DIR") {
+        Some(d) => tempfile::tempdir_in(d).expect("tempdir in LOCKHUB_BENCH_DIR"),
+        None => tempfile::tempdir().expect("tempdir"),
+    }
+}
+
 /// `VmRSS` and `VmHWM` (peak) of a process, in bytes.
 pub fn memory(pid: u32) -> Option<(u64, u64)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -34,7 +44,7 @@ impl Daemon {
     /// Writes the config, optionally pre-fills the mirror with `prefill`
     /// keys (plain SQL, one transaction), and starts `lockhub run`.
     pub async fn start(mqtt_url: &str, serial_port: &Path, policy: &str, prefill: usize) -> Daemon {
-        let dir = tempfile::tempdir().expect("tempdir");
+        let dir = bench_dir();
         let config = fixture::write_config(dir.path(), mqtt_url, serial_port, policy);
         if prefill > 0 {
             let store = Store::open(
@@ -52,7 +62,19 @@ impl Daemon {
         }
         let log = std::fs::File::create(dir.path().join("lockhub.log")).expect("log file");
         let started = Instant::now();
-        let child = Command::new(lockhub_bin())
+        // LOCKHUB_BENCH_WRAP="heaptrack -o /tmp/lockhub": run the daemon under
+        // a profiler (its figures then measure the profiler too).
+        let wrap = std::env::var("LOCKHUB_BENCH_WRAP").unwrap_or_default();
+        let mut words = wrap.split_whitespace();
+        let mut cmd = match words.next() {
+            Some(tool) => {
+                let mut c = Command::new(tool);
+                c.args(words).arg(lockhub_bin());
+                c
+            }
+            None => Command::new(lockhub_bin()),
+        };
+        let child = cmd
             .arg("run")
             .arg("--config")
             .arg(&config)
@@ -61,6 +83,15 @@ impl Daemon {
             .stderr(log)
             .spawn()
             .expect("start lockhub run");
+        // LOCKHUB_BENCH_CGROUP=/sys/fs/cgroup/blkio/NAME: the daemon's I/O is
+        // throttled there (scripts/slow-disk sets one up).
+        if let Ok(group) = std::env::var("LOCKHUB_BENCH_CGROUP") {
+            std::fs::write(
+                Path::new(&group).join("cgroup.procs"),
+                child.id().to_string(),
+            )
+            .expect("move the daemon into LOCKHUB_BENCH_CGROUP");
+        }
         Daemon {
             dir,
             child: Some(child),
@@ -183,4 +214,154 @@ pub async fn flood(
         started,
         publisher,
     }
+}
+
+/// Bytes the process has caused to be written to storage so far
+/// (`/proc/<pid>/io` `write_bytes`: WAL appends, checkpoints, everything,
+/// counted when the pages are dirtied).
+pub fn write_bytes(pid: u32) -> Option<u64> {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+    io.lines()
+        .find_map(|l| l.strip_prefix("write_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// What a [`Sampler`] saw since it was last reset.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Seen {
+    /// Largest WAL file size, bytes.
+    pub wal_peak: u64,
+    /// Largest VmRSS, bytes.
+    pub rss_peak: u64,
+    /// The last WAL size and VmRSS read.
+    pub wal_now: u64,
+    pub rss_now: u64,
+}
+
+/// Reads the daemon's WAL size and RSS every [`SAMPLE_EVERY`] on its own
+/// thread, so a peak between two looks of the scenario is not missed.
+pub struct Sampler {
+    seen: std::sync::Arc<std::sync::Mutex<Seen>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+pub const SAMPLE_EVERY: Duration = Duration::from_millis(20);
+
+impl Sampler {
+    pub fn start(pid: u32, db: &Path) -> Sampler {
+        let wal = db.with_extension("db-wal");
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Seen::default()));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (s, halt) = (seen.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            while !halt.load(std::sync::atomic::Ordering::Relaxed) {
+                let w = std::fs::metadata(&wal).map_or(0, |m| m.len());
+                let rss = memory(pid).map_or(0, |(rss, _)| rss);
+                if let Ok(mut seen) = s.lock() {
+                    seen.wal_peak = seen.wal_peak.max(w);
+                    seen.rss_peak = seen.rss_peak.max(rss);
+                    (seen.wal_now, seen.rss_now) = (w, rss);
+                }
+                std::thread::sleep(SAMPLE_EVERY);
+            }
+        });
+        Sampler {
+            seen,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    pub fn seen(&self) -> Seen {
+        self.seen.lock().map(|s| *s).unwrap_or_default()
+    }
+
+    /// Starts a new phase: the peaks restart from the current values.
+    pub fn reset(&self) -> Seen {
+        let mut s = self.seen.lock().expect("sampler");
+        let before = *s;
+        (s.wal_peak, s.rss_peak) = (s.wal_now, s.rss_now);
+        before
+    }
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The database's size in bytes as a reader sees it (committed pages,
+/// whether or not they have been checkpointed yet).
+pub fn db_bytes(conn: &Connection) -> u64 {
+    let pages: i64 = conn
+        .query_row("PRAGMA page_count", [], |r| r.get(0))
+        .unwrap_or(0);
+    let size: i64 = conn
+        .query_row("PRAGMA page_size", [], |r| r.get(0))
+        .unwrap_or(0);
+    (pages * size) as u64
+}
+
+/// A C MQTT consumer (`mosquitto_sub`, QoS 1) on every topic the hub
+/// publishes from its outbox, counting what arrives: it stands for the
+/// cloud draining the hub's outputs, and is never the slow side.
+pub struct Consumer {
+    child: Child,
+    count: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Consumer {
+    pub fn start(port: u16) -> Consumer {
+        let base = format!("lockhub/v1/{}/{}", fixture::SITE_ID, fixture::HUB_ID);
+        let mut cmd = Command::new("stdbuf");
+        cmd.args(["-oL", "mosquitto_sub", "-h", "127.0.0.1", "-p"])
+            .arg(port.to_string())
+            .args(["-q", "1", "-F", "%t", "-i"])
+            .arg(format!("bench-sub-{}", uuid::Uuid::new_v4().simple()));
+        for t in ["results", "audit", "alerts", "sync"] {
+            cmd.arg("-t").arg(format!("{base}/{t}"));
+        }
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start mosquitto_sub (apt-get install mosquitto-clients)");
+        let out = child.stdout.take().expect("piped stdout");
+        let count = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let c = count.clone();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for _ in std::io::BufReader::new(out).lines() {
+                c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        Consumer { child, count }
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The outbox's highest row id so far (rows ever written, pruned or not).
+pub fn outbox_rows(conn: &Connection) -> u64 {
+    conn.query_row(
+        "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'outbox'), 0)",
+        [],
+        |r| r.get::<_, i64>(0),
+    )
+    .map_or(0, |n| n as u64)
 }

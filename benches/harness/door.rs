@@ -11,7 +11,7 @@
 //! harness checks that its `door.granted` audit row was already committed.
 
 use super::broker::{BrokerSettings, Mosquitto};
-use super::daemon::Daemon;
+use super::daemon::{Daemon, Sampler, db_bytes, write_bytes};
 use super::pty::{Master, Pty};
 use super::report::Figure;
 use super::stats::{Summary, micros, thousands};
@@ -32,6 +32,8 @@ pub const IDS: &[&str] = &[
     "door.load.ratio",
     "door.load.ingest_rate",
     "door.audit_before_unlock",
+    "door.floor.pty",
+    "door.idle.write_amp",
 ];
 
 const S: &str = "door";
@@ -194,8 +196,59 @@ async fn phase(
     }
 }
 
+/// The floor under every door figure: a Keypad-sized frame written on a
+/// pty's master, read on its slave by a thread that writes it straight
+/// back, and read again on the master. No hub, no decision, no disk.
+async fn pty_floor(n: usize) -> Summary {
+    use std::io::{Read, Write};
+    let (master, slave, _path) = Pty::open().into_parts();
+    let (mut r, mut w) = tokio::io::split(master);
+    let echo = std::thread::spawn(move || {
+        let mut f = std::fs::File::from(slave);
+        let mut buf = [0u8; 64];
+        while let Ok(k) = f.read(&mut buf) {
+            if k == 0 || f.write_all(&buf[..k]).is_err() || buf[..k].contains(&0xff) {
+                return;
+            }
+        }
+    });
+    let mut buf = [0u8; MAX_FRAME];
+    let frame = encode_frame(
+        &Uplink::Keypad {
+            seq: 1,
+            door: 0,
+            pin: Pin::from_digits("12345678").expect("8 digits"),
+        },
+        &mut buf,
+    )
+    .expect("fits")
+    .to_vec();
+    let mut lat = Vec::with_capacity(n);
+    let mut back = vec![0u8; frame.len()];
+    for _ in 0..n {
+        let t0 = Instant::now();
+        w.write_all(&frame).await.expect("pty write");
+        r.read_exact(&mut back).await.expect("pty echo");
+        lat.push(t0.elapsed());
+        tokio::time::sleep(GAP).await;
+    }
+    // A byte no frame holds (frames are COBS, zero-delimited) stops the echo.
+    let _ = w.write_all(&[0xff]).await;
+    let _ = echo.join();
+    Summary::from_durations(&lat)
+}
+
 pub async fn run(sizes: &Sizes) -> Vec<Figure> {
+    let floor = pty_floor(sizes.door_entries.min(1000)).await;
     let mut cloud = fixture::cloud();
+    // The mirror is filled the way a hub's is, by a resync through the
+    // daemon, before the load's events are signed (their seqs follow).
+    let batches: Arc<Vec<Vec<u8>>> = Arc::new(
+        fixture::batch_events(&mut cloud, "p", sizes.door_keys, sizes.batch_items)
+            .into_iter()
+            .map(|e| e.envelope)
+            .collect(),
+    );
     // Enough signed events to keep the load going for the whole loaded phase.
     let expected_s = sizes.door_entries as f64 * 0.006 + 5.0;
     let n_events = ((sizes.load_rate * expected_s) as usize).min(sizes.ingest_n.max(1000));
@@ -206,7 +259,9 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
             .collect(),
     );
 
-    let broker = Mosquitto::start(BrokerSettings::default_window(n_events as u32 + 1000));
+    let broker = Mosquitto::start(BrokerSettings::default_window(
+        (n_events + batches.len()) as u32 + 1000,
+    ));
     let pty = Pty::open();
     let (master, _slave, path) = pty.into_parts();
     let (r, w) = tokio::io::split(master);
@@ -215,13 +270,7 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
     let (htx, mut hello) = mpsc::unbounded_channel();
     let board_task = tokio::spawn(board(r, w.clone(), atx, htx));
 
-    let mut daemon = Daemon::start(
-        &broker.url(),
-        &path,
-        fixture::NO_LOCKOUT_POLICY,
-        sizes.door_keys,
-    )
-    .await;
+    let mut daemon = Daemon::start(&broker.url(), &path, fixture::NO_LOCKOUT_POLICY, 0).await;
     mqtt::wait_online(broker.port, Duration::from_secs(30))
         .await
         .unwrap_or_else(|| panic!("the daemon never came online: {}", daemon.log()));
@@ -233,6 +282,24 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
     // Let the hub see our Hello answer before the first entry.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let reader = daemon.reader();
+    let sampler = Sampler::start(daemon.pid(), &daemon.db_path());
+    let filled = Instant::now();
+    let _ = mqtt::publish_all(
+        broker.port,
+        mqtt::events_topic(),
+        batches.clone(),
+        mqtt::Pace::Flood,
+    )
+    .await;
+    while Daemon::watermark(&reader) < batches.len() as u64 {
+        assert!(
+            filled.elapsed() < mqtt::PHASE_TIMEOUT,
+            "the resync stalled: {}",
+            daemon.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    settle(&sampler).await;
     let mut granted = 0i64;
     let (mut seq, mut rng) = (0u16, Lcg(7));
 
@@ -249,6 +316,7 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
     )
     .await;
 
+    let (bytes0, db0) = (write_bytes(daemon.pid()).unwrap_or(0), db_bytes(&reader));
     let idle = phase(
         sizes.door_entries,
         sizes.door_keys,
@@ -261,6 +329,13 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
     )
     .await;
 
+    // What the idle entries cost the disk, their checkpoint included.
+    settle(&sampler).await;
+    let written = write_bytes(daemon.pid())
+        .unwrap_or(0)
+        .saturating_sub(bytes0) as f64;
+    let grew = db_bytes(&reader).saturating_sub(db0).max(1) as f64;
+    let entries = idle.latencies.len().max(1) as f64;
     let w0 = Daemon::watermark(&reader);
     let load_started = Instant::now();
     let publisher = tokio::spawn(mqtt::publish_all(
@@ -296,7 +371,7 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
     let ratio = l.p99() / i.p99();
     let what = |which: &str, stat: &str| {
         format!(
-            "Keypad written → Unlock read over a pty, {which}, {} keys, {} entries: {stat}",
+            "Keypad written → Unlock read over a pty, {which}, {} keys (filled by a resync), {} entries: {stat}",
             thousands(sizes.door_keys as f64),
             thousands(i.len() as f64)
         )
@@ -351,6 +426,28 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
             format!("{}/s", thousands(ingest_rate)),
         ),
         Figure::new(
+            "door.floor.pty",
+            S,
+            "the floor: a Keypad frame written on a pty and echoed back by a thread, no hub: median (p99)",
+            format!(
+                "{} ({})",
+                micros(floor.median()),
+                micros(floor.p99())
+            ),
+        ),
+        Figure::new(
+            "door.idle.write_amp",
+            S,
+            "idle entries: bytes the daemon wrote (WAL and checkpoints) / bytes the database grew (per entry)",
+            format!(
+                "{:.1}× ({:.1} KiB / {:.1} KiB)",
+                written / grew,
+                written / entries / 1024.0,
+                grew / entries / 1024.0
+            ),
+        )
+        .target("≤ 3×", written / grew <= 3.0),
+        Figure::new(
             "door.audit_before_unlock",
             S,
             "spot checks: `door.granted` row already committed when its Unlock was read",
@@ -361,4 +458,14 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
             ),
         ),
     ]
+}
+
+/// Waits until the checkpointer has truncated the WAL after the last
+/// commit (the hub is idle), at most 30 s.
+async fn settle(sampler: &Sampler) {
+    let t = Instant::now();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    while sampler.seen().wal_now > 0 && t.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -22,9 +22,14 @@ const SETTLE: Duration = Duration::from_secs(3);
 const S: &str = "footprint";
 
 /// The `lockhub` binary Cargo built alongside this harness (release under
-/// `cargo bench`, debug under `cargo test`).
+/// `cargo bench`, debug under `cargo test`), or `LOCKHUB_BENCH_BIN` (another
+/// build to compare with, measured by this same harness).
 pub fn lockhub_bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_lockhub"))
+    static BIN: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        std::env::var_os("LOCKHUB_BENCH_BIN")
+            .map_or_else(|| env!("CARGO_BIN_EXE_lockhub").into(), Into::into)
+    })
 }
 
 pub async fn run(sizes: &Sizes) -> Vec<Figure> {

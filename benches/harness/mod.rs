@@ -26,6 +26,7 @@ pub mod pty;
 pub mod report;
 pub mod stats;
 
+mod budget;
 mod door;
 mod footprint;
 mod ingest;
@@ -86,7 +87,7 @@ impl Sizes {
 }
 
 /// Every scenario, in the order a full run takes them.
-pub const SCENARIOS: &[&str] = &["door", "ingest", "resync", "scale", "footprint"];
+pub const SCENARIOS: &[&str] = &["door", "ingest", "resync", "scale", "footprint", "budget"];
 
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -222,6 +223,7 @@ pub fn run(opts: &Options) -> Vec<Figure> {
             "resync" => rt.block_on(resync::run(&opts.sizes)),
             "scale" => rt.block_on(scale::run(&opts.sizes)),
             "footprint" => rt.block_on(footprint::run(&opts.sizes)),
+            "budget" => rt.block_on(budget::run(&opts.sizes)),
             _ => unreachable!("SCENARIOS lists only these"),
         };
         report::print(&figures);
@@ -242,6 +244,7 @@ pub fn expected_ids(scenario: &str) -> &'static [&'static str] {
         "resync" => resync::IDS,
         "scale" => scale::IDS,
         "footprint" => footprint::IDS,
+        "budget" => budget::IDS,
         _ => &[],
     }
 }
