@@ -232,25 +232,101 @@ impl Drop for Inner {
     }
 }
 
-/// How often the checkpointer copies committed WAL frames into the
-/// database file.
-const CHECKPOINT_EVERY: Duration = Duration::from_millis(200);
+/// How often the checkpointer looks at the WAL.
+const CHECKPOINT_TICK: Duration = Duration::from_millis(100);
+/// WAL pages (frames) let accumulate before they are copied into the
+/// database file and the WAL starts over (4,096-byte pages: 16 MiB). A page
+/// that many commits rewrite (the outbox's and the audit's last leaves,
+/// `seq_state`, every index's inner pages) is copied once per checkpoint,
+/// not once per commit: the checkpointer used to copy every 200 ms.
+///
+/// Copying is not enough to bound the WAL: it restarts only when a write
+/// transaction begins with every frame copied and no reader on them. Under
+/// a flood the writer appends while the checkpointer copies, so neither a
+/// PASSIVE checkpoint (it never catches up) nor a RESTART from the
+/// checkpointer's connection (the writer takes the lock back between every
+/// two groups; starved, it timed out) ever got there: the WAL grew to
+/// 572 MiB in a 100,000-key resync. So the checkpointer copies the bulk
+/// (PASSIVE, beside the writer) and then asks the writer, which runs the
+/// RESTART itself between two groups: it copies the few frames appended
+/// since, waits briefly for readers, and its next commit starts the WAL
+/// from the beginning (and cuts the file to [`WAL_SIZE_LIMIT`]).
+const RESTART_PAGES: u64 = 4096;
+/// How long the writer's RESTART and the checkpointer's idle TRUNCATE may
+/// wait for readers (and the TRUNCATE for the writer); past it they try
+/// again later. The writer's RESTART also gives up the moment a door job
+/// waits, so this bounds what a checkpoint adds to a door's answer.
+const CHECKPOINT_PATIENCE: Duration = Duration::from_millis(50);
+/// How often the writer tries a RESTART that readers held off.
+const RESTART_RETRY: Duration = Duration::from_millis(100);
+/// With no commit for this long the hub is idle: the checkpointer copies
+/// everything and truncates the WAL to nothing (an SD card's space is
+/// better spent elsewhere).
+const IDLE_AFTER: Duration = Duration::from_secs(2);
+/// The size the WAL file is cut back to when it restarts
+/// (`journal_size_limit`): without it the file keeps its largest size
+/// forever.
+const WAL_SIZE_LIMIT: i64 = 4 * 1024 * 1024;
+
+/// What the writer's commits tell the checkpointer (SQLite's WAL hook runs
+/// after each commit): how many pages the WAL holds and when the last
+/// commit was.
+#[derive(Debug, Default)]
+struct WalState {
+    pages: std::sync::atomic::AtomicU64,
+    /// Commits so far: the checkpointer tells "idle" from "busy" by it.
+    commits: std::sync::atomic::AtomicU64,
+    /// The checkpointer has copied the bulk of a full WAL: the writer
+    /// should RESTART it between two groups.
+    restart_due: std::sync::atomic::AtomicBool,
+}
+
+impl WalState {
+    /// The writer's side of [`RESTART_PAGES`]: between two groups, with no
+    /// transaction open, copy the last frames and restart the WAL. Gives up
+    /// (to be tried again) after [`CHECKPOINT_PATIENCE`] or as soon as a
+    /// door job waits.
+    fn restart(&self, conn: &Connection, patience: &Patience) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let pages = self.pages.load(Relaxed);
+        patience.set(Instant::now() + CHECKPOINT_PATIENCE, true);
+        match wal_checkpoint(conn, "RESTART") {
+            Ok((0, log, done)) if log == done => {
+                self.restart_due.store(false, Relaxed);
+                let _ = self.pages.compare_exchange(pages, 0, Relaxed, Relaxed);
+            }
+            Ok(_) => {}
+            Err(e) => tracing::debug!(error = %e, "WAL restart skipped"),
+        }
+    }
+}
 
 /// Checkpoints the WAL from its own connection and thread.
 ///
 /// SQLite's automatic checkpoint runs inside the commit that crosses 1,000
 /// WAL pages, on the writer's thread: under a flood that was 11 % of the
 /// writer's time (perf), and a door entry committing at that moment waited
-/// for it. A PASSIVE checkpoint from another connection runs beside the
-/// writer instead (WAL mode allows one writer and one checkpointer at
-/// once), so the writer only appends.
+/// for it. The checkpointer does it beside the writer instead (WAL mode
+/// allows one writer and one checkpointer at once), so the writer only
+/// appends, and bounds the WAL:
+/// - past [`RESTART_PAGES`], a PASSIVE checkpoint (which never waits),
+///   after which the writer restarts the WAL ([`WalState::restart`]);
+/// - idle for [`IDLE_AFTER`], a TRUNCATE one: the WAL file goes back to
+///   zero bytes.
 struct Checkpointer {
     stop: std::sync::mpsc::Sender<()>,
     thread: JoinHandle<()>,
 }
 
+/// `PRAGMA wal_checkpoint(MODE)`: (busy, pages in the WAL, pages copied).
+fn wal_checkpoint(conn: &Connection, mode: &str) -> rusqlite::Result<(i64, i64, i64)> {
+    conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {
+        Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+    })
+}
+
 impl Checkpointer {
-    fn start(path: &Path) -> Result<Checkpointer, StoreError> {
+    fn start(path: &Path, wal: Arc<WalState>) -> Result<Checkpointer, StoreError> {
         let conn = connect(
             path,
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
@@ -258,19 +334,47 @@ impl Checkpointer {
         // The checkpoint syncs the WAL before it copies and the database
         // after, as the writer's setting asks.
         conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT)?;
+        // TRUNCATE waits for readers through the busy handler, and holds
+        // new writes back meanwhile, so it gives up soon.
+        conn.busy_timeout(CHECKPOINT_PATIENCE)?;
         let (stop, rx) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("lockhub-checkpt".into())
             .spawn(move || {
+                use std::sync::atomic::Ordering::Relaxed;
+                let (mut seen, mut quiet_since) = (0u64, Instant::now());
                 while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
-                    rx.recv_timeout(CHECKPOINT_EVERY)
+                    rx.recv_timeout(CHECKPOINT_TICK)
                 {
-                    // PASSIVE never waits for readers or the writer; what it
-                    // cannot copy now it copies next time.
-                    if let Err(e) =
-                        conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(0))
-                    {
-                        tracing::debug!(error = %e, "WAL checkpoint skipped");
+                    let commits = wal.commits.load(Relaxed);
+                    if commits != seen {
+                        (seen, quiet_since) = (commits, Instant::now());
+                    }
+                    let pages = wal.pages.load(Relaxed);
+                    if pages >= RESTART_PAGES && !wal.restart_due.load(Relaxed) {
+                        // The bulk, beside the writer; then the writer
+                        // restarts the WAL.
+                        let _ = wal_checkpoint(&conn, "PASSIVE");
+                        wal.restart_due.store(true, Relaxed);
+                        continue;
+                    }
+                    if pages == 0 || quiet_since.elapsed() < IDLE_AFTER {
+                        continue;
+                    }
+                    let mode = "TRUNCATE";
+                    match wal_checkpoint(&conn, mode) {
+                        // Copied everything, the WAL file is empty.
+                        Ok((0, log, done)) if log == done => {
+                            let _ = wal.pages.compare_exchange(pages, 0, Relaxed, Relaxed);
+                            wal.restart_due.store(false, Relaxed);
+                            // The hub has gone idle: the heap too gives back
+                            // what the burst left.
+                            crate::alloc::trim();
+                        }
+                        // A reader or the writer was in the way: next tick.
+                        Ok(_) => {}
+                        Err(e) => tracing::debug!(error = %e, mode, "WAL checkpoint skipped"),
                     }
                 }
             })
@@ -440,9 +544,21 @@ impl Store {
             (policy.dedupe_retention_days, policy.audit_retention_days, policy.max_grant_days),
         )?;
 
-        // The checkpointer does this instead, off the writer's thread.
+        // The checkpointer does this instead, off the writer's thread (this
+        // pragma replaces the WAL hook, so it goes first).
         conn.pragma_update(None, "wal_autocheckpoint", 0)?;
-        let checkpointer = Checkpointer::start(path)?;
+        conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT)?;
+        let wal = Arc::new(WalState::default());
+        let counts = wal.clone();
+        conn.wal_hook(Some(move |_: &mut rusqlite::hooks::Wal, pages: i32| {
+            use std::sync::atomic::Ordering::Relaxed;
+            counts
+                .pages
+                .store(u64::try_from(pages).unwrap_or(0), Relaxed);
+            counts.commits.fetch_add(1, Relaxed);
+            Ok(())
+        }))?;
+        let checkpointer = Checkpointer::start(path, wal.clone())?;
 
         let (tx, rx) = mpsc::channel::<Job>(QUEUE_DEPTH);
         let doors = DoorSignal::default();
@@ -451,7 +567,7 @@ impl Store {
         conn.busy_handler(Some(move |n| waits.busy(n)))?;
         let thread = std::thread::Builder::new()
             .name("lockhub-writer".into())
-            .spawn(move || writer_loop(conn, rx, &patience))
+            .spawn(move || writer_loop(conn, rx, &patience, &wal))
             .map_err(|e| StoreError::Invalid(format!("cannot start the writer thread: {e}")))?;
         Ok(Store {
             inner: Arc::new(Inner {
@@ -707,8 +823,9 @@ impl Patience {
 }
 
 /// The writer thread: group jobs into transactions until every sender is gone.
-fn writer_loop(conn: Connection, mut rx: mpsc::Receiver<Job>, patience: &Patience) {
+fn writer_loop(conn: Connection, mut rx: mpsc::Receiver<Job>, patience: &Patience, wal: &WalState) {
     let mut pending: VecDeque<Job> = VecDeque::new();
+    let mut restart_tried = Instant::now() - RESTART_RETRY;
     loop {
         if pending.is_empty() {
             match rx.blocking_recv() {
@@ -717,6 +834,16 @@ fn writer_loop(conn: Connection, mut rx: mpsc::Receiver<Job>, patience: &Patienc
             }
         }
         take_waiting(&mut rx, &mut pending);
+        let door_first = pending
+            .front()
+            .is_some_and(|j| j.priority == Priority::Door);
+        if wal.restart_due.load(std::sync::atomic::Ordering::Relaxed)
+            && !door_first
+            && restart_tried.elapsed() >= RESTART_RETRY
+        {
+            restart_tried = Instant::now();
+            wal.restart(&conn, patience);
+        }
         if pending.front().is_some_and(|j| j.outside) {
             if let Some(job) = pending.pop_front() {
                 patience.set(Instant::now() + BUSY_TIMEOUT, false);
@@ -986,7 +1113,7 @@ mod tests {
                 Instant::now() < deadline,
                 "the WAL was not checkpointed into the database file"
             );
-            std::thread::sleep(CHECKPOINT_EVERY);
+            std::thread::sleep(CHECKPOINT_TICK);
         }
         store.close();
     }
