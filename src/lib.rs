@@ -29,6 +29,7 @@
 //! | | [`alert_clear`] | `lockhub alert clear`: an operator ends a raised alert, audited; safe while the daemon runs |
 //! | | [`notify`] | systemd `sd_notify` (READY, WATCHDOG, STOPPING) without libsystemd |
 //! | | [`logging`] | the tracing subscriber: text or JSON on stderr |
+//! | | [`alloc`] | the heap's budget: glibc malloc's limits, memory given back when idle |
 //! | peers | [`sim`] | a simulated cloud that signs events and a simulated lock board, for tests, the demo, benchmarks |
 //!
 //! The serial wire contract itself (messages, framing, link rules, the board's
@@ -38,6 +39,7 @@
 //! mqtt.md are enforced there, by SQLite, as the last line of defence.
 
 pub mod alert_clear;
+pub mod alloc;
 pub mod clock;
 pub mod config;
 pub mod crypto;

@@ -226,6 +226,8 @@ fn run(path: &std::path::Path) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    // Before any thread allocates (see lockhub::alloc for why).
+    lockhub::alloc::tune();
     let cli = Cli::parse();
     if let Err(e) = lockhub::logging::init(cli.log_format, cli.log_level.as_deref()) {
         eprintln!("lockhub: {e}");
