@@ -29,6 +29,10 @@ pub enum Condition {
     OutboxBacklog,
     StorageFailure,
     SignerExpiring,
+    /// Keypad entries past the flood limit at a door (subject: the door).
+    KeypadFlood,
+    /// The board's Hello does not cover a configured door (subject: the door).
+    BoardMismatch,
 }
 
 impl Condition {
@@ -48,6 +52,8 @@ impl Condition {
             Condition::OutboxBacklog => "outbox_backlog",
             Condition::StorageFailure => "storage_failure",
             Condition::SignerExpiring => "signer_expiring",
+            Condition::KeypadFlood => "keypad_flood",
+            Condition::BoardMismatch => "board_mismatch",
         }
     }
 }

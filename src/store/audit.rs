@@ -22,6 +22,9 @@ pub enum AuditKind {
     DoorForced,
     DoorHeldOpen,
     BoardTamper,
+    /// Keypad entries past the flood limit, one row per door per minute
+    /// with their `count` (serial.md 'Door decisions').
+    DoorFlood,
     KeyActivated,
     KeyRevoked,
     KeyExpired,
@@ -38,6 +41,7 @@ impl AuditKind {
             AuditKind::DoorForced => "door.forced",
             AuditKind::DoorHeldOpen => "door.held_open",
             AuditKind::BoardTamper => "board.tamper",
+            AuditKind::DoorFlood => "door.flood",
             AuditKind::KeyActivated => "key.activated",
             AuditKind::KeyRevoked => "key.revoked",
             AuditKind::KeyExpired => "key.expired",
@@ -58,6 +62,8 @@ pub struct AuditRecord {
     pub holder_name: Option<String>,
     pub reason: Option<String>,
     pub event_id: Option<Uuid>,
+    /// `door.flood` only: how many entries the row counts.
+    pub count: Option<i64>,
 }
 
 impl AuditRecord {
@@ -73,6 +79,7 @@ impl AuditRecord {
             holder_name: None,
             reason: None,
             event_id: None,
+            count: None,
         }
     }
 }
@@ -88,6 +95,9 @@ struct AuditBody<'a> {
     holder_ref: Option<&'a str>,
     reason: Option<&'a str>,
     event_id: Option<String>,
+    // Only `door.flood` has one; other bodies stay as mqtt.md shows them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    count: Option<i64>,
 }
 
 /// Writes an audit row and queues it for the cloud; returns its `audit_id`
@@ -97,8 +107,8 @@ pub fn record(conn: &Connection, rec: &AuditRecord) -> Result<Uuid, StoreError> 
     let id = audit_id.to_string();
     let event_id = rec.event_id.map(|e| e.to_string());
     conn.prepare_cached(
-        "INSERT INTO audit (audit_id, at, kind, door, key_id, check_in_id, holder_ref, holder_name, reason, event_id)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+        "INSERT INTO audit (audit_id, at, kind, door, key_id, check_in_id, holder_ref, holder_name, reason, event_id, count)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
     )?
     .execute(params![
         id,
@@ -110,7 +120,8 @@ pub fn record(conn: &Connection, rec: &AuditRecord) -> Result<Uuid, StoreError> 
         rec.holder_ref,
         rec.holder_name,
         rec.reason,
-        event_id
+        event_id,
+        rec.count
     ])?;
     let body = AuditBody {
         audit_id: &id,
@@ -122,6 +133,7 @@ pub fn record(conn: &Connection, rec: &AuditRecord) -> Result<Uuid, StoreError> 
         holder_ref: rec.holder_ref.as_deref(),
         reason: rec.reason.as_deref(),
         event_id,
+        count: rec.count,
     };
     let json = serde_json::to_vec(&body).map_err(|e| StoreError::Invalid(e.to_string()))?;
     outbox::enqueue(conn, Topic::Audit, &json, Some(&id), rec.at)?;

@@ -17,6 +17,7 @@ use super::floor;
 use crate::config::Policy;
 use crate::door::{self, Candidate, Decision, DenyReason, DoorInput, Lockout, LockoutFacts};
 use crate::time::Timestamp;
+use crate::watch::{DoorAlarm, DoorState};
 use rusqlite::{Connection, OptionalExtension, params};
 use std::fmt;
 use uuid::Uuid;
@@ -309,6 +310,94 @@ pub fn record_door_event(
     rec.door = Some(door.to_owned());
     let id = audit::record(conn, &rec)?;
     alerts::raise(conn, condition, door, 1, at)?;
+    Ok(id)
+}
+
+/// A door's sensor report changed what the hub knows of it: keeps the new
+/// [`DoorState`] and records what the change means (the `door.forced` or
+/// `door.held_open` row with its alert, or the end of those alerts) in one
+/// transaction, so a restart finds the state and the alerts agreeing.
+pub fn record_sensor(
+    conn: &Connection,
+    door: &str,
+    state: &DoorState,
+    alarm: Option<DoorAlarm>,
+    at: Timestamp,
+) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO door_state (door, open, opened_at, forced, held_open, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+         ON CONFLICT (door) DO UPDATE SET open = excluded.open, opened_at = excluded.opened_at,
+           forced = excluded.forced, held_open = excluded.held_open, updated_at = excluded.updated_at",
+    )?
+    .execute(params![
+        door,
+        state.is_open(),
+        state.opened_at.map(|t| t.0),
+        state.forced,
+        state.held_open,
+        at.0
+    ])?;
+    match alarm {
+        Some(DoorAlarm::Forced) => {
+            record_door_event(conn, AuditKind::DoorForced, door, at)?;
+        }
+        Some(DoorAlarm::HeldOpen) => {
+            record_door_event(conn, AuditKind::DoorHeldOpen, door, at)?;
+        }
+        Some(DoorAlarm::Closed { forced, held_open }) => {
+            if forced {
+                alerts::clear(conn, Condition::DoorForced, door, at)?;
+            }
+            if held_open {
+                alerts::clear(conn, Condition::DoorHeldOpen, door, at)?;
+            }
+        }
+        None => {}
+    }
+    Ok(())
+}
+
+/// The last reported state of each of `doors` that has one.
+pub fn door_states(
+    conn: &Connection,
+    doors: &[String],
+) -> Result<Vec<(String, DoorState)>, StoreError> {
+    let mut stmt =
+        conn.prepare_cached("SELECT opened_at, forced, held_open FROM door_state WHERE door = ?1")?;
+    let mut out = Vec::new();
+    for door in doors {
+        if let Some(state) = stmt
+            .query_row([door], |r| {
+                Ok(DoorState {
+                    opened_at: r.get::<_, Option<i64>>(0)?.map(Timestamp),
+                    forced: r.get(1)?,
+                    held_open: r.get(2)?,
+                })
+            })
+            .optional()?
+        {
+            out.push((door.clone(), state));
+        }
+    }
+    Ok(out)
+}
+
+/// Keypad entries past the flood limit at `door` (serial.md): one
+/// `door.flood` row with their `count`, and `keypad_flood` raised (bumped)
+/// by as many.
+pub fn record_flood(
+    conn: &Connection,
+    door: &str,
+    count: u64,
+    at: Timestamp,
+) -> Result<Uuid, StoreError> {
+    let count = i64::try_from(count).unwrap_or(i64::MAX).max(1);
+    let mut rec = AuditRecord::new(AuditKind::DoorFlood, at);
+    rec.door = Some(door.to_owned());
+    rec.count = Some(count);
+    let id = audit::record(conn, &rec)?;
+    alerts::raise(conn, Condition::KeypadFlood, door, count, at)?;
     Ok(id)
 }
 
