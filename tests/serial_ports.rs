@@ -307,3 +307,40 @@ async fn a_forced_door_is_remembered_across_hub_restarts_and_its_alert_ends_when
     assert_eq!(db.audit(), ["door.forced@101"]);
     hub.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_door_is_remembered_across_a_port_reset_and_its_alert_ends_when_it_closes() {
+    let db = Db::open(Policy::default());
+    let link = db.dir.path().join("board-a");
+    let pty = Pty::open();
+    pty::point(&link, &pty.path);
+    let mut s = settings(
+        vec![port("board-a", link.clone(), vec![door("101", 0)])],
+        db.policy,
+    );
+    s.link = quick_link();
+    let hub = start(&db, s);
+    let (mut sim, keep) = board(pty, 1);
+    until_linked(&mut sim).await;
+    sim.set_door(0, true);
+    assert!(until_db(&mut sim, &db, |db| db.raised("door_forced", "101")).await);
+
+    // The USB adapter resets (the board with it) while the door stands
+    // open; the hub's port session ends and a new one starts.
+    unplug(&link, sim, keep);
+    assert!(until_db_idle(&db, |db| db.raised("board_offline", "board-a")).await);
+    let pty = Pty::open();
+    pty::point(&link, &pty.path);
+    let (mut sim, _keep) = board(pty, 1);
+    sim.set_door(0, true);
+    until_linked(&mut sim).await;
+    sim.run_for(Duration::from_millis(300)).await.unwrap();
+    // The same opening, not a new forced one.
+    assert_eq!(db.audit(), ["door.forced@101"]);
+    assert!(db.raised("door_forced", "101"));
+
+    sim.set_door(0, false);
+    assert!(until_db(&mut sim, &db, |db| !db.raised("door_forced", "101")).await);
+    assert_eq!(db.audit(), ["door.forced@101"]);
+    hub.shutdown().await;
+}
