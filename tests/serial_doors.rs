@@ -529,7 +529,7 @@ async fn a_flood_of_ten_thousand_keypads_writes_a_few_rows_and_the_right_pin_els
             if sent == FLOOD {
                 break;
             }
-            let door = if sent % 2 == 0 { 0 } else { 9 };
+            let door = if sent.is_multiple_of(2) { 0 } else { 9 };
             let pin = Pin::from_digits("111111").unwrap();
             chunk.extend_from_slice(&to_frame(&Uplink::Keypad { seq, door, pin }).unwrap());
             seq = seq.wrapping_add(1).max(1);

@@ -752,4 +752,70 @@ mod tests {
         assert!(b.decoder_stats().dropped() >= 2);
         assert!(!b.link_up(T0));
     }
+
+    #[test]
+    fn hello_frames_start_with_a_lone_zero_byte_and_others_do_not() {
+        let mut b = Board::new(BoardConfig::new(3, 2), T0);
+        let f: heapless::Vec<Frame, 4> = b.poll(T0).collect();
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0][0], 0x00);
+        assert_eq!(&f[0][1..], to_frame(&hello()).unwrap().as_slice());
+        b.on_tamper(T0).unwrap();
+        let f: heapless::Vec<Frame, 4> = b.poll(T0).collect();
+        assert_ne!(f[0][0], 0x00);
+    }
+
+    #[test]
+    fn the_hubs_hello_drops_an_unacked_keypad_and_is_answered_with_hello_and_every_door() {
+        let mut b = board();
+        b.on_door_sensor(0, true, T0);
+        b.on_door_sensor(1, false, T0);
+        frames(&mut b, T0);
+        type_keys(&mut b, 0, "1234#", T0);
+        frames(&mut b, T0);
+        send(&mut b, &Downlink::Hello { session: 9 }, T0 + 100);
+        let out = frames(&mut b, T0 + 100);
+        assert_eq!(out[0], hello());
+        assert!(
+            !out.iter().any(|m| matches!(m, Uplink::Keypad { .. })),
+            "{out:?}"
+        );
+        let doors: heapless::Vec<(u8, bool), 4> = out
+            .iter()
+            .filter_map(|m| match m {
+                Uplink::DoorSensor { door, open, .. } => Some((*door, *open)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(doors.as_slice(), &[(0, true), (1, false)]);
+        // And the dropped Keypad is never resent.
+        for t in [350, 600, 850, 1100] {
+            assert!(
+                !frames(&mut b, T0 + t)
+                    .iter()
+                    .any(|m| matches!(m, Uplink::Keypad { .. }))
+            );
+        }
+    }
+
+    #[test]
+    fn every_door_is_reported_after_the_hubs_hello_even_past_the_pending_table() {
+        let mut b = Board::new(BoardConfig::new(3, 16), T0);
+        for door in 0..16 {
+            b.on_door_sensor(door, door.is_multiple_of(2), T0);
+        }
+        let mut reported = [false; 16];
+        send(&mut b, &Downlink::Hello { session: 9 }, T0);
+        for step in 0..10u64 {
+            let now = T0 + step * 10;
+            for m in frames(&mut b, now) {
+                if let Uplink::DoorSensor { seq, door, open } = m {
+                    assert_eq!(open, door.is_multiple_of(2));
+                    reported[usize::from(door)] = true;
+                    send(&mut b, &Downlink::Ack { seq }, now);
+                }
+            }
+        }
+        assert_eq!(reported, [true; 16]);
+    }
 }
