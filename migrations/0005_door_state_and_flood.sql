@@ -32,7 +32,10 @@ CREATE TABLE door_state (
 -- dropping audit never meets a child row (foreign keys are on here and
 -- cannot be turned off inside the migration's transaction). Rows keep their
 -- seqno and id; each table's AUTOINCREMENT high-water mark is carried over,
--- so no id is ever handed out twice.
+-- so no id is ever handed out twice. The copies back are by position
+-- (`SELECT *`) on purpose: had an earlier step added a column this file does
+-- not know, the column counts differ and the migration fails, rather than
+-- dropping that column's data.
 ------------------------------------------------------------------------------
 CREATE TABLE audit_0005 AS SELECT * FROM audit;
 CREATE TABLE outbox_0005 AS SELECT * FROM outbox;
@@ -67,11 +70,7 @@ CREATE TABLE audit (
     CHECK ((kind = 'door.flood') = (count IS NOT NULL)),
     CHECK (kind <> 'door.flood' OR door IS NOT NULL)
 );
-INSERT INTO audit (seqno, audit_id, at, kind, door, key_id, check_in_id, holder_ref,
-                   holder_name, reason, event_id, acked_at)
-SELECT seqno, audit_id, at, kind, door, key_id, check_in_id, holder_ref,
-       holder_name, reason, event_id, acked_at
-  FROM audit_0005 ORDER BY seqno;
+INSERT INTO audit SELECT *, NULL FROM audit_0005 ORDER BY seqno;
 CREATE INDEX audit_by_door_kind_at ON audit (door, kind, at);
 CREATE INDEX audit_by_holder_ref ON audit (holder_ref) WHERE holder_ref IS NOT NULL;
 
@@ -112,8 +111,7 @@ CREATE TABLE outbox (
     created_at INTEGER NOT NULL,
     sent_at    INTEGER
 );
-INSERT INTO outbox (id, topic, body, audit_id, created_at, sent_at)
-SELECT id, topic, body, audit_id, created_at, sent_at FROM outbox_0005 ORDER BY id;
+INSERT INTO outbox SELECT * FROM outbox_0005 ORDER BY id;
 CREATE INDEX outbox_unsent ON outbox (id) WHERE sent_at IS NULL;
 -- The foreign key's child index: without it every audit delete (retention)
 -- scans the whole outbox once per row.
@@ -175,6 +173,5 @@ CREATE TABLE alerts (
     published_at INTEGER NOT NULL,
     PRIMARY KEY (condition, subject)
 ) WITHOUT ROWID;
-INSERT INTO alerts (condition, subject, alert_id, state, count, first_at, last_at, published_at)
-SELECT condition, subject, alert_id, state, count, first_at, last_at, published_at FROM alerts_0005;
+INSERT INTO alerts SELECT * FROM alerts_0005;
 DROP TABLE alerts_0005;
