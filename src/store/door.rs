@@ -316,7 +316,9 @@ pub fn record_door_event(
 /// A door's sensor report changed what the hub knows of it: keeps the new
 /// [`DoorState`] and records what the change means (the `door.forced` or
 /// `door.held_open` row with its alert, or the end of those alerts) in one
-/// transaction, so a restart finds the state and the alerts agreeing.
+/// transaction, so a restart finds the state and the alerts agreeing. A
+/// report that changes nothing (a closed door re-reported after a Hello,
+/// no alert left to clear) writes nothing, so it costs no fsync.
 pub fn record_sensor(
     conn: &Connection,
     door: &str,
@@ -328,7 +330,9 @@ pub fn record_sensor(
         "INSERT INTO door_state (door, open, opened_at, forced, held_open, updated_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)
          ON CONFLICT (door) DO UPDATE SET open = excluded.open, opened_at = excluded.opened_at,
-           forced = excluded.forced, held_open = excluded.held_open, updated_at = excluded.updated_at",
+           forced = excluded.forced, held_open = excluded.held_open, updated_at = excluded.updated_at
+         WHERE (open, opened_at, forced, held_open)
+               IS NOT (excluded.open, excluded.opened_at, excluded.forced, excluded.held_open)",
     )?
     .execute(params![
         door,
@@ -446,5 +450,45 @@ mod tests {
             !s.contains("171") && !s.to_lowercase().contains("ab, "),
             "{s}"
         );
+    }
+
+    #[test]
+    fn a_sensor_record_keeps_the_door_state_and_its_alerts_agreeing() {
+        use crate::store::{Priority, Store};
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db"), &Policy::default()).unwrap();
+        let t = Timestamp::from_secs(1_800_000_000);
+        let open = DoorState {
+            opened_at: Some(t),
+            forced: true,
+            held_open: false,
+        };
+        let (states, raised, cleared, unchanged) = store
+            .write_blocking(Priority::Bulk, move |c| {
+                record_sensor(c, "101", &open, Some(DoorAlarm::Forced), t)?;
+                let states = door_states(c, &["101".into(), "102".into()])?;
+                let raised: i64 = c.query_row(
+                    "SELECT count(*) FROM alerts WHERE condition = 'door_forced' AND state = 'raised'",
+                    [],
+                    |r| r.get(0),
+                )?;
+                let closed = DoorAlarm::Closed {
+                    forced: true,
+                    held_open: true,
+                };
+                record_sensor(c, "101", &DoorState::default(), Some(closed), t)?;
+                let cleared: i64 = c.query_row(
+                    "SELECT count(*) FROM alerts WHERE condition = 'door_forced' AND state = 'cleared'",
+                    [],
+                    |r| r.get(0),
+                )?;
+                let before = c.total_changes();
+                record_sensor(c, "101", &DoorState::default(), Some(closed), t)?;
+                Ok((states, raised, cleared, c.total_changes() - before))
+            })
+            .unwrap();
+        assert_eq!(states, [("101".to_owned(), open)]);
+        assert_eq!((raised, cleared), (1, 1));
+        assert_eq!(unchanged, 0, "a report that changes nothing writes nothing");
     }
 }
