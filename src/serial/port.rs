@@ -149,6 +149,8 @@ pub(crate) async fn run_port(shared: Arc<PortShared>, mut stop: watch::Receiver<
     };
     let mut reported_absent = false;
     let mut doors = Some(PortDoors::load(&shared).await);
+    // Sessions still finishing their decisions (see `Session::finish`).
+    let mut finishing: Vec<JoinHandle<()>> = Vec::new();
     loop {
         if *stop.borrow() {
             break;
@@ -163,7 +165,10 @@ pub(crate) async fn run_port(shared: Arc<PortShared>, mut stop: watch::Receiver<
                 if session.heard_board {
                     backoff.reset();
                 }
-                doors = Some(session.finish().await);
+                let (carried, rest) = session.finish();
+                doors = Some(carried);
+                finishing.retain(|t| !t.is_finished());
+                finishing.push(rest);
                 match end {
                     Ok(()) => break,
                     Err(e) => {
@@ -201,6 +206,9 @@ pub(crate) async fn run_port(shared: Arc<PortShared>, mut stop: watch::Receiver<
             _ = tokio::time::sleep(delay) => {}
             _ = stop.changed() => break,
         }
+    }
+    for task in finishing {
+        let _ = task.await;
     }
     tracing::info!(serial = %serial, "serial port task stopped");
 }
@@ -804,14 +812,21 @@ impl Session {
     /// the entries waiting behind them are decided in order, and the flood
     /// counts are written. A grant that can no longer reach the board, and
     /// every Unlock awaiting an Ack, is recorded unconfirmed. Returns the
-    /// doors for the next opening.
-    async fn finish(mut self) -> PortDoors {
+    /// doors for the next opening, and the task finishing the decisions:
+    /// the port reopens without waiting for it (a slow store must not keep
+    /// the doors off the line), and the port task awaits it before it stops.
+    fn finish(mut self) -> (PortDoors, JoinHandle<()>) {
         let pending: Vec<_> = self.unlocks.drain().map(|(_, v)| v).collect();
         for (_, door, key_id) in pending {
             self.give_up(Some((door, key_id)));
         }
         for d in std::mem::take(&mut self.deferred) {
             self.give_up(d.unlock);
+        }
+        let now = self.now_ms();
+        for (door, count) in self.doors.flood.drain(now) {
+            let name = self.shared.door(door).name;
+            self.flood_row(&name, count);
         }
 
         let mut inflight = std::mem::take(&mut self.inflight);
@@ -839,27 +854,31 @@ impl Session {
                 }
             });
         }
-        for (_, task) in inflight {
-            let _ = task.await;
-        }
-        while doors.join_next().await.is_some() {}
-
-        // Decided, but the loop never took them: the grants are on record,
-        // their Unlocks never went out.
-        self.decided_rx.close();
-        while let Ok(d) = self.decided_rx.try_recv() {
-            if let Reply::Unlock { key_id } = d.reply {
-                let name = self.shared.door(d.door).name;
-                self.give_up(Some((name, key_id)));
+        let shared = self.shared.clone();
+        let mut decided_rx = self.decided_rx;
+        drop(self.decided_tx);
+        let rest = tokio::spawn(async move {
+            for (_, task) in inflight {
+                let _ = task.await;
             }
-        }
-
-        let now = self.now_ms();
-        for (door, count) in self.doors.flood.drain(now) {
-            let name = self.shared.door(door).name;
-            self.flood_row(&name, count);
-        }
-        self.doors
+            while doors.join_next().await.is_some() {}
+            // Decided, but the loop never took them: the grants are on
+            // record, their Unlocks never went out.
+            decided_rx.close();
+            while let Ok(d) = decided_rx.try_recv() {
+                if let Reply::Unlock { key_id } = d.reply {
+                    let door = shared.door(d.door).name;
+                    tracing::warn!(serial = %shared.port.name, door = %door, key_id = %key_id, "unlock never sent");
+                    shared.record(Record::Unlock {
+                        door,
+                        key_id,
+                        confirmed: false,
+                        at: shared.now(),
+                    });
+                }
+            }
+        });
+        (self.doors, rest)
     }
 }
 
