@@ -18,6 +18,15 @@
 //! same. Either ends the session: the port is closed and opened again by
 //! path, with [`Backoff`], so a board that comes back under the same path
 //! (`/dev/serial/by-id/...` is a symlink the kernel re-points) is picked up.
+//!
+//! ## Doors across openings
+//! The link is per opening; the doors are not. The sensor watches and the
+//! flood limit (`PortDoors`) carry over from one session to the next, and
+//! each door's last reported state is also kept in `door_state`, read once
+//! when the port task starts, so neither a port reset nor a hub restart
+//! forgets an open or forced door. (The board reports levels only on
+//! change, and every door again after the hub's Hello.) A session that ends
+//! still finishes every decision it acked (see `Session::finish`).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
