@@ -597,6 +597,7 @@ async fn with_storage_stalled_every_acked_keypad_ends_in_an_audit_row_even_when_
         ..Policy::default()
     };
     let (db, hub, mut sim, _keep) = one_board(policy).await;
+    db.add_key("k-1", "482913", &["101"]).await;
     sim.run_for(Duration::from_millis(300)).await.unwrap();
     let rows_before = db.count("SELECT count(*) FROM audit WHERE door = '101'");
     // Another process holds SQLite's write lock: decisions wait.
@@ -604,9 +605,10 @@ async fn with_storage_stalled_every_acked_keypad_ends_in_an_audit_row_even_when_
     blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
     // Six entries at door 101, 250 ms apart (just within the flood limit):
     // one in flight, four waiting behind it, the sixth finds the queue
-    // full. All of it well within the 2 s a decision may take.
-    for _ in 0..6 {
-        sim.enter_pin(0, "111111");
+    // full. All of it well within the 2 s a decision may take. The third
+    // is the right PIN: granted once the lock goes, after the port closed.
+    for i in 0..6 {
+        sim.enter_pin(0, if i == 2 { "482913" } else { "111111" });
         sim.run_for(Duration::from_millis(250)).await.unwrap();
     }
     assert_eq!(
@@ -619,10 +621,24 @@ async fn with_storage_stalled_every_acked_keypad_ends_in_an_audit_row_even_when_
     sim.run_for(Duration::from_millis(150)).await.unwrap();
     blocker.execute_batch("COMMIT").unwrap();
     stopping.await.unwrap();
-    let rows = db.count("SELECT count(*) FROM audit WHERE door = '101'") - rows_before;
-    assert_eq!(rows, 6, "{:?}", db.audit());
+    let rows = db.count(
+        "SELECT count(*) FROM audit WHERE door = '101' AND kind IN ('door.granted', 'door.denied')",
+    ) - rows_before;
+    assert_eq!(rows, 6, "one row per acked entry: {:?}", db.audit());
     assert_eq!(
         db.count("SELECT count(*) FROM audit WHERE door = '101' AND reason = 'storage_failure'"),
         1
     );
+    assert_eq!(
+        db.count("SELECT count(*) FROM audit WHERE door = '101' AND kind = 'door.granted'"),
+        1
+    );
+    assert_eq!(
+        db.count(
+            "SELECT count(*) FROM audit WHERE door = '101' AND kind = 'door.unlock_unconfirmed'"
+        ),
+        1,
+        "the grant that could not reach the board is on record as unconfirmed"
+    );
+    assert_eq!(count(&sim, relay_opened(0)), 0);
 }
