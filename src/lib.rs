@@ -18,6 +18,7 @@
 //! | pure decisions | [`verify`] | step 1 of an event: size, envelope, signer, `verify_strict`, ids |
 //! | | [`lifecycle`] | the key state machine and the plan for one grant or revoke |
 //! | | [`door`] | the door decision and the lockout arithmetic |
+//! | | [`watch`] | what a door driver watches besides the decision: the door sensor (forced, held open) and the keypad flood limit |
 //! | | [`clock`] | the effective time (system clock, durable floor, monotonic time) and its trust |
 //! | the mirror | [`store`] | SQLite: migrations, the one writer thread, applying events, door entries, audit, outbox, alerts |
 //! | I/O edges | [`sync`] | MQTT: the event loop, verify → apply with in-order acks, the outbox publisher, sync requests |
@@ -56,3 +57,4 @@ pub mod store;
 pub mod sync;
 pub mod time;
 pub mod verify;
+pub mod watch;

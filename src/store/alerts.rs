@@ -30,7 +30,9 @@ pub enum Condition {
     OutboxBacklog,
     StorageFailure,
     SignerExpiring,
+    /// Keypad entries past the flood limit at a door (subject: the door).
     KeypadFlood,
+    /// The board's Hello does not cover a configured door (subject: the door).
     BoardMismatch,
     LinkInsecure,
     ReaderLinkFault,
