@@ -29,6 +29,8 @@ pub enum Condition {
     OutboxBacklog,
     StorageFailure,
     SignerExpiring,
+    /// The broker refused the hub's connection or its subscription.
+    BrokerDenied,
 }
 
 impl Condition {
@@ -48,6 +50,7 @@ impl Condition {
             Condition::OutboxBacklog => "outbox_backlog",
             Condition::StorageFailure => "storage_failure",
             Condition::SignerExpiring => "signer_expiring",
+            Condition::BrokerDenied => "broker_denied",
         }
     }
 }

@@ -17,6 +17,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0002_link_state",
         include_str!("../../migrations/0002_link_state.sql"),
     ),
+    (
+        "0007_hub_runtime",
+        include_str!("../../migrations/0007_hub_runtime.sql"),
+    ),
 ];
 
 /// The schema version a database is at.

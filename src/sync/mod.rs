@@ -41,9 +41,10 @@ use crate::store::alerts::{self, Condition};
 use crate::store::outbox::{self, Topic};
 use crate::store::{Priority, Store, StoreError};
 use crate::time::Timestamp;
-use client::{Gate, LinkEvent, PollSinks};
+use client::{Access, Gate, LinkEvent, PollSinks};
 use ed25519_dalek::SigningKey;
 use ingest::{Decide, Decided, IngestSinks};
+use crate::store::runtime::{self, BrokerState};
 use plan::{AlertChange, BacklogLimits, SeqView, StaleTracker, SyncPlanner};
 use publisher::{Publisher, PublisherCommand, PublisherConfig};
 use std::path::PathBuf;
@@ -72,6 +73,9 @@ pub enum SyncError {
 
 /// Subject of the `cloud_stale` alert.
 const CLOUD_STALE_SUBJECT: &str = "cloud";
+/// Subjects of `broker_denied`: what the broker refused.
+const DENIED_CONNECT: &str = "connect";
+const DENIED_SUBSCRIBE: &str = "subscribe";
 const CHANNEL: usize = 256;
 
 /// Everything the sync layer needs from the config.
@@ -131,6 +135,7 @@ pub fn start<D: Decide>(
     let (inbound_tx, inbound_rx) = mpsc::channel(CHANNEL);
     let (link_tx, link_rx) = mpsc::channel(CHANNEL);
     let (session_tx, session_rx) = mpsc::channel(CHANNEL);
+    let (access_tx, access_rx) = mpsc::channel(CHANNEL);
     let (decided_tx, decided_rx) = mpsc::channel(CHANNEL);
     let (cmd_tx, cmd_rx) = mpsc::channel(4);
     let outbox_wake = Arc::new(Notify::new());
@@ -157,6 +162,7 @@ pub fn start<D: Decide>(
             inbound: inbound_tx,
             link: link_tx,
             session: session_tx,
+            access: access_tx,
         },
         events_topic,
         settings.window,
@@ -181,8 +187,11 @@ pub fn start<D: Decide>(
             seq,
             settings.cloud_stale,
             stale_raised,
-            session_rx,
-            decided_rx,
+            ControlInputs {
+                session: session_rx,
+                decided: decided_rx,
+                access: access_rx,
+            },
             outbox_wake.clone(),
         )),
     ];
@@ -247,22 +256,37 @@ impl SyncHandle {
     }
 }
 
-/// The control task: sync requests and `cloud_stale`.
+/// What the control task listens to.
+struct ControlInputs {
+    session: mpsc::Receiver<LinkEvent>,
+    decided: mpsc::Receiver<Decided>,
+    access: mpsc::Receiver<Access>,
+}
+
+/// The control task: sync requests, `cloud_stale`, `broker_denied` and the
+/// broker link's recorded state.
 async fn control(
     store: Store,
     seq: SeqView,
     stale_after: Duration,
     stale_raised: bool,
-    mut session_rx: mpsc::Receiver<LinkEvent>,
-    mut decided_rx: mpsc::Receiver<Decided>,
+    inputs: ControlInputs,
     outbox_wake: Arc<Notify>,
 ) {
+    let ControlInputs {
+        session: mut session_rx,
+        decided: mut decided_rx,
+        access: mut access_rx,
+    } = inputs;
     let origin = Instant::now();
     let now = || origin.elapsed();
-    let mut planner = SyncPlanner::new(seq);
+    // Jittered: a fleet of hubs that all lose their session, or all get the
+    // same checkpoint, must not ask the cloud in one burst (plan::SYNC_JITTER).
+    let mut planner = SyncPlanner::with_jitter(seq, plan::SYNC_JITTER, rand::random());
     let mut stale = StaleTracker::new(stale_after, now(), stale_raised);
     let mut connected = false;
-    let (mut session_open, mut decided_open) = (true, true);
+    let mut broker = BrokerLink::new(&store).await;
+    let (mut session_open, mut decided_open, mut access_open) = (true, true, true);
     while session_open || decided_open {
         // Requests are only worth writing while connected: the planner keeps
         // its schedule meanwhile, and a reconnect asks again when needed.
@@ -302,10 +326,18 @@ async fn control(
                 Some(LinkEvent::Connected { session_present, .. }) => {
                     connected = true;
                     planner.on_session(session_present, now());
+                    broker.connected(&store, &outbox_wake).await;
                 }
-                Some(LinkEvent::Lost { .. }) => connected = false,
+                Some(LinkEvent::Lost { .. }) => {
+                    connected = false;
+                    broker.set(&store, BrokerState::Down).await;
+                }
                 Some(_) => {}
                 None => session_open = false,
+            },
+            a = access_rx.recv(), if access_open => match a {
+                Some(a) => broker.access(&store, a, &outbox_wake).await,
+                None => access_open = false,
             },
             d = decided_rx.recv(), if decided_open => match d {
                 Some(d) => {
@@ -325,6 +357,111 @@ async fn control(
             },
             _ = tokio::time::sleep(deadline) => {}
         }
+    }
+}
+
+/// The broker link as the control task records it: `hub_runtime.broker`
+/// and the `broker_denied` alert (mqtt.md 'Broker access'). A refusal is
+/// raised (a repeat bumps its count); it is cleared by what proves the
+/// broker lets the hub in: a CONNACK for `connect`, a granted SUBACK for
+/// `subscribe`. Alerts go through the outbox, so a refusal is kept locally
+/// and published once the broker lets the hub publish.
+struct BrokerLink {
+    state: Option<BrokerState>,
+    denied_connect: bool,
+    denied_subscribe: bool,
+}
+
+impl BrokerLink {
+    async fn new(store: &Store) -> Self {
+        let (denied_connect, denied_subscribe) = match store.reader() {
+            Ok(r) => match alerts::open_alerts(&r) {
+                Ok(open) => {
+                    let is = |subject: &str| {
+                        open.iter().any(|a| {
+                            a.condition == Condition::BrokerDenied.as_str() && a.subject == subject
+                        })
+                    };
+                    (is(DENIED_CONNECT), is(DENIED_SUBSCRIBE))
+                }
+                Err(_) => (false, false),
+            },
+            Err(_) => (false, false),
+        };
+        let now = Timestamp::now_system();
+        if let Err(e) = store
+            .write(Priority::Bulk, move |c| runtime::record_start(c, now))
+            .await
+        {
+            tracing::error!(error = %e, "cannot record the daemon's start");
+        }
+        BrokerLink {
+            state: Some(BrokerState::Connecting),
+            denied_connect,
+            denied_subscribe,
+        }
+    }
+
+    async fn set(&mut self, store: &Store, state: BrokerState) {
+        if self.state == Some(state) {
+            return;
+        }
+        self.state = Some(state);
+        let now = Timestamp::now_system();
+        if let Err(e) = store
+            .write(Priority::Bulk, move |c| runtime::record_broker(c, state, now))
+            .await
+        {
+            tracing::error!(error = %e, "cannot record the broker link state");
+        }
+    }
+
+    async fn connected(&mut self, store: &Store, outbox_wake: &Notify) {
+        self.set(store, BrokerState::Up).await;
+        if self.denied_connect {
+            self.denied_connect = false;
+            denied_alert(store, AlertChange::Clear, DENIED_CONNECT, outbox_wake).await;
+        }
+    }
+
+    async fn access(&mut self, store: &Store, access: Access, outbox_wake: &Notify) {
+        match access {
+            Access::ConnectRefused(_) => {
+                self.denied_connect = true;
+                self.set(store, BrokerState::Denied).await;
+                denied_alert(store, AlertChange::Raise, DENIED_CONNECT, outbox_wake).await;
+            }
+            Access::SubscribeRefused => {
+                self.denied_subscribe = true;
+                self.set(store, BrokerState::Denied).await;
+                denied_alert(store, AlertChange::Raise, DENIED_SUBSCRIBE, outbox_wake).await;
+            }
+            Access::Granted => {
+                self.set(store, BrokerState::Up).await;
+                if self.denied_subscribe {
+                    self.denied_subscribe = false;
+                    denied_alert(store, AlertChange::Clear, DENIED_SUBSCRIBE, outbox_wake).await;
+                }
+            }
+        }
+    }
+}
+
+async fn denied_alert(store: &Store, change: AlertChange, subject: &'static str, wake: &Notify) {
+    let now = Timestamp::now_system();
+    let res = store
+        .write(Priority::Bulk, move |c| match change {
+            AlertChange::Raise => {
+                alerts::raise(c, Condition::BrokerDenied, subject, 1, now).map(|_| ())
+            }
+            AlertChange::Clear => {
+                alerts::clear(c, Condition::BrokerDenied, subject, now).map(|_| ())
+            }
+        })
+        .await;
+    match res {
+        Ok(()) => wake.notify_one(),
+        Err(e) => tracing::error!(error = %e, "cannot record the broker_denied alert"),
     }
 }
 
