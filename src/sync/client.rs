@@ -73,6 +73,26 @@ pub fn status_payload(hub_id: &str, online: bool, at: crate::time::Timestamp) ->
     .unwrap_or_default()
 }
 
+/// The retained online status with the hub's health (mqtt.md 'Status':
+/// the contract's four fields, and `health` as an extra one; the last will
+/// stays [`status_payload`]'s offline form).
+pub fn online_status_payload(
+    hub_id: &str,
+    at: crate::time::Timestamp,
+    health: Option<&crate::status::Health>,
+) -> Vec<u8> {
+    let mut v = serde_json::json!({
+        "state": "online",
+        "hub_id": hub_id,
+        "version": env!("CARGO_PKG_VERSION"),
+        "at": at.to_rfc3339(),
+    });
+    if let Some(h) = health {
+        v["health"] = serde_json::to_value(h).unwrap_or_default();
+    }
+    serde_json::to_vec(&v).unwrap_or_default()
+}
+
 /// Builds the connection options: persistent session under a stable client
 /// id, manual acks, offline last will, TLS and credentials from the config.
 pub fn mqtt_options(
