@@ -32,6 +32,7 @@ const SIGNER: &str = "cloud-fleet";
 const CLOUD_SEED: [u8; 32] = [7; 32];
 const PIN_KEY: [u8; 32] = [5; 32];
 const DEADLINE: Duration = Duration::from_secs(300);
+static HOLD: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -234,10 +235,17 @@ fn peak(bins: &BTreeMap<u64, usize>) -> usize {
 }
 
 fn main() {
-    let n: usize = std::env::args()
-        .skip(1)
-        .find_map(|a| a.parse().ok())
-        .unwrap_or(50);
+    // `N` hubs; `--hold S` keeps the fleet up S more seconds at the end (at
+    // most 600) for looking at it by hand, e.g. with docs/fleet-status.py.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let n: usize = args.iter().find_map(|a| a.parse().ok()).unwrap_or(50);
+    let hold = args
+        .iter()
+        .position(|a| a == "--hold")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.parse::<u64>().ok())
+        .map_or(0, |s| s.min(600));
+    HOLD.store(hold, std::sync::atomic::Ordering::Relaxed);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -450,6 +458,11 @@ async fn run(n: usize) {
             "fleet.broker rss_mib {:.1} cpu_s {c:.2} (since its restart)",
             mib(r)
         );
+    }
+    let hold = HOLD.load(std::sync::atomic::Ordering::Relaxed);
+    if hold > 0 {
+        println!("fleet: holding {hold} s; broker on 127.0.0.1:{}", broker.port);
+        tokio::time::sleep(Duration::from_secs(hold)).await;
     }
     poller.abort();
     for h in &mut hubs {
