@@ -88,3 +88,27 @@ impl Rumqttd {
         format!("mqtt://127.0.0.1:{}", self.port)
     }
 }
+
+/// Either broker, for a test that runs against both.
+pub enum AnyBroker {
+    Mosquitto(super::mosquitto::Mosquitto),
+    Rumqttd(Rumqttd),
+}
+
+impl AnyBroker {
+    /// Where the hub connects (MQTT 3.1.1).
+    pub fn url(&self) -> String {
+        match self {
+            AnyBroker::Mosquitto(m) => m.url(),
+            AnyBroker::Rumqttd(r) => r.url(),
+        }
+    }
+
+    /// Where the MQTT 5 test cloud connects.
+    pub fn cloud_port(&self) -> u16 {
+        match self {
+            AnyBroker::Mosquitto(m) => m.port,
+            AnyBroker::Rumqttd(r) => r.v5_port,
+        }
+    }
+}
