@@ -21,8 +21,9 @@ mod common;
 use common::daemon::{
     CloudClient, Daemon, DaemonOptions, SIGNER_ID, WAIT, cloud, issue_many, rogue_key,
 };
-use common::mosquitto::{BrokerOptions, Mosquitto, acl_with_cloud, password_file_users};
+use common::mosquitto::{BrokerOptions, Mosquitto, TestPki, acl_with_cloud, password_file_users};
 use common::{HUB_ID, SITE_ID, set_mode};
+use lockhub::config::MqttConfig;
 use lockhub::sim::cloud::Cloud;
 use rumqttc::{AsyncClient, ConnectReturnCode, Event, MqttOptions, Packet, QoS};
 use std::path::{Path, PathBuf};
@@ -492,4 +493,93 @@ async fn two_hubs_with_the_same_hub_id_at_two_sites_share_a_broker_without_clash
     }
     assert_eq!(status_of(&heard, SITE_ID).unwrap()["state"], "online");
     hub_a.assert_running();
+}
+
+/// The client-certificate variant: the certificate's CN is the identity
+/// (`use_identity_as_username true`), and the same ACL applies. A hub whose
+/// certificate names another hub is let in (its certificate is valid) but
+/// hears nothing and is heard by no one: Mosquitto 2.0.11 grants the
+/// subscription and delivers nothing, and drops its publishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_client_certificates_the_cn_is_the_identity_the_acl_names() {
+    let pki = TestPki::generate();
+    let (hub_crt, hub_key) = pki.client("hub-a", &identity(HUB_ID));
+    let (wrong_crt, wrong_key) = pki.client("hub-b", &identity(HUB_B));
+    let (cloud_crt, cloud_key) = pki.client("cloud", CLOUD_USER);
+    let acl = pki.path("lockhub.acl");
+    std::fs::write(&acl, acl_with_cloud(CLOUD_USER, SITE_ID)).unwrap();
+    let broker = Mosquitto::start_with(BrokerOptions {
+        tls: Some(pki.server()),
+        acl_file: Some(acl),
+        identity_as_username: true,
+        username_as_client_id: true,
+        ..Default::default()
+    });
+    let tls = |crt: &Path, key: &Path| {
+        format!(
+            "ca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"",
+            pki.path("ca.crt").display(),
+            crt.display(),
+            key.display()
+        )
+    };
+    let cfg = MqttConfig {
+        url: broker.url(),
+        tls: true,
+        host: "127.0.0.1".into(),
+        port: broker.port,
+        client_id: "cloud".into(),
+        topic_prefix: "lockhub/v1".into(),
+        ca_file: Some(pki.path("ca.crt")),
+        cert_file: Some(cloud_crt),
+        key_file: Some(cloud_key),
+        username: None,
+        password_file: None,
+    };
+    let mut o = rumqttc::v5::MqttOptions::new("cloud", "127.0.0.1", broker.port);
+    o.set_transport(rumqttc::Transport::Tls(rumqttc::TlsConfiguration::Rustls(
+        std::sync::Arc::new(lockhub::sync::client::tls_config(&cfg).unwrap()),
+    )));
+    let mut cc = CloudClient::connect(o).await;
+    let mut c = cloud();
+
+    // Hub A's config with hub B's certificate.
+    let mut wrong = Daemon::start(
+        &broker.url(),
+        DaemonOptions {
+            mqtt_extra: tls(&wrong_crt, &wrong_key),
+            ..Default::default()
+        },
+    );
+    let log = wrong.log_path();
+    wrong
+        .wait_db("connected", |_| {
+            std::fs::read_to_string(&log).is_ok_and(|l| l.contains("mqtt connected"))
+        })
+        .await;
+    let unheard = issue_many(&mut c, 0, 1);
+    cc.publish(&unheard).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    cc.drain();
+    assert!(
+        cc.heard.is_empty(),
+        "the broker carried traffic for a hub with another hub's certificate: {:?}",
+        cc.summary()
+    );
+    assert_eq!(wrong.count("SELECT count(*) FROM dedupe"), 0);
+    wrong.kill9();
+
+    // The right certificate: in, online, events and results.
+    let _hub = Daemon::start(
+        &broker.url(),
+        DaemonOptions {
+            mqtt_extra: tls(&hub_crt, &hub_key),
+            ..Default::default()
+        },
+    );
+    cc.wait_online().await;
+    let events = issue_many(&mut c, 1, 2);
+    cc.publish(&events).await;
+    cc.wait_results(&events).await;
+    common::daemon::assert_answered_once(&cc, &events, "applied");
 }

@@ -342,6 +342,44 @@ impl TestPki {
         self.dir.path().join(name)
     }
 
+    /// One more client certificate, `NAME.crt` and `NAME.key` (mode 0600),
+    /// with subject CN `cn` (a `/` in it is escaped for openssl), signed by
+    /// the CA. Returns (cert, key).
+    pub fn client(&self, name: &str, cn: &str) -> (PathBuf, PathBuf) {
+        let d = self.dir.path();
+        let run = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(d)
+                .output()
+                .expect("run openssl");
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let (key, csr, crt) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.crt"),
+        );
+        let subj = format!("/CN={}", cn.replace('/', "\\/"));
+        run(&[
+            "req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj", &subj,
+        ]);
+        run(&[
+            "x509", "-req", "-in", &csr, "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", &crt, "-days", "2", "-extfile", "client.ext",
+        ]);
+        std::fs::set_permissions(
+            d.join(&key),
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .expect("chmod key");
+        (d.join(crt), d.join(key))
+    }
+
     /// (ca, server cert, server key) for [`BrokerOptions::tls`].
     pub fn server(&self) -> (PathBuf, PathBuf, PathBuf) {
         (
