@@ -256,6 +256,8 @@ async fn a_hub_works_end_to_end_under_the_shipped_acl() {
     let will = cc.on("status").last().unwrap();
     assert_eq!(will["state"], "offline");
     assert_eq!(will["hub_id"], HUB_ID);
+    // The will is mqtt.md's offline form, unchanged: no health figures.
+    assert!(will.get("health").is_none(), "{will}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
