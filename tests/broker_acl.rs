@@ -12,9 +12,8 @@
 //! password wrong; a subscription the ACL forbids is *granted* (SUBACK 0 for
 //! MQTT 3.1.1) and then delivers nothing; a publish the ACL forbids is
 //! acknowledged and dropped. So the refusal a hub can see on this broker is
-//! the CONNACK one; the SUBACK 0x80 path is covered by unit tests of
-//! `sync::client::Access` (other brokers send it), and a silent ACL is what
-//! `cloud_stale` catches.
+//! the CONNACK one; the SUBACK 0x80 that other brokers send is played by a
+//! minimal fake broker here, and a silent ACL is what `cloud_stale` catches.
 
 mod common;
 
@@ -584,4 +583,136 @@ async fn with_client_certificates_the_cn_is_the_identity_the_acl_names() {
     cc.publish(&events).await;
     cc.wait_results(&events).await;
     common::daemon::assert_answered_once(&cc, &events, "applied");
+}
+
+/// What a fake broker saw of the hub.
+#[derive(Default)]
+struct FakeSeen {
+    connects: usize,
+    subscribes: usize,
+    /// (topic, payload) of every PUBLISH.
+    publishes: Vec<(String, Vec<u8>)>,
+}
+
+/// Reads one MQTT packet: (first byte, body).
+async fn read_packet(s: &mut tokio::net::TcpStream) -> Option<(u8, Vec<u8>)> {
+    use tokio::io::AsyncReadExt;
+    let first = s.read_u8().await.ok()?;
+    let (mut len, mut shift) = (0usize, 0);
+    loop {
+        let b = s.read_u8().await.ok()?;
+        len |= usize::from(b & 0x7f) << shift;
+        if b & 0x80 == 0 {
+            break;
+        }
+        shift += 7;
+    }
+    let mut body = vec![0; len];
+    s.read_exact(&mut body).await.ok()?;
+    Some((first, body))
+}
+
+/// A broker that speaks just enough MQTT 3.1.1 to refuse the hub's first
+/// subscription with SUBACK 0x80, as brokers other than Mosquitto 2.0 do,
+/// and grant every later one. It acks every QoS 1 publish.
+async fn fake_broker_refusing_the_first_subscribe(
+    seen: std::sync::Arc<std::sync::Mutex<FakeSeen>>,
+) -> u16 {
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                while let Some((first, body)) = read_packet(&mut s).await {
+                    let reply: Vec<u8> = match first >> 4 {
+                        1 => {
+                            seen.lock().unwrap().connects += 1;
+                            vec![0x20, 2, 0, 0]
+                        }
+                        8 => {
+                            let n = {
+                                let mut g = seen.lock().unwrap();
+                                g.subscribes += 1;
+                                g.subscribes
+                            };
+                            let code = if n == 1 { 0x80 } else { 0x01 };
+                            vec![0x90, 3, body[0], body[1], code]
+                        }
+                        3 => {
+                            let tlen = usize::from(u16::from_be_bytes([body[0], body[1]]));
+                            let topic = String::from_utf8_lossy(&body[2..2 + tlen]).into_owned();
+                            let qos = (first >> 1) & 3;
+                            let mut at = 2 + tlen;
+                            let mut ack = vec![];
+                            if qos > 0 {
+                                ack = vec![0x40, 2, body[at], body[at + 1]];
+                                at += 2;
+                            }
+                            seen.lock()
+                                .unwrap()
+                                .publishes
+                                .push((topic, body[at..].to_vec()));
+                            ack
+                        }
+                        12 => vec![0xd0, 0],
+                        _ => vec![],
+                    };
+                    if !reply.is_empty() && s.write_all(&reply).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_refused_with_0x80_raises_broker_denied_and_is_asked_for_again() {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(FakeSeen::default()));
+    let port = fake_broker_refusing_the_first_subscribe(seen.clone()).await;
+    let mut hub = Daemon::start(&format!("mqtt://127.0.0.1:{port}"), DaemonOptions::default());
+    let alerts = |seen: &FakeSeen| -> Vec<serde_json::Value> {
+        seen.publishes
+            .iter()
+            .filter(|(t, _)| *t == topic_of(HUB_ID, "alerts"))
+            .map(|(_, p)| common::daemon::open_hub_envelope(p))
+            .filter(|a| a["condition"] == "broker_denied")
+            .collect()
+    };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let states: Vec<String> = alerts(&seen.lock().unwrap())
+            .iter()
+            .map(|a| {
+                assert_eq!(a["subject"], "subscribe", "{a}");
+                a["state"].as_str().unwrap().to_owned()
+            })
+            .collect();
+        // Published while the subscription was still refused (the broker
+        // took the hub's publishes), then cleared once it was granted.
+        if states.first().is_some_and(|s| s == "raised") && states.iter().any(|s| s == "cleared")
+        {
+            break;
+        }
+        hub.assert_running();
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "broker_denied raised then cleared; heard {states:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let g = seen.lock().unwrap();
+    assert_eq!(g.connects, 1, "asked again on the same connection");
+    assert!(g.subscribes >= 2);
+    drop(g);
+    assert!(
+        hub.log().contains("subscription to the events topic refused"),
+        "{}",
+        hub.log()
+    );
+    hub.wait_db("broker_denied cleared", |db| !broker_denied_raised(db))
+        .await;
 }
