@@ -210,7 +210,8 @@ fn grant(hub: usize, n: usize) -> GrantSpec {
 enum Heard {
     Online(usize),
     Result(usize, String),
-    Sync(usize, u64),
+    /// (hub, from_seq, reason)
+    Sync(usize, u64, String),
 }
 
 fn parse(topic: &str, payload: &[u8]) -> Option<Heard> {
@@ -225,7 +226,14 @@ fn parse(topic: &str, payload: &[u8]) -> Option<Heard> {
     match leaf {
         "status" if v["state"] == "online" => Some(Heard::Online(i)),
         "results" => Some(Heard::Result(i, body(&v)?["event_id"].as_str()?.to_owned())),
-        "sync" => Some(Heard::Sync(i, body(&v)?["from_seq"].as_u64()?)),
+        "sync" => {
+            let b = body(&v)?;
+            Some(Heard::Sync(
+                i,
+                b["from_seq"].as_u64()?,
+                b["reason"].as_str()?.to_owned(),
+            ))
+        }
         _ => None,
     }
 }
@@ -254,6 +262,150 @@ fn main() {
     rt.block_on(run(n));
 }
 
+type Rx = tokio::sync::mpsc::UnboundedReceiver<(Instant, Heard)>;
+
+/// Feeds what the cloud hears to `on` until it says done; publishes what
+/// it returns (the cloud's answers). Bounded by [`DEADLINE`].
+async fn until(
+    what: &str,
+    rx: &mut Rx,
+    client: &AsyncClient,
+    mut on: impl FnMut(Instant, Heard) -> (bool, Vec<(usize, SignedEvent)>),
+) {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let Ok(Some((t, h))) = tokio::time::timeout_at(deadline, rx.recv()).await else {
+            panic!("fleet: timed out waiting for {what}");
+        };
+        let (done, answers) = on(t, h);
+        for (i, e) in answers {
+            publish(client, i, &e).await;
+        }
+        if done {
+            return;
+        }
+    }
+}
+
+async fn publish(c: &AsyncClient, i: usize, e: &SignedEvent) {
+    c.publish(
+        format!("lockhub/v1/{SITE}/{}/events", hub_id(i)),
+        QoS::AtLeastOnce,
+        false,
+        e.envelope.clone(),
+    )
+    .await
+    .unwrap()
+}
+
+/// Lets the fleet go quiet for `d`, answering any sync request with a
+/// checkpoint as the cloud would (so no hub is left repeating one into the
+/// next phase's counts).
+async fn settle(rx: &mut Rx, client: &AsyncClient, clouds: &mut [Cloud], d: Duration) {
+    let end = tokio::time::Instant::now() + d;
+    while let Ok(Some((_, h))) = tokio::time::timeout_at(end, rx.recv()).await {
+        if let Heard::Sync(i, ..) = h {
+            publish(client, i, &clouds[i].checkpoint()).await;
+        }
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// Sync requests per second and per 100 ms, counted from `from`, and by reason.
+fn sync_figures(prefix: &str, at: &[(Instant, String)], from: Instant) {
+    let mut reasons: BTreeMap<&str, usize> = BTreeMap::new();
+    for (_, r) in at {
+        *reasons.entry(r.as_str()).or_insert(0) += 1;
+    }
+    println!("{prefix}.sync_reasons {reasons:?}");
+    let at: Vec<Instant> = at.iter().map(|(t, _)| *t).collect();
+    let mut per_s: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut per_100ms: BTreeMap<u64, usize> = BTreeMap::new();
+    for t in &at {
+        let d = t.saturating_duration_since(from);
+        *per_s.entry(d.as_secs()).or_insert(0) += 1;
+        *per_100ms.entry(d.as_millis() as u64 / 100).or_insert(0) += 1;
+    }
+    println!("{prefix}.sync_requests {}", at.len());
+    println!("{prefix}.peak_sync_per_s {}", peak(&per_s));
+    println!("{prefix}.peak_sync_per_100ms {}", peak(&per_100ms));
+    println!(
+        "{prefix}.sync_by_second {:?}",
+        (0..=per_s.keys().max().copied().unwrap_or(0))
+            .map(|k| per_s.get(&k).copied().unwrap_or(0))
+            .collect::<Vec<_>>()
+    );
+}
+
+/// Restarts the broker (`lose_sessions`: its persistence file removed
+/// while it is down, as after a broker that keeps none) and reports how
+/// the fleet comes back: every hub online again, connects per second, and
+/// the sync requests (answered with a checkpoint, as the cloud does).
+async fn restart(
+    name: &str,
+    n: usize,
+    broker: &mut Broker,
+    rx: &mut Rx,
+    client: &AsyncClient,
+    clouds: &mut [Cloud],
+    lose_sessions: bool,
+) {
+    settle(rx, client, clouds, Duration::from_secs(5)).await;
+    broker.stop();
+    if lose_sessions {
+        let _ = std::fs::remove_file(broker.dir.path().join("mosquitto.db"));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let since = unix_now();
+    let t0 = Instant::now();
+    broker.spawn();
+    let mut back: HashMap<usize, Instant> = HashMap::new();
+    let mut asked: HashSet<usize> = HashSet::new();
+    let mut sync_at: Vec<(Instant, String)> = Vec::new();
+    until(&format!("{name}: every hub back"), rx, client, |t, h| {
+        let mut answers = vec![];
+        match h {
+            Heard::Online(i) => {
+                back.entry(i).or_insert(t);
+            }
+            Heard::Sync(i, _, reason) => {
+                sync_at.push((t, reason));
+                asked.insert(i);
+                answers.push((i, clouds[i].checkpoint()));
+            }
+            Heard::Result(..) => {}
+        }
+        // With sessions lost, "back" means asked and answered too.
+        let done = back.len() == n && (!lose_sessions || asked.len() == n);
+        (done, answers)
+    })
+    .await;
+    let all_back = back.values().max().unwrap().duration_since(t0);
+    // Late requests (repeats before the checkpoint landed) still count.
+    let t_end = Instant::now() + Duration::from_secs(3);
+    while let Ok(Some((t, h))) = tokio::time::timeout_at(t_end.into(), rx.recv()).await {
+        if let Heard::Sync(i, _, reason) = h {
+            sync_at.push((t, reason));
+            publish(client, i, &clouds[i].checkpoint()).await;
+        }
+    }
+    let connects = broker.connects_per_second(since);
+    println!("fleet.{name}.all_online_s {:.2}", all_back.as_secs_f64());
+    println!("fleet.{name}.connects_total {}", connects.values().sum::<usize>());
+    println!("fleet.{name}.peak_connects_per_s {}", peak(&connects));
+    println!(
+        "fleet.{name}.connects_by_second {:?}",
+        connects.values().collect::<Vec<_>>()
+    );
+    sync_figures(&format!("fleet.{name}"), &sync_at, t0);
+}
+
 async fn run(n: usize) {
     let mut broker = Broker::start();
     let key = ed25519_dalek::SigningKey::from_bytes(&CLOUD_SEED);
@@ -275,7 +427,9 @@ async fn run(n: usize) {
                 Ok(Event::Incoming(Packet::ConnAck(_))) => {
                     let _ = sub.try_subscribe(format!("lockhub/v1/{SITE}/+/+"), QoS::AtLeastOnce);
                 }
-                Ok(Event::Incoming(Packet::Publish(p))) => {
+                // A redelivery (DUP) after the broker restart is the
+                // broker's replay of something already counted.
+                Ok(Event::Incoming(Packet::Publish(p))) if !p.dup => {
                     if let Some(h) = parse(&p.topic, &p.payload) {
                         let _ = tx.send((Instant::now(), h));
                     }
@@ -287,42 +441,20 @@ async fn run(n: usize) {
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
 
+    // 1. Online (each first start asks fresh_session: answered), 3 events each.
     let t_spawn = Instant::now();
     let mut hubs: Vec<Hub> = (0..n).map(|i| start_hub(i, broker.port)).collect();
-    let publish = |c: &AsyncClient, i: usize, e: &SignedEvent| {
-        let c = c.clone();
-        let env = e.envelope.clone();
-        async move {
-            c.publish(
-                format!("lockhub/v1/{SITE}/{}/events", hub_id(i)),
-                QoS::AtLeastOnce,
-                false,
-                env,
-            )
-            .await
-            .unwrap()
-        }
-    };
-
-    // Waits for `done` over what is heard; answers sync requests if asked.
-    macro_rules! wait {
-        ($what:expr, $state:ident, $on:expr, $done:expr) => {{
-            let deadline = tokio::time::Instant::now() + DEADLINE;
-            while !$done(&$state) {
-                match tokio::time::timeout_at(deadline, rx.recv()).await {
-                    Ok(Some((t, h))) => $on(&mut $state, t, h).await,
-                    _ => panic!("fleet: timed out waiting for {}", $what),
-                }
-            }
-        }};
-    }
-
-    // 1. Online, 3 events each.
     let mut online: HashSet<usize> = HashSet::new();
-    wait!("every hub online", online, |s: &mut HashSet<usize>, _t, h| {
-        if let Heard::Online(i) = h { s.insert(i); }
-        async {}
-    }, |s: &HashSet<usize>| s.len() == n);
+    until("every hub online", &mut rx, &client, |_, h| match h {
+        Heard::Online(i) => {
+            online.insert(i);
+            (online.len() == n, vec![])
+        }
+        Heard::Sync(i, ..) => (false, vec![(i, clouds[i].checkpoint())]),
+        Heard::Result(..) => (false, vec![]),
+    })
+    .await;
+    println!("fleet.hubs {n}");
     println!("fleet.start.all_online_s {:.2}", t_spawn.elapsed().as_secs_f64());
     let mut want: HashSet<(usize, String)> = HashSet::new();
     for (i, c) in clouds.iter_mut().enumerate() {
@@ -332,37 +464,22 @@ async fn run(n: usize) {
             publish(&client, i, &e).await;
         }
     }
-    wait!("the first results", want, |s: &mut HashSet<(usize, String)>, _t, h| {
-        if let Heard::Result(i, id) = h { s.remove(&(i, id)); }
-        async {}
-    }, |s: &HashSet<(usize, String)>| s.is_empty());
+    until("the first results", &mut rx, &client, |_, h| match h {
+        Heard::Result(i, id) => {
+            want.remove(&(i, id));
+            (want.is_empty(), vec![])
+        }
+        Heard::Sync(i, ..) => (false, vec![(i, clouds[i].checkpoint())]),
+        Heard::Online(_) => (false, vec![]),
+    })
+    .await;
 
-    // 2. Broker restart.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    while rx.try_recv().is_ok() {}
-    broker.stop();
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let since = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    let t_restart = Instant::now();
-    broker.spawn();
-    let mut back: HashMap<usize, Instant> = HashMap::new();
-    wait!("every hub online after the restart", back, |s: &mut HashMap<usize, Instant>, t, h| {
-        if let Heard::Online(i) = h { s.entry(i).or_insert(t); }
-        async {}
-    }, |s: &HashMap<usize, Instant>| s.len() == n);
-    let last_back = back.values().max().unwrap().duration_since(t_restart);
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let connects = broker.connects_per_second(since);
-    println!("fleet.restart.all_online_s {:.2}", last_back.as_secs_f64());
-    println!("fleet.restart.connects_total {}", connects.values().sum::<usize>());
-    println!("fleet.restart.peak_connects_per_s {}", peak(&connects));
-    println!("fleet.restart.connects_by_second {:?}", connects.values().collect::<Vec<_>>());
+    // 2. Broker restarts: sessions kept, then sessions lost.
+    restart("restart", n, &mut broker, &mut rx, &client, &mut clouds, false).await;
+    restart("restart_fresh", n, &mut broker, &mut rx, &client, &mut clouds, true).await;
 
     // 3. Lost events, then a checkpoint to every hub at once.
-    while rx.try_recv().is_ok() {}
+    settle(&mut rx, &client, &mut clouds, Duration::from_secs(5)).await;
     let mut missing: Vec<Vec<SignedEvent>> = Vec::new();
     let mut want: HashSet<(usize, String)> = HashSet::new();
     for (i, c) in clouds.iter_mut().enumerate() {
@@ -377,57 +494,30 @@ async fn run(n: usize) {
         let cp = c.checkpoint();
         publish(&client, i, &cp).await;
     }
-    struct Catch {
-        want: HashSet<(usize, String)>,
-        sync_at: Vec<Instant>,
-        answered: usize,
-    }
-    let mut st = Catch {
-        want,
-        sync_at: Vec::new(),
-        answered: 0,
-    };
-    {
-        let clouds = &mut clouds;
-        let missing = &missing;
-        let client = &client;
-        wait!("every hub caught up", st, |s: &mut Catch, t, h| {
-            let mut to_send: Vec<(usize, SignedEvent)> = Vec::new();
-            match h {
-                Heard::Result(i, id) => {
-                    s.want.remove(&(i, id));
-                }
-                Heard::Sync(i, from) => {
-                    s.sync_at.push(t);
-                    s.answered += 1;
-                    for e in missing[i].iter().filter(|e| e.seq.is_some_and(|q| q >= from)) {
-                        to_send.push((i, e.clone()));
-                    }
-                    to_send.push((i, clouds[i].checkpoint()));
-                }
-                Heard::Online(_) => {}
-            }
-            async move {
-                for (i, e) in to_send {
-                    publish(client, i, &e).await;
-                }
-            }
-        }, |s: &Catch| s.want.is_empty());
-    }
-    let caught_up = t_cp.elapsed();
-    let mut per_s: BTreeMap<u64, usize> = BTreeMap::new();
-    let mut per_100ms: BTreeMap<u64, usize> = BTreeMap::new();
-    for t in &st.sync_at {
-        let d = t.duration_since(t_cp);
-        *per_s.entry(d.as_secs()).or_insert(0) += 1;
-        *per_100ms.entry(d.as_millis() as u64 / 100).or_insert(0) += 1;
-    }
-    println!("fleet.checkpoint.caught_up_s {:.2}", caught_up.as_secs_f64());
-    println!("fleet.checkpoint.sync_requests {}", st.sync_at.len());
-    println!("fleet.checkpoint.peak_sync_per_s {}", peak(&per_s));
-    println!("fleet.checkpoint.peak_sync_per_100ms {}", peak(&per_100ms));
-    println!("fleet.checkpoint.sync_by_second {:?}", per_s.values().collect::<Vec<_>>());
-
+    let mut sync_at: Vec<(Instant, String)> = Vec::new();
+    until("every hub caught up", &mut rx, &client, |t, h| match h {
+        Heard::Result(i, id) => {
+            want.remove(&(i, id));
+            (want.is_empty(), vec![])
+        }
+        Heard::Sync(i, from, reason) => {
+            sync_at.push((t, reason));
+            let mut answers: Vec<(usize, SignedEvent)> = missing[i]
+                .iter()
+                .filter(|e| e.seq.is_some_and(|q| q >= from))
+                .map(|e| (i, e.clone()))
+                .collect();
+            answers.push((i, clouds[i].checkpoint()));
+            (false, answers)
+        }
+        Heard::Online(_) => (false, vec![]),
+    })
+    .await;
+    println!(
+        "fleet.checkpoint.caught_up_s {:.2}",
+        t_cp.elapsed().as_secs_f64()
+    );
+    sync_figures("fleet.checkpoint", &sync_at, t_cp);
     // 4. Resources.
     let mut rss: Vec<u64> = vec![];
     let mut cpu: Vec<f64> = vec![];
