@@ -90,7 +90,10 @@ impl Broker {
         );
         let t = Instant::now();
         while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(t.elapsed() < Duration::from_secs(10), "mosquitto did not start");
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "mosquitto did not start"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -110,10 +113,14 @@ impl Broker {
 
     /// Connects per whole second (the log's timestamps) since `since` (Unix s).
     fn connects_per_second(&self, since: u64) -> BTreeMap<u64, usize> {
-        let log = std::fs::read_to_string(self.dir.path().join("mosquitto.log")).unwrap_or_default();
+        let log =
+            std::fs::read_to_string(self.dir.path().join("mosquitto.log")).unwrap_or_default();
         let mut m = BTreeMap::new();
         for l in log.lines().filter(|l| l.contains("New client connected")) {
-            if let Some(t) = l.split(':').next().and_then(|t| t.trim().parse::<u64>().ok())
+            if let Some(t) = l
+                .split(':')
+                .next()
+                .and_then(|t| t.trim().parse::<u64>().ok())
                 && t >= since
             {
                 *m.entry(t).or_insert(0) += 1;
@@ -397,7 +404,10 @@ async fn restart(
     }
     let connects = broker.connects_per_second(since);
     println!("fleet.{name}.all_online_s {:.2}", all_back.as_secs_f64());
-    println!("fleet.{name}.connects_total {}", connects.values().sum::<usize>());
+    println!(
+        "fleet.{name}.connects_total {}",
+        connects.values().sum::<usize>()
+    );
     println!("fleet.{name}.peak_connects_per_s {}", peak(&connects));
     println!(
         "fleet.{name}.connects_by_second {:?}",
@@ -455,7 +465,10 @@ async fn run(n: usize) {
     })
     .await;
     println!("fleet.hubs {n}");
-    println!("fleet.start.all_online_s {:.2}", t_spawn.elapsed().as_secs_f64());
+    println!(
+        "fleet.start.all_online_s {:.2}",
+        t_spawn.elapsed().as_secs_f64()
+    );
     let mut want: HashSet<(usize, String)> = HashSet::new();
     for (i, c) in clouds.iter_mut().enumerate() {
         for k in 0..3 {
@@ -475,8 +488,26 @@ async fn run(n: usize) {
     .await;
 
     // 2. Broker restarts: sessions kept, then sessions lost.
-    restart("restart", n, &mut broker, &mut rx, &client, &mut clouds, false).await;
-    restart("restart_fresh", n, &mut broker, &mut rx, &client, &mut clouds, true).await;
+    restart(
+        "restart",
+        n,
+        &mut broker,
+        &mut rx,
+        &client,
+        &mut clouds,
+        false,
+    )
+    .await;
+    restart(
+        "restart_fresh",
+        n,
+        &mut broker,
+        &mut rx,
+        &client,
+        &mut clouds,
+        true,
+    )
+    .await;
 
     // 3. Lost events, then a checkpoint to every hub at once.
     settle(&mut rx, &client, &mut clouds, Duration::from_secs(5)).await;
@@ -551,7 +582,10 @@ async fn run(n: usize) {
     }
     let hold = HOLD.load(std::sync::atomic::Ordering::Relaxed);
     if hold > 0 {
-        println!("fleet: holding {hold} s; broker on 127.0.0.1:{}", broker.port);
+        println!(
+            "fleet: holding {hold} s; broker on 127.0.0.1:{}",
+            broker.port
+        );
         tokio::time::sleep(Duration::from_secs(hold)).await;
     }
     poller.abort();

@@ -282,7 +282,7 @@ pub fn health(
     let data_dir = database.parent().unwrap_or(Path::new("."));
     let disk_free_bytes = rustix::fs::statvfs(data_dir)
         .ok()
-        .map(|v| v.f_bavail.saturating_mul(v.f_frsize as u64));
+        .map(|v| v.f_bavail.saturating_mul(v.f_frsize));
     Ok(Health {
         uptime_s: run.as_ref().map(|r| age_s(now, r.started_at).max(0)),
         started_at: run.as_ref().map(|r| r.started_at.to_rfc3339()),

@@ -176,7 +176,11 @@ fn status_json(hub: &Daemon) -> serde_json::Value {
         .arg(hub.dir.path().join("hub.toml"))
         .output()
         .expect("run lockhub status");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).expect("status --json is JSON")
 }
 
@@ -285,7 +289,11 @@ async fn hub_b_cannot_read_hub_a_events_nor_publish_on_its_topics() {
     // broker makes the client id the username, so A is not kicked off).
     let mut spy = Raw::connect(b.broker.port, HUB_ID, &identity(HUB_B), HUB_B_PASS).await;
     assert!(matches!(spy.next().await, Ok(Packet::ConnAck(_))));
-    for t in [topic_of(HUB_ID, "events"), topic_of(HUB_ID, "#"), "#".to_owned()] {
+    for t in [
+        topic_of(HUB_ID, "events"),
+        topic_of(HUB_ID, "#"),
+        "#".to_owned(),
+    ] {
         spy.client.subscribe(t, QoS::AtLeastOnce).await.unwrap();
     }
     // An observer with read rights on the site sees everything under hub A.
@@ -322,8 +330,7 @@ async fn hub_b_cannot_read_hub_a_events_nor_publish_on_its_topics() {
     // has routed hub B's publishes too.
     let seen = observer.publishes_within(Duration::from_secs(3)).await;
     assert!(
-        seen.iter()
-            .any(|p| p.topic == topic_of(HUB_ID, "results")),
+        seen.iter().any(|p| p.topic == topic_of(HUB_ID, "results")),
         "the observer hears hub A's results"
     );
     assert!(
@@ -351,7 +358,12 @@ async fn hub_b_cannot_read_hub_a_events_nor_publish_on_its_topics() {
         .unwrap();
     assert_eq!(n, 0, "hub B's publish reached hub A's events");
     // And hub A was never kicked off by the borrowed client id.
-    assert_eq!(hub.log().matches("mqtt connected").count(), 1, "{}", hub.log());
+    assert_eq!(
+        hub.log().matches("mqtt connected").count(),
+        1,
+        "{}",
+        hub.log()
+    );
     hub.assert_running();
 }
 
@@ -435,7 +447,11 @@ async fn two_hubs_with_the_same_hub_id_at_two_sites_share_a_broker_without_clash
     let passwd = password_file_users(
         creds.path(),
         "passwd",
-        &[(&id_a, HUB_PASS), (&id_b, HUB_B_PASS), (CLOUD_USER, CLOUD_PASS)],
+        &[
+            (&id_a, HUB_PASS),
+            (&id_b, HUB_B_PASS),
+            (CLOUD_USER, CLOUD_PASS),
+        ],
     );
     let acl = creds.path().join("acl");
     std::fs::write(&acl, acl_with_cloud(CLOUD_USER, "+")).unwrap();
@@ -483,7 +499,12 @@ async fn two_hubs_with_the_same_hub_id_at_two_sites_share_a_broker_without_clash
     tokio::time::sleep(Duration::from_secs(2)).await;
     for hub in [&mut hub_a, &mut hub_b] {
         hub.assert_running();
-        assert_eq!(hub.log().matches("mqtt connected").count(), 1, "{}", hub.log());
+        assert_eq!(
+            hub.log().matches("mqtt connected").count(),
+            1,
+            "{}",
+            hub.log()
+        );
     }
     // One hub's will is its own: hub B dies, hub A stays online.
     hub_b.kill9();
@@ -673,7 +694,10 @@ async fn fake_broker_refusing_the_first_subscribe(
 async fn a_subscription_refused_with_0x80_raises_broker_denied_and_is_asked_for_again() {
     let seen = std::sync::Arc::new(std::sync::Mutex::new(FakeSeen::default()));
     let port = fake_broker_refusing_the_first_subscribe(seen.clone()).await;
-    let mut hub = Daemon::start(&format!("mqtt://127.0.0.1:{port}"), DaemonOptions::default());
+    let mut hub = Daemon::start(
+        &format!("mqtt://127.0.0.1:{port}"),
+        DaemonOptions::default(),
+    );
     let alerts = |seen: &FakeSeen| -> Vec<serde_json::Value> {
         seen.publishes
             .iter()
@@ -693,8 +717,7 @@ async fn a_subscription_refused_with_0x80_raises_broker_denied_and_is_asked_for_
             .collect();
         // Published while the subscription was still refused (the broker
         // took the hub's publishes), then cleared once it was granted.
-        if states.first().is_some_and(|s| s == "raised") && states.iter().any(|s| s == "cleared")
-        {
+        if states.first().is_some_and(|s| s == "raised") && states.iter().any(|s| s == "cleared") {
             break;
         }
         hub.assert_running();
@@ -704,12 +727,15 @@ async fn a_subscription_refused_with_0x80_raises_broker_denied_and_is_asked_for_
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let g = seen.lock().unwrap();
-    assert_eq!(g.connects, 1, "asked again on the same connection");
-    assert!(g.subscribes >= 2);
-    drop(g);
+    let (connects, subscribes) = {
+        let g = seen.lock().unwrap();
+        (g.connects, g.subscribes)
+    };
+    assert_eq!(connects, 1, "asked again on the same connection");
+    assert!(subscribes >= 2);
     assert!(
-        hub.log().contains("subscription to the events topic refused"),
+        hub.log()
+            .contains("subscription to the events topic refused"),
         "{}",
         hub.log()
     );

@@ -319,7 +319,11 @@ fn status_json_carries_the_health_figures_the_retained_status_publishes() {
         .unwrap();
 
     let out = status(&config, true);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let h = &v["health"];
     // The same figures as the rest of the status, from the same snapshot.
@@ -339,7 +343,10 @@ fn status_json_carries_the_health_figures_the_retained_status_publishes() {
     assert!((3000..3100).contains(&up), "started 50 min ago: {up}");
     let db_bytes = std::fs::metadata(store.path()).unwrap().len();
     assert_eq!(h["db_bytes"], db_bytes);
-    assert!(h["wal_bytes"].as_u64().unwrap() > 0, "the WAL holds the writes");
+    assert!(
+        h["wal_bytes"].as_u64().unwrap() > 0,
+        "the WAL holds the writes"
+    );
     assert!(h["disk_free_bytes"].as_u64().unwrap() > 0);
 
     let text = String::from_utf8_lossy(&status(&config, false).stdout).into_owned();

@@ -55,10 +55,8 @@ async fn every_vector_gets_its_result_through_rumqttd_too() {
 
 /// The whole story through the MQTT 3.1.1 broker on `port`.
 async fn vectors_through(port: u16) {
-    let fx = Fixture::with_hub_edits(&[(
-        "mqtt://127.0.0.1:1883",
-        &format!("mqtt://127.0.0.1:{port}"),
-    )]);
+    let fx =
+        Fixture::with_hub_edits(&[("mqtt://127.0.0.1:1883", &format!("mqtt://127.0.0.1:{port}"))]);
 
     let mut o = MqttOptions::new("test-cloud", "127.0.0.1", port);
     o.set_max_packet_size(4 << 20, 4 << 20);

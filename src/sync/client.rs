@@ -36,8 +36,8 @@ use super::plan::ReconnectBackoff;
 use super::window::{Outstanding, ReceiveWindow};
 use crate::config::MqttConfig;
 use rumqttc::{
-    AsyncClient, ClientError, ConnectReturnCode, Event, EventLoop, LastWill, MqttOptions,
-    Outgoing, Packet, PubAck, Publish, QoS, SubscribeReasonCode, TlsConfiguration, Transport,
+    AsyncClient, ClientError, ConnectReturnCode, Event, EventLoop, LastWill, MqttOptions, Outgoing,
+    Packet, PubAck, Publish, QoS, SubscribeReasonCode, TlsConfiguration, Transport,
 };
 use std::collections::VecDeque;
 use std::path::Path;
@@ -836,8 +836,7 @@ mod tests {
 
     #[test]
     fn a_connack_refusal_is_the_brokers_word_and_a_network_failure_is_not() {
-        let refused =
-            rumqttc::ConnectionError::ConnectionRefused(ConnectReturnCode::NotAuthorized);
+        let refused = rumqttc::ConnectionError::ConnectionRefused(ConnectReturnCode::NotAuthorized);
         assert_eq!(
             Access::of_connection_error(&refused),
             Some(Access::ConnectRefused(ConnectReturnCode::NotAuthorized))

@@ -39,12 +39,12 @@ pub mod window;
 use crate::config::MqttConfig;
 use crate::store::alerts::{self, Condition};
 use crate::store::outbox::{self, Topic};
+use crate::store::runtime::{self, BrokerState};
 use crate::store::{Priority, Store, StoreError};
 use crate::time::Timestamp;
 use client::{Access, Gate, LinkEvent, PollSinks};
 use ed25519_dalek::SigningKey;
 use ingest::{Decide, Decided, IngestSinks};
-use crate::store::runtime::{self, BrokerState};
 use plan::{AlertChange, BacklogLimits, SeqView, StaleTracker, SyncPlanner};
 use publisher::{Publisher, PublisherCommand, PublisherConfig};
 use std::path::PathBuf;
@@ -409,7 +409,9 @@ impl BrokerLink {
         self.state = Some(state);
         let now = Timestamp::now_system();
         if let Err(e) = store
-            .write(Priority::Bulk, move |c| runtime::record_broker(c, state, now))
+            .write(Priority::Bulk, move |c| {
+                runtime::record_broker(c, state, now)
+            })
             .await
         {
             tracing::error!(error = %e, "cannot record the broker link state");

@@ -609,7 +609,9 @@ mod tests {
         }
         assert_eq!(
             steps,
-            [2, 4, 8, 16, 30, 30, 30, 30].map(Duration::from_secs).to_vec()
+            [2, 4, 8, 16, 30, 30, 30, 30]
+                .map(Duration::from_secs)
+                .to_vec()
         );
         b.reset();
         assert_eq!(b.peek(), RECONNECT_START);
@@ -647,7 +649,11 @@ mod tests {
             assert_eq!(p.next_deadline(), Some(due + SYNC_BACKOFF_START));
             first.push(due - s(10));
         }
-        let spread = first.iter().max().unwrap().saturating_sub(*first.iter().min().unwrap());
+        let spread = first
+            .iter()
+            .max()
+            .unwrap()
+            .saturating_sub(*first.iter().min().unwrap());
         assert!(spread > SYNC_JITTER / 2, "200 hubs spread over {spread:?}");
     }
 

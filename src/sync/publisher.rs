@@ -26,8 +26,8 @@
 
 use super::client::{Gate, GateRefusal, LinkEvent, online_status_payload, status_payload};
 use super::plan::{AlertChange, BacklogLimits, BacklogMonitor, HEALTH_EVERY, HealthSchedule};
-use crate::status::{self, Health, HealthKey};
 use crate::crypto;
+use crate::status::{self, Health, HealthKey};
 use crate::store::alerts::{self, Condition};
 use crate::store::outbox;
 use crate::store::{Priority, Store, StoreError};

@@ -369,8 +369,21 @@ impl TestPki {
             "req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj", &subj,
         ]);
         run(&[
-            "x509", "-req", "-in", &csr, "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", &crt, "-days", "2", "-extfile", "client.ext",
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &crt,
+            "-days",
+            "2",
+            "-extfile",
+            "client.ext",
         ]);
         std::fs::set_permissions(
             d.join(&key),
@@ -416,7 +429,10 @@ pub fn password_file_users(dir: &Path, name: &str, users: &[(&str, &str)]) -> Pa
 /// The ACL shipped for installers (packaging/mosquitto/lockhub.acl), read
 /// from the repository so the tests check exactly what ships.
 pub fn shipped_acl() -> String {
-    let p = concat!(env!("CARGO_MANIFEST_DIR"), "/packaging/mosquitto/lockhub.acl");
+    let p = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/packaging/mosquitto/lockhub.acl"
+    );
     std::fs::read_to_string(p).unwrap_or_else(|e| panic!("cannot read {p}: {e}"))
 }
 
