@@ -223,27 +223,24 @@ pub struct Health {
 /// depth, seqs, sizes) wait for the minute.
 pub type HealthKey = (BTreeMap<String, String>, BTreeMap<String, u64>, bool);
 
+/// The name of the broker link among [`Health::links`].
+pub const BROKER_LINK: &str = "broker";
+
 impl Health {
     pub fn key(&self) -> HealthKey {
         (self.links.clone(), self.alerts.clone(), self.clock_trusted)
     }
 }
 
-/// Computes the health figures from `conn` (a reader of the database at
-/// `database`) at `now`, the system clock. Called by the publisher for
-/// the retained status and by [`gather`] for `lockhub status`.
-pub fn health(
+/// Only what [`HealthKey`] holds, cheaply (no counts over the outbox, no
+/// file sizes): the publisher looks at it every second to see whether the
+/// status must go out at once. [`health`] builds its figures from it, so
+/// the two cannot disagree.
+pub fn health_key(
     conn: &Connection,
-    database: &Path,
     now: Timestamp,
-) -> Result<Health, crate::store::StoreError> {
+) -> Result<HealthKey, crate::store::StoreError> {
     let run = runtime::read(conn)?;
-    let (watermark, head_seq): (i64, i64) = conn.query_row(
-        "SELECT watermark, head_seq FROM seq_state WHERE id = 1",
-        [],
-        |r| Ok((r.get(0)?, r.get(1)?)),
-    )?;
-    let oldest = outbox::oldest_unsent(conn)?;
     let open = open_alerts(conn)?;
     let mut alerts = BTreeMap::new();
     for a in &open {
@@ -262,10 +259,9 @@ pub fn health(
     } else {
         BTreeMap::new()
     };
-    // `broker` is not a serial name (config keeps those to [A-Za-z0-9_-]
-    // too, but a serial called "broker" would be shadowed: the broker wins).
+    // A serial called "broker" would be shadowed: the broker link wins.
     links.insert(
-        "broker".to_owned(),
+        BROKER_LINK.to_owned(),
         run.as_ref()
             .map_or("unknown".to_owned(), |r| r.broker.clone()),
     );
@@ -276,6 +272,26 @@ pub fn health(
         .optional()?
         .unwrap_or(0),
     );
+    let clock_trusted = now >= floor && !alerts.contains_key("clock_untrusted");
+    Ok((links, alerts, clock_trusted))
+}
+
+/// Computes the health figures from `conn` (a reader of the database at
+/// `database`) at `now`, the system clock. Called by the publisher for
+/// the retained status and by [`gather`] for `lockhub status`.
+pub fn health(
+    conn: &Connection,
+    database: &Path,
+    now: Timestamp,
+) -> Result<Health, crate::store::StoreError> {
+    let run = runtime::read(conn)?;
+    let (watermark, head_seq): (i64, i64) = conn.query_row(
+        "SELECT watermark, head_seq FROM seq_state WHERE id = 1",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    let oldest = outbox::oldest_unsent(conn)?;
+    let (links, alerts, clock_trusted) = health_key(conn, now)?;
     let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
     let mut wal = database.as_os_str().to_owned();
     wal.push("-wal");
@@ -291,7 +307,7 @@ pub fn health(
         head_seq,
         outbox_depth: outbox::depth(conn)?,
         outbox_oldest_age_s: oldest.map(|t| age_s(now, t)),
-        clock_trusted: now >= floor && !alerts.contains_key("clock_untrusted"),
+        clock_trusted,
         alerts,
         links,
         db_bytes: size(database),

@@ -367,7 +367,7 @@ async fn control(
 /// `subscribe`. Alerts go through the outbox, so a refusal is kept locally
 /// and published once the broker lets the hub publish.
 struct BrokerLink {
-    state: Option<BrokerState>,
+    state: BrokerState,
     denied_connect: bool,
     denied_subscribe: bool,
 }
@@ -396,17 +396,17 @@ impl BrokerLink {
             tracing::error!(error = %e, "cannot record the daemon's start");
         }
         BrokerLink {
-            state: Some(BrokerState::Connecting),
+            state: BrokerState::Connecting,
             denied_connect,
             denied_subscribe,
         }
     }
 
     async fn set(&mut self, store: &Store, state: BrokerState) {
-        if self.state == Some(state) {
+        if self.state == state {
             return;
         }
-        self.state = Some(state);
+        self.state = state;
         let now = Timestamp::now_system();
         if let Err(e) = store
             .write(Priority::Bulk, move |c| {

@@ -27,7 +27,7 @@
 use super::client::{Gate, GateRefusal, LinkEvent, online_status_payload, status_payload};
 use super::plan::{AlertChange, BacklogLimits, BacklogMonitor, HEALTH_EVERY, HealthSchedule};
 use crate::crypto;
-use crate::status::{self, Health, HealthKey};
+use crate::status::{self, BROKER_LINK, Health, HealthKey};
 use crate::store::alerts::{self, Condition};
 use crate::store::outbox;
 use crate::store::{Priority, Store, StoreError};
@@ -252,18 +252,21 @@ impl Publisher {
         let mut h = status::health(&self.reader, self.store.path(), Timestamp::now_system())
             .map_err(|e| tracing::warn!(error = %e, "cannot read the health figures"))
             .ok()?;
-        h.links.insert("broker".to_owned(), "up".to_owned());
+        h.links.insert(BROKER_LINK.to_owned(), "up".to_owned());
         Some(h)
     }
 
     /// Marks the status due when the minute is up or what the cloud
-    /// watches changed (mqtt.md 'Status').
+    /// watches changed (mqtt.md 'Status'). Reads only the cheap key.
     fn check_health(&mut self) {
         if self.link.as_ref().is_none_or(|l| l.status_due) {
             return;
         }
-        let Some(h) = self.health_now() else { return };
-        if self.health.due(&h.key(), self.origin.elapsed())
+        let Ok(mut key) = status::health_key(&self.reader, Timestamp::now_system()) else {
+            return;
+        };
+        key.0.insert(BROKER_LINK.to_owned(), "up".to_owned());
+        if self.health.due(&key, self.origin.elapsed())
             && let Some(link) = self.link.as_mut()
         {
             link.status_due = true;
