@@ -27,6 +27,12 @@
 //! `max_inflight_messages` is not a bound the hub can rely on (2.0.x lets
 //! in-order acks exceed it), so the hub keeps its own receive window
 //! (`window`) by pausing its reads.
+//!
+//! One broker serves many hubs: each hub has its own identity and ACL
+//! (docs/broker.md), a refused connection or subscription raises
+//! `broker_denied` (`client::Access`, the control task here), and
+//! reconnects and first sync requests are jittered so a fleet does not
+//! stampede after a broker restart (`plan`).
 
 pub mod client;
 pub mod decide;
