@@ -144,6 +144,17 @@ struct Hub {
     child: Child,
 }
 
+/// A hub left running (a failed wait panics) is killed on the way out:
+/// the benchmark stops by itself, whatever happens.
+impl Drop for Hub {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 fn start_hub(i: usize, port: u16) -> Hub {
     let dir = tempfile::tempdir().unwrap();
     let b64 = crypto::b64u_encode;
