@@ -521,7 +521,8 @@ async fn two_hubs_with_the_same_hub_id_at_two_sites_share_a_broker_without_clash
 /// (`use_identity_as_username true`), and the same ACL applies. A hub whose
 /// certificate names another hub is let in (its certificate is valid) but
 /// hears nothing and is heard by no one: Mosquitto 2.0.11 grants the
-/// subscription and delivers nothing, and drops its publishes.
+/// subscription and delivers nothing, and drops its publishes; the hub
+/// raises `cloud_stale` after its period of silence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_client_certificates_the_cn_is_the_identity_the_acl_names() {
     let pki = TestPki::generate();
@@ -565,11 +566,13 @@ async fn with_client_certificates_the_cn_is_the_identity_the_acl_names() {
     let mut cc = CloudClient::connect(o).await;
     let mut c = cloud();
 
-    // Hub A's config with hub B's certificate.
+    // Hub A's config with hub B's certificate (and a short cloud_stale
+    // period: that silence is what the hub can notice).
     let mut wrong = Daemon::start(
         &broker.url(),
         DaemonOptions {
             mqtt_extra: tls(&wrong_crt, &wrong_key),
+            policy: "cloud_stale_s = 2".into(),
             ..Default::default()
         },
     );
@@ -589,6 +592,17 @@ async fn with_client_certificates_the_cn_is_the_identity_the_acl_names() {
         cc.summary()
     );
     assert_eq!(wrong.count("SELECT count(*) FROM dedupe"), 0);
+    wrong
+        .wait_db("cloud_stale raised", |db| {
+            db.query_row(
+                "SELECT count(*) FROM alerts WHERE condition = 'cloud_stale' AND state = 'raised'",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .unwrap()
+                > 0
+        })
+        .await;
     wrong.kill9();
 
     // The right certificate: in, online, events and results.
