@@ -37,6 +37,7 @@ pub enum Condition {
     LinkInsecure,
     ReaderLinkFault,
     ReaderReplaced,
+    /// The broker refused the hub's connection or its subscription.
     BrokerDenied,
 }
 

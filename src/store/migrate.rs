@@ -25,6 +25,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0005_door_state_and_flood",
         include_str!("../../migrations/0005_door_state_and_flood.sql"),
     ),
+    (
+        "0007_hub_runtime",
+        include_str!("../../migrations/0007_hub_runtime.sql"),
+    ),
 ];
 
 /// The schema version a database is at.
