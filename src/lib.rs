@@ -18,14 +18,15 @@
 //! | pure decisions | [`verify`] | step 1 of an event: size, envelope, signer, `verify_strict`, ids |
 //! | | [`lifecycle`] | the key state machine and the plan for one grant or revoke |
 //! | | [`door`] | the door decision and the lockout arithmetic |
+//! | | [`watch`] | what a door driver watches besides the decision: the door sensor (forced, held open) and the keypad flood limit |
 //! | | [`clock`] | the effective time (system clock, durable floor, monotonic time) and its trust |
-//! | the mirror | [`store`] | SQLite: migrations, the one writer thread, applying events, door entries, audit, outbox, alerts |
+//! | the mirror | [`store`] | SQLite: migrations, the one writer thread, applying events, door entries, audit, outbox, alerts, the daemon's run state |
 //! | I/O edges | [`sync`] | MQTT: the event loop, verify → apply with in-order acks, the outbox publisher, sync requests |
 //! | | [`serial`] | the lock boards: one task per port, keypad → committed decision → Unlock/Deny, sensors, liveness |
 //! | | [`maintenance`] | housekeeping: clock trust, time floor, expiry sweep, retention, signer expiry |
 //! | | [`daemon`] | `run(config, shutdown)`: wires the store, sync, serial ports and housekeeping |
 //! | operators | [`provision`] | `lockhub provision`: writes hub.toml + secrets.toml safely, fresh keys |
-//! | | [`status`] | `lockhub status`: a read-only snapshot for operators |
+//! | | [`status`] | `lockhub status`: a read-only snapshot for operators, and the health figures the retained status message carries |
 //! | | [`alert_clear`] | `lockhub alert clear`: an operator ends a raised alert, audited; safe while the daemon runs |
 //! | | [`notify`] | systemd `sd_notify` (READY, WATCHDOG, STOPPING) without libsystemd |
 //! | | [`logging`] | the tracing subscriber: text or JSON on stderr |
@@ -58,3 +59,4 @@ pub mod store;
 pub mod sync;
 pub mod time;
 pub mod verify;
+pub mod watch;

@@ -15,10 +15,12 @@
 
 use crate::store::alerts::{AlertRow, open_alerts};
 use crate::store::links::{self, LinkRow};
+use crate::store::runtime;
 use crate::store::{MIGRATIONS, outbox, schema_version};
 use crate::time::Timestamp;
 use rusqlite::{Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// The status boundary's errors.
@@ -185,6 +187,135 @@ pub struct ClockStatus {
     pub trusted: bool,
 }
 
+/// The hub's health as the cloud sees it in the retained status message
+/// (mqtt.md 'Status', as extra fields) and `lockhub status --json` shows it
+/// under `health`: both come from [`health`], so they cannot disagree.
+/// Counts and states only: nothing here names a key, a guest or a PIN.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Health {
+    /// Seconds since the daemon started (None before it ever ran on this
+    /// schema). After a crash it keeps counting until the next start.
+    pub uptime_s: Option<i64>,
+    pub started_at: Option<String>,
+    /// The version of the daemon that last started on this database.
+    pub daemon_version: Option<String>,
+    pub watermark: i64,
+    pub head_seq: i64,
+    pub outbox_depth: u64,
+    pub outbox_oldest_age_s: Option<i64>,
+    /// Open (raised) alerts, counted by condition.
+    pub alerts: BTreeMap<String, u64>,
+    /// Each link's state: every serial link the daemon has reported, by
+    /// name, and `broker` (connecting, up, down, denied; `unknown` before
+    /// the daemon ran on this schema).
+    pub links: BTreeMap<String, String>,
+    pub clock_trusted: bool,
+    pub db_bytes: u64,
+    pub wal_bytes: u64,
+    /// Free space for the hub in `data_dir` (what an unprivileged writer
+    /// may use); None where the file system cannot say.
+    pub disk_free_bytes: Option<u64>,
+}
+
+/// What the cloud watches for changes (a change republishes the status at
+/// once, [`crate::sync::plan::HealthSchedule`]): link states, open alerts
+/// by condition, clock trust. Counters that move all the time (outbox
+/// depth, seqs, sizes) wait for the minute.
+pub type HealthKey = (BTreeMap<String, String>, BTreeMap<String, u64>, bool);
+
+/// The name of the broker link among [`Health::links`].
+pub const BROKER_LINK: &str = "broker";
+
+impl Health {
+    pub fn key(&self) -> HealthKey {
+        (self.links.clone(), self.alerts.clone(), self.clock_trusted)
+    }
+}
+
+/// Only what [`HealthKey`] holds, cheaply (no counts over the outbox, no
+/// file sizes): the publisher looks at it every second to see whether the
+/// status must go out at once. [`health`] builds its figures from it, so
+/// the two cannot disagree.
+pub fn health_key(
+    conn: &Connection,
+    now: Timestamp,
+) -> Result<HealthKey, crate::store::StoreError> {
+    let run = runtime::read(conn)?;
+    let open = open_alerts(conn)?;
+    let mut alerts = BTreeMap::new();
+    for a in &open {
+        *alerts.entry(a.condition.clone()).or_insert(0) += 1;
+    }
+    let has_links: bool = conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'links')",
+        [],
+        |r| r.get(0),
+    )?;
+    let mut links: BTreeMap<String, String> = if has_links {
+        links::all(conn)?
+            .into_iter()
+            .map(|l| (l.serial, l.state.as_str().to_owned()))
+            .collect()
+    } else {
+        BTreeMap::new()
+    };
+    // A serial called "broker" would be shadowed: the broker link wins.
+    links.insert(
+        BROKER_LINK.to_owned(),
+        run.as_ref()
+            .map_or("unknown".to_owned(), |r| r.broker.clone()),
+    );
+    let floor = Timestamp(
+        conn.query_row("SELECT floor FROM time_floor WHERE id = 1", [], |r| {
+            r.get(0)
+        })
+        .optional()?
+        .unwrap_or(0),
+    );
+    let clock_trusted = now >= floor && !alerts.contains_key("clock_untrusted");
+    Ok((links, alerts, clock_trusted))
+}
+
+/// Computes the health figures from `conn` (a reader of the database at
+/// `database`) at `now`, the system clock. Called by the publisher for
+/// the retained status and by [`gather`] for `lockhub status`.
+pub fn health(
+    conn: &Connection,
+    database: &Path,
+    now: Timestamp,
+) -> Result<Health, crate::store::StoreError> {
+    let run = runtime::read(conn)?;
+    let (watermark, head_seq): (i64, i64) = conn.query_row(
+        "SELECT watermark, head_seq FROM seq_state WHERE id = 1",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    let oldest = outbox::oldest_unsent(conn)?;
+    let (links, alerts, clock_trusted) = health_key(conn, now)?;
+    let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    let mut wal = database.as_os_str().to_owned();
+    wal.push("-wal");
+    let data_dir = database.parent().unwrap_or(Path::new("."));
+    let disk_free_bytes = rustix::fs::statvfs(data_dir)
+        .ok()
+        .map(|v| v.f_bavail.saturating_mul(v.f_frsize));
+    Ok(Health {
+        uptime_s: run.as_ref().map(|r| age_s(now, r.started_at).max(0)),
+        started_at: run.as_ref().map(|r| r.started_at.to_rfc3339()),
+        daemon_version: run.map(|r| r.version),
+        watermark,
+        head_seq,
+        outbox_depth: outbox::depth(conn)?,
+        outbox_oldest_age_s: oldest.map(|t| age_s(now, t)),
+        clock_trusted,
+        alerts,
+        links,
+        db_bytes: size(database),
+        wal_bytes: size(Path::new(&wal)),
+        disk_free_bytes,
+    })
+}
+
 /// Everything `status` shows.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Status {
@@ -200,6 +331,8 @@ pub struct Status {
     pub alerts: Vec<AlertStatus>,
     pub links: Vec<LinkStatus>,
     pub clock: ClockStatus,
+    /// The figures the retained status message carries ([`health`]).
+    pub health: Health,
 }
 
 /// Opens the database read-only (never creating or migrating it).
@@ -334,6 +467,7 @@ pub fn gather(target: &Target, now: Timestamp) -> Result<Status, StatusError> {
         .map_err(db)?
         .unwrap_or(0),
     );
+    let health = health(&conn, path, now).map_err(store)?;
     conn.execute_batch("COMMIT").map_err(db)?;
 
     let untrusted_alert = alerts.iter().any(|a| a.condition == "clock_untrusted");
@@ -356,6 +490,7 @@ pub fn gather(target: &Target, now: Timestamp) -> Result<Status, StatusError> {
         alerts,
         links: link_list,
         clock,
+        health,
     })
 }
 
@@ -364,13 +499,20 @@ pub fn status(config: &Path) -> Result<Status, StatusError> {
     gather(&Target::from_config(config)?, Timestamp::now_system())
 }
 
+/// A non-negative number of seconds, in the unit a person reads best.
+fn span(s: i64) -> String {
+    match s {
+        s if s < 120 => format!("{s} s"),
+        s if s < 7200 => format!("{} min", s / 60),
+        s if s < 172_800 => format!("{} h", s / 3600),
+        s => format!("{} days", s / 86_400),
+    }
+}
+
 fn ago(age: Option<i64>) -> String {
     match age {
         Some(s) if s < 0 => " (in the future)".to_owned(),
-        Some(s) if s < 120 => format!(" ({s} s ago)"),
-        Some(s) if s < 7200 => format!(" ({} min ago)", s / 60),
-        Some(s) if s < 172_800 => format!(" ({} h ago)", s / 3600),
-        Some(s) => format!(" ({} days ago)", s / 86_400),
+        Some(s) => format!(" ({} ago)", span(s)),
         None => String::new(),
     }
 }
@@ -434,6 +576,32 @@ impl Status {
             if c.trusted { "trusted" } else { "UNTRUSTED" },
             c.system,
             c.floor
+        );
+        let h = &self.health;
+        let _ = writeln!(
+            s,
+            "daemon   {}; broker {}",
+            match (&h.started_at, h.uptime_s) {
+                (Some(t), Some(up)) => format!(
+                    "started {t} (up {}){}",
+                    span(up),
+                    h.daemon_version
+                        .as_deref()
+                        .map(|v| format!(", version {v}"))
+                        .unwrap_or_default()
+                ),
+                _ => "never started on this schema".to_owned(),
+            },
+            h.links.get("broker").map_or("unknown", String::as_str)
+        );
+        let _ = writeln!(
+            s,
+            "storage  database {} KiB, WAL {} KiB, free in data_dir {}",
+            h.db_bytes / 1024,
+            h.wal_bytes / 1024,
+            h.disk_free_bytes
+                .map(|b| format!("{} MiB", b / (1024 * 1024)))
+                .unwrap_or_else(|| "unknown".to_owned())
         );
         if self.links.is_empty() {
             let _ = writeln!(s, "links    none configured");

@@ -143,6 +143,70 @@ async fn a_door_is_denied_within_3_s_while_another_connection_holds_the_write_lo
     hub.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_waiting_behind_another_at_a_stalled_door_is_still_answered_within_3_s_of_its_typing()
+ {
+    let db = Db::open(Policy::default());
+    let (hub, mut sim, _keep) = hub_on(&db).await;
+    db.add_key("k-1", "482913", &["101"]).await;
+
+    let path = db.store.path().to_owned();
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel::<()>();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.execute_batch("BEGIN IMMEDIATE").unwrap();
+        locked_tx.send(()).unwrap();
+        release_rx.recv().unwrap();
+        c.execute_batch("ROLLBACK").unwrap();
+    });
+    locked_rx.recv().unwrap();
+
+    // Two entries at one door: the second waits for the first's decision,
+    // which waits for the lock. Its bound counts from its own typing.
+    sim.take_events();
+    sim.enter_pin(0, "482913");
+    sim.run_until(WAIT, |s| {
+        s.events()
+            .any(|e| matches!(e, SimEvent::Sent(firmware_bridge::Uplink::Keypad { .. })))
+    })
+    .await
+    .unwrap();
+    let second = Instant::now();
+    sim.enter_pin(0, "482913");
+    let answered = sim
+        .run_until(WAIT, |s| count(s, denied(0)) >= 2)
+        .await
+        .unwrap();
+    let took = second.elapsed();
+    assert!(
+        answered,
+        "both entries are answered: {:?}",
+        sim.events().collect::<Vec<_>>()
+    );
+    assert_eq!(count(&sim, relay_opened(0)), 0, "no door opens unrecorded");
+    assert!(
+        took < ANSWER_BOUND,
+        "the waiting entry's Deny took {took:?}"
+    );
+    eprintln!("figure: second entry behind a stalled one -> Deny read in {took:?}");
+
+    release_tx.send(()).unwrap();
+    holder.join().unwrap();
+    assert!(
+        until_db(&mut sim, &db, |db| db.count("SELECT count(*) FROM audit")
+            == 2)
+        .await,
+        "each acked entry ends in one audit row once storage works: {:?}",
+        db.audit()
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM audit WHERE kind = 'door.granted'"),
+        0
+    );
+    hub.shutdown().await;
+}
+
 /// A tmpfs mounted on a folder for as long as it lives (lazy unmount, so a
 /// failing test cannot leave it busy).
 struct Tmpfs(PathBuf);

@@ -609,3 +609,52 @@ fn every_alert_condition_of_the_contract_is_accepted_and_no_other() {
         "INSERT INTO alerts VALUES ('door_sad', 's', '00000000-0000-7000-8000-000000000099', 'raised', 1, 1, 1, 1)",
     );
 }
+
+#[test]
+fn a_door_flood_row_has_a_door_and_a_count_and_no_other_row_has_a_count() {
+    let (_d, c) = db();
+    let id = |n: u8| format!("00000000-0000-7000-8000-0000000000{n:02}");
+    accepted(
+        &c,
+        &format!(
+            "INSERT INTO audit (audit_id, at, kind, door, count) VALUES ('{}', 1, 'door.flood', '101', 40)",
+            id(1)
+        ),
+    );
+    for (n, sql) in [
+        (2, "'door.flood', '101', NULL"),
+        (3, "'door.flood', NULL, 5"),
+        (4, "'door.flood', '101', 0"),
+        (5, "'door.forced', '101', 1"),
+    ] {
+        refused(
+            &c,
+            &format!(
+                "INSERT INTO audit (audit_id, at, kind, door, count) VALUES ('{}', 1, {sql})",
+                id(n)
+            ),
+        );
+    }
+    // The count is part of the row, which is never rewritten.
+    refused(&c, "UPDATE audit SET count = 1 WHERE kind = 'door.flood'");
+}
+
+#[test]
+fn a_door_state_row_is_open_with_its_opening_time_or_closed_without_alerts() {
+    let (_d, c) = db();
+    accepted(
+        &c,
+        "INSERT INTO door_state VALUES ('101', 1, 5, 1, 1, 5);
+         INSERT INTO door_state VALUES ('102', 0, NULL, 0, 0, 5);",
+    );
+    refused(
+        &c,
+        "INSERT INTO door_state VALUES ('103', 1, NULL, 0, 0, 5)",
+    );
+    refused(&c, "INSERT INTO door_state VALUES ('104', 0, 5, 0, 0, 5)");
+    refused(
+        &c,
+        "INSERT INTO door_state VALUES ('105', 0, NULL, 1, 0, 5)",
+    );
+    refused(&c, "INSERT INTO door_state VALUES ('106', 2, 5, 0, 0, 5)");
+}

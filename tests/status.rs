@@ -299,3 +299,58 @@ fn global_log_flags_are_accepted_anywhere_and_a_bad_filter_is_exit_2() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid log filter"));
 }
+
+#[test]
+fn status_json_carries_the_health_figures_the_retained_status_publishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path());
+    let t = t_secs();
+    let store = populate(dir.path(), t);
+    let started = Timestamp::from_secs(t + 600);
+    store
+        .write_blocking(Priority::Bulk, move |c| {
+            lockhub::store::runtime::record_start(c, started)?;
+            lockhub::store::runtime::record_broker(
+                c,
+                lockhub::store::runtime::BrokerState::Denied,
+                started,
+            )
+        })
+        .unwrap();
+
+    let out = status(&config, true);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let h = &v["health"];
+    // The same figures as the rest of the status, from the same snapshot.
+    assert_eq!(h["watermark"], 17);
+    assert_eq!(h["head_seq"], 20);
+    assert_eq!(h["outbox_depth"], v["outbox"]["depth"]);
+    assert_eq!(h["outbox_oldest_age_s"], v["outbox"]["oldest_unsent_age_s"]);
+    assert_eq!(h["alerts"], serde_json::json!({"board_offline": 1}));
+    assert_eq!(
+        h["links"],
+        serde_json::json!({"board-a": "up", "board-b": "absent", "board-old": "down", "broker": "denied"})
+    );
+    assert_eq!(h["clock_trusted"], true);
+    assert_eq!(h["started_at"], started.to_rfc3339());
+    assert_eq!(h["daemon_version"], env!("CARGO_PKG_VERSION"));
+    let up = h["uptime_s"].as_i64().unwrap();
+    assert!((3000..3100).contains(&up), "started 50 min ago: {up}");
+    let db_bytes = std::fs::metadata(store.path()).unwrap().len();
+    assert_eq!(h["db_bytes"], db_bytes);
+    assert!(
+        h["wal_bytes"].as_u64().unwrap() > 0,
+        "the WAL holds the writes"
+    );
+    assert!(h["disk_free_bytes"].as_u64().unwrap() > 0);
+
+    let text = String::from_utf8_lossy(&status(&config, false).stdout).into_owned();
+    assert!(text.contains("broker denied"), "{text}");
+    assert!(text.contains("(up 50 min)"), "{text}");
+    assert!(text.contains("storage  database "), "{text}");
+}

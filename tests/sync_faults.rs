@@ -13,6 +13,7 @@ use common::daemon::{
     CloudClient, Daemon, DaemonOptions, assert_answered_once, cloud, issue_many, pin_key,
 };
 use common::mosquitto::{BrokerOptions, Mosquitto};
+use common::rumqttd::{AnyBroker, Rumqttd};
 use lockhub::config::{PinKey, Policy};
 use lockhub::door::pin_tags;
 use lockhub::sim::cloud::SignedEvent;
@@ -63,15 +64,24 @@ async fn assert_no_more_sync_requests(cloud: &mut CloudClient, window: Duration)
 /// poll task was not polling. The poll task now parks instead of waiting.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigkill_in_the_middle_of_a_flood_loses_nothing_and_applies_each_event_once() {
-    let t0 = Instant::now();
     // Room for the whole flood while the hub is dead: this test is about the
     // crash, not about the broker dropping (that is the gap test).
-    let broker = Mosquitto::start_with(BrokerOptions {
+    sigkill_mid_flood(AnyBroker::Mosquitto(Mosquitto::start_with(BrokerOptions {
         max_inflight_messages: Some(100),
         max_queued_messages: Some(10_000),
         ..Default::default()
-    });
-    let mut cloud_client = CloudClient::plain(broker.port).await;
+    })))
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkill_in_the_middle_of_a_flood_loses_nothing_through_rumqttd_either() {
+    sigkill_mid_flood(AnyBroker::Rumqttd(Rumqttd::start())).await;
+}
+
+async fn sigkill_mid_flood(broker: AnyBroker) {
+    let t0 = Instant::now();
+    let mut cloud_client = CloudClient::plain(broker.cloud_port()).await;
     let mut hub = Daemon::start(&broker.url(), DaemonOptions::default());
     cloud_client.wait_online().await;
 
@@ -113,11 +123,20 @@ async fn a_sigkill_in_the_middle_of_a_flood_loses_nothing_and_applies_each_event
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_published_while_the_hub_is_offline_are_all_applied_when_it_returns() {
-    let broker = Mosquitto::start_with(BrokerOptions {
+    offline_then_back(AnyBroker::Mosquitto(Mosquitto::start_with(BrokerOptions {
         max_inflight_messages: Some(100),
         ..Default::default()
-    });
-    let mut cloud_client = CloudClient::plain(broker.port).await;
+    })))
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_published_while_the_hub_is_offline_reach_it_through_rumqttd_too() {
+    offline_then_back(AnyBroker::Rumqttd(Rumqttd::start())).await;
+}
+
+async fn offline_then_back(broker: AnyBroker) {
+    let mut cloud_client = CloudClient::plain(broker.cloud_port()).await;
     let mut hub = Daemon::start(&broker.url(), DaemonOptions::default());
     // Online is published after the subscription on the same connection,
     // so the broker knows the session's subscription from here on.
@@ -148,6 +167,11 @@ async fn events_published_while_the_hub_is_offline_are_all_applied_when_it_retur
     );
 }
 
+/// Mosquitto only: rumqttd keeps its sessions in memory, so a restarted
+/// rumqttd has forgotten the hub's session (and the fixture cannot restart
+/// an in-process rumqttd at all). A hub behind such a broker recovers
+/// through `fresh_session` sync requests instead, which the vectors test
+/// shows against rumqttd.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_restart_under_a_running_hub_is_survived_without_help() {
     let mut broker = Mosquitto::start_with(BrokerOptions {
@@ -189,6 +213,10 @@ async fn resend(cc: &mut CloudClient, events: &[SignedEvent]) {
     }
 }
 
+/// Mosquitto only: the test needs a broker that silently drops what is
+/// queued beyond a small limit (`max_queued_messages 10`). rumqttd has no
+/// such per-client limit; it keeps what is queued up to its segment sizes.
+/// The gap logic itself does not depend on the broker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_dropped_by_the_broker_are_asked_for_again_and_the_gap_closes() {
     // Mosquitto keeps only a handful of events for the offline hub and
@@ -305,6 +333,8 @@ async fn door_entries(hub: &Daemon, pins: &[&str]) {
     store.close();
 }
 
+/// Mosquitto only: the broker is stopped and started again, which the
+/// in-process rumqttd cannot do (its `start` never returns).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_outbox_keeps_what_happens_while_the_broker_is_down_and_delivers_it_after() {
     let mut broker = Mosquitto::start();

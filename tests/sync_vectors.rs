@@ -1,11 +1,12 @@
-//! The daemon binary against a real Mosquitto, fed the shared MQTT vectors
-//! in order: every result as the vectors say, hub-signed; the first sync
-//! request is `from_seq` 1 `fresh_session`; SIGTERM publishes the offline
-//! status and exits 0.
+//! The daemon binary against a real Mosquitto, and against rumqttd, fed
+//! the shared MQTT vectors in order: every result as the vectors say,
+//! hub-signed; the first sync request is `from_seq` 1 `fresh_session`;
+//! SIGTERM publishes the offline status and exits 0.
 
 mod common;
 
 use common::mosquitto::Mosquitto;
+use common::rumqttd::Rumqttd;
 use common::{Fixture, HUB_ID, HUB_PUBLIC_KEY, SITE_ID, VECTORS_DIR};
 use lockhub::crypto;
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
@@ -43,12 +44,21 @@ fn open_hub_envelope(payload: &[u8]) -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_vector_gets_its_result_from_the_running_daemon() {
     let broker = Mosquitto::start();
-    let fx = Fixture::with_hub_edits(&[(
-        "mqtt://127.0.0.1:1883",
-        &format!("mqtt://127.0.0.1:{}", broker.port),
-    )]);
+    vectors_through(broker.port).await;
+}
 
-    let mut o = MqttOptions::new("test-cloud", "127.0.0.1", broker.port);
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_vector_gets_its_result_through_rumqttd_too() {
+    let broker = Rumqttd::start();
+    vectors_through(broker.port).await;
+}
+
+/// The whole story through the MQTT 3.1.1 broker on `port`.
+async fn vectors_through(port: u16) {
+    let fx =
+        Fixture::with_hub_edits(&[("mqtt://127.0.0.1:1883", &format!("mqtt://127.0.0.1:{port}"))]);
+
+    let mut o = MqttOptions::new("test-cloud", "127.0.0.1", port);
     o.set_max_packet_size(4 << 20, 4 << 20);
     let (client, mut eventloop) = AsyncClient::new(o, 256);
     client

@@ -1,9 +1,6 @@
-//! Per-door state of one port, as plain state machines: which keypad entry
-//! is being decided, and what the door sensor means.
-//!
-//! Nothing here does I/O or reads a clock. Times are the port's monotonic
-//! milliseconds (the same counter the [`firmware_bridge::HubLink`] uses), so
-//! tests step time exactly and a wall-clock jump cannot fake a forced door.
+//! Per-door keypad entries of one port: which entry is being decided (a
+//! plain state machine), and deciding one. The door sensor and the flood
+//! limit, which every door driver shares, are [`crate::watch`]'s.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -24,12 +21,6 @@ use crate::store::door::{DoorEntry, decide_entry};
 /// milliseconds, so anything deeper than a few entries is a stuck store, and
 /// waiting longer would only answer a person long gone.
 pub const DOOR_QUEUE_MAX: usize = 4;
-
-/// After an `Unlock` is sent, a door may open for its `unlock_ms` plus this
-/// long without counting as forced. It covers the link's resends (up to
-/// 750 ms before the board acts), a person pulling the door just as the
-/// relay drops, and a slow sensor.
-pub const UNLOCK_GRACE_MS: u64 = 3_000;
 
 /// One keypad entry queue per door: at most one decision in flight per
 /// door, the next one starting when it finishes. Doors never wait on each
@@ -97,97 +88,19 @@ impl<T> DecisionQueue<T> {
         next
     }
 
+    /// Every entry still waiting, per door in the order typed, leaving the
+    /// queue empty: the port is closing, and each must still be decided.
+    pub fn take_waiting(&mut self) -> Vec<(u8, VecDeque<T>)> {
+        self.doors
+            .drain()
+            .map(|(door, slot)| (door, slot.waiting))
+            .filter(|(_, w)| !w.is_empty())
+            .collect()
+    }
+
     /// Whether a decision is in flight at `door`.
     pub fn busy(&self, door: u8) -> bool {
         self.doors.get(&door).is_some_and(|s| s.busy)
-    }
-}
-
-/// What the door sensor state means, for the audit log and the alerts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DoorAlarm {
-    /// Opened outside any unlock window: `door.forced` + `door_forced`.
-    Forced,
-    /// Open for `held_open_s`: `door.held_open` + `door_held_open`.
-    HeldOpen,
-    /// Closed again: clear the alerts this opening raised.
-    Closed { forced: bool, held_open: bool },
-}
-
-/// One door's sensor and relay window.
-///
-/// Why the hub keeps the window itself: the board reports only "open" and
-/// "closed". Whether an opening was allowed depends on whether the hub
-/// recently told the board to unlock, which only the hub knows.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DoorWatch {
-    /// When the door opened, if it is open.
-    opened_at: Option<u64>,
-    /// Openings before this instant are allowed.
-    window_until: Option<u64>,
-    forced: bool,
-    held_open: bool,
-}
-
-impl DoorWatch {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// An `Unlock` for `unlock_ms` went to the board at `now`.
-    pub fn unlock_sent(&mut self, now: u64, unlock_ms: u16) {
-        let until = now
-            .saturating_add(u64::from(unlock_ms))
-            .saturating_add(UNLOCK_GRACE_MS);
-        self.window_until = Some(self.window_until.map_or(until, |u| u.max(until)));
-    }
-
-    /// Whether an opening at `now` would be allowed.
-    pub fn in_window(&self, now: u64) -> bool {
-        self.window_until.is_some_and(|u| now < u)
-    }
-
-    /// Whether the door is open as last reported.
-    pub fn is_open(&self) -> bool {
-        self.opened_at.is_some()
-    }
-
-    /// The board reported the sensor. Repeated reports of the same state
-    /// (a board restarting) change nothing.
-    pub fn sensor(&mut self, open: bool, now: u64) -> Option<DoorAlarm> {
-        match (open, self.opened_at) {
-            (true, None) => {
-                self.opened_at = Some(now);
-                if self.in_window(now) {
-                    None
-                } else {
-                    self.forced = true;
-                    Some(DoorAlarm::Forced)
-                }
-            }
-            (false, Some(_)) => {
-                let alarm = DoorAlarm::Closed {
-                    forced: self.forced,
-                    held_open: self.held_open,
-                };
-                self.opened_at = None;
-                self.forced = false;
-                self.held_open = false;
-                Some(alarm)
-            }
-            _ => None,
-        }
-    }
-
-    /// Advance to `now`: `HeldOpen` once, when the door has been open for
-    /// `held_open_ms`.
-    pub fn poll(&mut self, now: u64, held_open_ms: u64) -> Option<DoorAlarm> {
-        let opened = self.opened_at?;
-        if !self.held_open && now.saturating_sub(opened) >= held_open_ms {
-            self.held_open = true;
-            return Some(DoorAlarm::HeldOpen);
-        }
-        None
     }
 }
 
@@ -201,15 +114,19 @@ pub(crate) enum Reply {
 /// Decides one keypad entry and commits it: the PIN's tags under every PIN
 /// key, then [`decide_entry`] (the door decision every driver shares).
 /// Returns only after the audit row is committed, so the caller may then
-/// send the command; within [`door::ANSWER_WITHIN`] of now in any case. If
+/// send the command; within [`door::ANSWER_WITHIN`] of `received` (when the
+/// entry was acked, also for one that waited behind another) in any case. If
 /// the store cannot commit in time, the answer is `Deny`, and the denial is
 /// kept and written with its `storage_failure` alert once storage works
 /// ([`storage_failure`]): no door opens unrecorded.
 ///
 /// [`door::ANSWER_WITHIN`]: crate::store::door::ANSWER_WITHIN
-pub(crate) async fn decide(shared: &PortShared, target: &DoorTarget, pin: Pin) -> Reply {
-    // The 2 s count from here: the entry was acked just now.
-    let received = std::time::Instant::now();
+pub(crate) async fn decide(
+    shared: &PortShared,
+    target: &DoorTarget,
+    pin: Pin,
+    received: std::time::Instant,
+) -> Reply {
     // The PIN is dropped here; only its tags go further.
     let tags = pin_tags(pin.as_bytes(), &shared.pin_keys);
     drop(pin);
@@ -303,83 +220,16 @@ mod tests {
     }
 
     #[test]
-    fn opening_without_an_unlock_is_forced() {
-        let mut w = DoorWatch::new();
-        assert_eq!(w.sensor(true, 1_000), Some(DoorAlarm::Forced));
-    }
-
-    #[test]
-    fn opening_within_the_unlock_window_is_not_forced() {
-        let mut w = DoorWatch::new();
-        w.unlock_sent(1_000, 5_000);
-        assert_eq!(w.sensor(true, 2_000), None);
-        assert_eq!(
-            w.sensor(false, 3_000),
-            Some(DoorAlarm::Closed {
-                forced: false,
-                held_open: false
-            })
-        );
-    }
-
-    #[test]
-    fn opening_just_inside_the_grace_is_allowed_and_just_after_is_forced() {
-        let mut w = DoorWatch::new();
-        w.unlock_sent(0, 5_000);
-        assert!(w.in_window(5_000 + UNLOCK_GRACE_MS - 1));
-        assert!(!w.in_window(5_000 + UNLOCK_GRACE_MS));
-        assert_eq!(
-            w.sensor(true, 5_000 + UNLOCK_GRACE_MS),
-            Some(DoorAlarm::Forced)
-        );
-    }
-
-    #[test]
-    fn a_shorter_later_unlock_does_not_shorten_the_window() {
-        let mut w = DoorWatch::new();
-        w.unlock_sent(0, 10_000);
-        w.unlock_sent(100, 1_000);
-        assert!(w.in_window(10_000));
-    }
-
-    #[test]
-    fn a_door_open_too_long_is_held_open_once() {
-        let mut w = DoorWatch::new();
-        w.unlock_sent(0, 5_000);
-        w.sensor(true, 1_000);
-        assert_eq!(w.poll(60_999, 60_000), None);
-        assert_eq!(w.poll(61_000, 60_000), Some(DoorAlarm::HeldOpen));
-        assert_eq!(w.poll(90_000, 60_000), None);
-    }
-
-    #[test]
-    fn closing_reports_which_alerts_to_clear() {
-        let mut w = DoorWatch::new();
-        w.sensor(true, 0);
-        w.poll(60_000, 60_000);
-        assert_eq!(
-            w.sensor(false, 61_000),
-            Some(DoorAlarm::Closed {
-                forced: true,
-                held_open: true
-            })
-        );
-        // The next opening starts afresh.
-        assert_eq!(w.sensor(true, 62_000), Some(DoorAlarm::Forced));
-    }
-
-    #[test]
-    fn repeated_reports_of_the_same_state_change_nothing() {
-        let mut w = DoorWatch::new();
-        assert_eq!(w.sensor(false, 0), None);
-        w.sensor(true, 10);
-        assert_eq!(w.sensor(true, 20), None);
-        assert!(w.is_open());
-    }
-
-    #[test]
-    fn a_closed_door_is_never_held_open() {
-        let mut w = DoorWatch::new();
-        assert_eq!(w.poll(1_000_000, 60_000), None);
+    fn the_waiting_entries_are_handed_over_in_order_when_the_port_closes() {
+        let mut q = DecisionQueue::new();
+        q.push(0, "a");
+        q.push(0, "b");
+        q.push(0, "c");
+        q.push(1, "x");
+        let waiting = q.take_waiting();
+        assert_eq!(waiting.len(), 1);
+        assert_eq!(waiting[0].0, 0);
+        assert_eq!(Vec::from(waiting[0].1.clone()), ["b", "c"]);
+        assert!(!q.busy(0) && !q.busy(1));
     }
 }

@@ -30,11 +30,14 @@ pub enum Condition {
     OutboxBacklog,
     StorageFailure,
     SignerExpiring,
+    /// Keypad entries past the flood limit at a door (subject: the door).
     KeypadFlood,
+    /// The board's Hello does not cover a configured door (subject: the door).
     BoardMismatch,
     LinkInsecure,
     ReaderLinkFault,
     ReaderReplaced,
+    /// The broker refused the hub's connection or its subscription.
     BrokerDenied,
 }
 

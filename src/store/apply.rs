@@ -927,6 +927,7 @@ fn record_key_audit(
             reason: reason.map(str::to_owned),
             event_id: Uuid::parse_str(event_id).ok(),
             condition: None,
+            count: None,
         },
     )?;
     Ok(())

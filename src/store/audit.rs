@@ -24,6 +24,9 @@ pub enum AuditKind {
     BoardTamper,
     /// An operator cleared an alert by hand (`lockhub alert clear`).
     AlertCleared,
+    /// Keypad entries past the flood limit, one row per door per minute
+    /// with their `count` (serial.md 'Door decisions').
+    DoorFlood,
     KeyActivated,
     KeyRevoked,
     KeyExpired,
@@ -41,6 +44,7 @@ impl AuditKind {
             AuditKind::DoorHeldOpen => "door.held_open",
             AuditKind::BoardTamper => "board.tamper",
             AuditKind::AlertCleared => "alert.cleared",
+            AuditKind::DoorFlood => "door.flood",
             AuditKind::KeyActivated => "key.activated",
             AuditKind::KeyRevoked => "key.revoked",
             AuditKind::KeyExpired => "key.expired",
@@ -63,6 +67,8 @@ pub struct AuditRecord {
     pub event_id: Option<Uuid>,
     /// The condition of an `alert.cleared` row (its subject is in `door`).
     pub condition: Option<&'static str>,
+    /// `door.flood` only: how many entries the row counts.
+    pub count: Option<i64>,
 }
 
 impl AuditRecord {
@@ -79,6 +85,7 @@ impl AuditRecord {
             reason: None,
             event_id: None,
             condition: None,
+            count: None,
         }
     }
 }
@@ -98,6 +105,9 @@ struct AuditBody<'a> {
     /// goes; receivers ignore fields they do not know).
     #[serde(skip_serializing_if = "Option::is_none")]
     condition: Option<&'static str>,
+    // Only `door.flood` has one; other bodies stay as mqtt.md shows them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    count: Option<i64>,
 }
 
 /// Writes an audit row and queues it for the cloud; returns its `audit_id`
@@ -107,8 +117,8 @@ pub fn record(conn: &Connection, rec: &AuditRecord) -> Result<Uuid, StoreError> 
     let id = audit_id.to_string();
     let event_id = rec.event_id.map(|e| e.to_string());
     conn.prepare_cached(
-        "INSERT INTO audit (audit_id, at, kind, door, key_id, check_in_id, holder_ref, holder_name, reason, event_id, condition)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+        "INSERT INTO audit (audit_id, at, kind, door, key_id, check_in_id, holder_ref, holder_name, reason, event_id, condition, count)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
     )?
     .execute(params![
         id,
@@ -121,7 +131,8 @@ pub fn record(conn: &Connection, rec: &AuditRecord) -> Result<Uuid, StoreError> 
         rec.holder_name,
         rec.reason,
         event_id,
-        rec.condition
+        rec.condition,
+        rec.count
     ])?;
     let body = AuditBody {
         audit_id: &id,
@@ -134,6 +145,7 @@ pub fn record(conn: &Connection, rec: &AuditRecord) -> Result<Uuid, StoreError> 
         reason: rec.reason.as_deref(),
         event_id,
         condition: rec.condition,
+        count: rec.count,
     };
     let json = serde_json::to_vec(&body).map_err(|e| StoreError::Invalid(e.to_string()))?;
     outbox::enqueue(conn, Topic::Audit, &json, Some(&id), rec.at)?;

@@ -22,6 +22,7 @@ use super::floor;
 use crate::config::Policy;
 use crate::door::{self, Candidate, Decision, DenyReason, DoorInput, Lockout, LockoutFacts};
 use crate::time::Timestamp;
+use crate::watch::{DoorAlarm, DoorState};
 use rusqlite::{Connection, OptionalExtension, params};
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
@@ -342,6 +343,98 @@ pub fn record_door_event(
     Ok(id)
 }
 
+/// A door's sensor report changed what the hub knows of it: keeps the new
+/// [`DoorState`] and records what the change means (the `door.forced` or
+/// `door.held_open` row with its alert, or the end of those alerts) in one
+/// transaction, so a restart finds the state and the alerts agreeing. A
+/// report that changes nothing (a closed door re-reported after a Hello,
+/// no alert left to clear) writes nothing, so it costs no fsync.
+pub fn record_sensor(
+    conn: &Connection,
+    door: &str,
+    state: &DoorState,
+    alarm: Option<DoorAlarm>,
+    at: Timestamp,
+) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO door_state (door, open, opened_at, forced, held_open, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+         ON CONFLICT (door) DO UPDATE SET open = excluded.open, opened_at = excluded.opened_at,
+           forced = excluded.forced, held_open = excluded.held_open, updated_at = excluded.updated_at
+         WHERE (open, opened_at, forced, held_open)
+               IS NOT (excluded.open, excluded.opened_at, excluded.forced, excluded.held_open)",
+    )?
+    .execute(params![
+        door,
+        state.is_open(),
+        state.opened_at.map(|t| t.0),
+        state.forced,
+        state.held_open,
+        at.0
+    ])?;
+    match alarm {
+        Some(DoorAlarm::Forced) => {
+            record_door_event(conn, AuditKind::DoorForced, door, at)?;
+        }
+        Some(DoorAlarm::HeldOpen) => {
+            record_door_event(conn, AuditKind::DoorHeldOpen, door, at)?;
+        }
+        Some(DoorAlarm::Closed { forced, held_open }) => {
+            if forced {
+                alerts::clear(conn, Condition::DoorForced, door, at)?;
+            }
+            if held_open {
+                alerts::clear(conn, Condition::DoorHeldOpen, door, at)?;
+            }
+        }
+        None => {}
+    }
+    Ok(())
+}
+
+/// The last reported state of each of `doors` that has one.
+pub fn door_states(
+    conn: &Connection,
+    doors: &[String],
+) -> Result<Vec<(String, DoorState)>, StoreError> {
+    let mut stmt =
+        conn.prepare_cached("SELECT opened_at, forced, held_open FROM door_state WHERE door = ?1")?;
+    let mut out = Vec::new();
+    for door in doors {
+        if let Some(state) = stmt
+            .query_row([door], |r| {
+                Ok(DoorState {
+                    opened_at: r.get::<_, Option<i64>>(0)?.map(Timestamp),
+                    forced: r.get(1)?,
+                    held_open: r.get(2)?,
+                })
+            })
+            .optional()?
+        {
+            out.push((door.clone(), state));
+        }
+    }
+    Ok(out)
+}
+
+/// Keypad entries past the flood limit at `door` (serial.md): one
+/// `door.flood` row with their `count`, and `keypad_flood` raised (bumped)
+/// by as many.
+pub fn record_flood(
+    conn: &Connection,
+    door: &str,
+    count: u64,
+    at: Timestamp,
+) -> Result<Uuid, StoreError> {
+    let count = i64::try_from(count).unwrap_or(i64::MAX).max(1);
+    let mut rec = AuditRecord::new(AuditKind::DoorFlood, at);
+    rec.door = Some(door.to_owned());
+    rec.count = Some(count);
+    let id = audit::record(conn, &rec)?;
+    alerts::raise(conn, Condition::KeypadFlood, door, count, at)?;
+    Ok(id)
+}
+
 /// After [`door_entry`] failed: a `door.denied` `storage_failure` row and
 /// the `storage_failure` alert, best effort (the same disk may refuse this).
 /// Not counted toward a lockout: the hub failed, not the person at the door.
@@ -583,5 +676,45 @@ mod tests {
             !s.contains("171") && !s.to_lowercase().contains("ab, "),
             "{s}"
         );
+    }
+
+    #[test]
+    fn a_sensor_record_keeps_the_door_state_and_its_alerts_agreeing() {
+        use crate::store::{Priority, Store};
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db"), &Policy::default()).unwrap();
+        let t = Timestamp::from_secs(1_800_000_000);
+        let open = DoorState {
+            opened_at: Some(t),
+            forced: true,
+            held_open: false,
+        };
+        let (states, raised, cleared, unchanged) = store
+            .write_blocking(Priority::Bulk, move |c| {
+                record_sensor(c, "101", &open, Some(DoorAlarm::Forced), t)?;
+                let states = door_states(c, &["101".into(), "102".into()])?;
+                let raised: i64 = c.query_row(
+                    "SELECT count(*) FROM alerts WHERE condition = 'door_forced' AND state = 'raised'",
+                    [],
+                    |r| r.get(0),
+                )?;
+                let closed = DoorAlarm::Closed {
+                    forced: true,
+                    held_open: true,
+                };
+                record_sensor(c, "101", &DoorState::default(), Some(closed), t)?;
+                let cleared: i64 = c.query_row(
+                    "SELECT count(*) FROM alerts WHERE condition = 'door_forced' AND state = 'cleared'",
+                    [],
+                    |r| r.get(0),
+                )?;
+                let before = c.total_changes();
+                record_sensor(c, "101", &DoorState::default(), Some(closed), t)?;
+                Ok((states, raised, cleared, c.total_changes() - before))
+            })
+            .unwrap();
+        assert_eq!(states, [("101".to_owned(), open)]);
+        assert_eq!((raised, cleared), (1, 1));
+        assert_eq!(unchanged, 0, "a report that changes nothing writes nothing");
     }
 }

@@ -21,6 +21,14 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0003_alerts_end",
         include_str!("../../migrations/0003_alerts_end.sql"),
     ),
+    (
+        "0005_door_state_and_flood",
+        include_str!("../../migrations/0005_door_state_and_flood.sql"),
+    ),
+    (
+        "0007_hub_runtime",
+        include_str!("../../migrations/0007_hub_runtime.sql"),
+    ),
 ];
 
 /// The schema version a database is at.
@@ -165,5 +173,90 @@ mod tests {
             )
             .unwrap();
         assert_eq!(policy, 0, "nothing of the failed step stays");
+    }
+
+    #[test]
+    fn rebuilding_audit_and_outbox_keeps_every_row_its_ids_and_the_id_high_water_mark() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.db");
+        let mut c = Connection::open(&path).unwrap();
+        c.pragma_update(None, "foreign_keys", true).unwrap();
+        // A hub at version 2 with an audit row, its outbox entry, a pruned
+        // newer outbox entry and a raised alert.
+        let at_v2 = MIGRATIONS
+            .iter()
+            .position(|(n, _)| *n == "0002_link_state")
+            .unwrap()
+            + 1;
+        for (_, sql) in &MIGRATIONS[..at_v2] {
+            c.execute_batch(sql).unwrap();
+        }
+        c.pragma_update(None, "user_version", at_v2 as i64).unwrap();
+        c.execute_batch(
+            "INSERT INTO audit (audit_id, at, kind, door) VALUES ('00000000-0000-7000-8000-000000000001', 1, 'door.forced', '101');
+             INSERT INTO outbox (topic, body, audit_id, created_at) VALUES ('audit', x'7b7d', '00000000-0000-7000-8000-000000000001', 1);
+             INSERT INTO outbox (topic, body, created_at, sent_at) VALUES ('alerts', x'7b7d', 2, 3);
+             DELETE FROM outbox WHERE id = 2;
+             INSERT INTO alerts VALUES ('door_forced', '101', '00000000-0000-4000-8000-000000000001', 'raised', 1, 1, 1, 1);",
+        )
+        .unwrap();
+        migrate(&mut c, &path).unwrap();
+        let n = |sql: &str| c.query_row(sql, [], |r| r.get::<_, i64>(0)).unwrap();
+        assert_eq!(
+            n("SELECT count(*) FROM audit WHERE seqno = 1 AND kind = 'door.forced'"),
+            1
+        );
+        assert_eq!(
+            n("SELECT count(*) FROM outbox WHERE id = 1 AND audit_id IS NOT NULL"),
+            1
+        );
+        assert_eq!(n("SELECT count(*) FROM alerts WHERE state = 'raised'"), 1);
+        assert_eq!(
+            n("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'"),
+            2
+        );
+        assert_eq!(
+            n("SELECT count(*) FROM pragma_foreign_key_check"),
+            0,
+            "no dangling reference"
+        );
+        // The rules came back with the tables.
+        assert!(c.execute("UPDATE audit SET door = 'x'", []).is_err());
+        assert!(c.execute("DELETE FROM outbox WHERE id = 1", []).is_err());
+        assert!(
+            c.execute(
+                "INSERT INTO outbox (topic, body, audit_id, created_at) VALUES ('audit', x'00', 'nope', 1)",
+                []
+            )
+            .is_err(),
+            "the foreign key holds"
+        );
+        c.execute(
+            "INSERT INTO outbox (topic, body, created_at) VALUES ('alerts', x'00', 4)",
+            [],
+        )
+        .unwrap();
+        assert_eq!(
+            n("SELECT max(id) FROM outbox"),
+            3,
+            "a pruned id is never reused"
+        );
+        // The new kind carries its count, and only it.
+        c.execute_batch(
+            "INSERT INTO audit (audit_id, at, kind, door, count) VALUES ('00000000-0000-7000-8000-000000000002', 2, 'door.flood', '101', 9);",
+        )
+        .unwrap();
+        assert!(
+            c.execute(
+                "INSERT INTO audit (audit_id, at, kind, door) VALUES ('00000000-0000-7000-8000-000000000003', 2, 'door.flood', '101')",
+                []
+            )
+            .is_err()
+        );
+        c.execute(
+            "INSERT INTO alerts VALUES ('keypad_flood', '101', '00000000-0000-4000-8000-000000000002', 'raised', 9, 1, 1, 1)",
+            [],
+        )
+        .unwrap();
     }
 }

@@ -46,6 +46,7 @@ pub mod keys;
 pub mod links;
 mod migrate;
 pub mod outbox;
+pub mod runtime;
 pub mod sweep;
 
 pub use migrate::{MIGRATIONS, schema_version};

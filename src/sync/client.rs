@@ -36,8 +36,8 @@ use super::plan::ReconnectBackoff;
 use super::window::{Outstanding, ReceiveWindow};
 use crate::config::MqttConfig;
 use rumqttc::{
-    AsyncClient, ClientError, Event, EventLoop, LastWill, MqttOptions, Outgoing, Packet, PubAck,
-    Publish, QoS, TlsConfiguration, Transport,
+    AsyncClient, ClientError, ConnectReturnCode, Event, EventLoop, LastWill, MqttOptions, Outgoing,
+    Packet, PubAck, Publish, QoS, SubscribeReasonCode, TlsConfiguration, Transport,
 };
 use std::collections::VecDeque;
 use std::path::Path;
@@ -71,6 +71,26 @@ pub fn status_payload(hub_id: &str, online: bool, at: crate::time::Timestamp) ->
         "at": at.to_rfc3339(),
     }))
     .unwrap_or_default()
+}
+
+/// The retained online status with the hub's health (mqtt.md 'Status':
+/// the contract's four fields, and `health` as an extra one; the last will
+/// stays [`status_payload`]'s offline form).
+pub fn online_status_payload(
+    hub_id: &str,
+    at: crate::time::Timestamp,
+    health: Option<&crate::status::Health>,
+) -> Vec<u8> {
+    let mut v = serde_json::json!({
+        "state": "online",
+        "hub_id": hub_id,
+        "version": env!("CARGO_PKG_VERSION"),
+        "at": at.to_rfc3339(),
+    });
+    if let Some(h) = health {
+        v["health"] = serde_json::to_value(h).unwrap_or_default();
+    }
+    serde_json::to_vec(&v).unwrap_or_default()
 }
 
 /// Builds the connection options: persistent session under a stable client
@@ -381,6 +401,61 @@ pub enum LinkEvent {
     Closed,
 }
 
+/// What the broker said about the hub's right to be there (mqtt.md
+/// 'Broker access'): the control task turns refusals into `broker_denied`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// The broker refused the connection (CONNACK with this code).
+    ConnectRefused(ConnectReturnCode),
+    /// The broker refused the subscription to the events topic (SUBACK 0x80).
+    SubscribeRefused,
+    /// The subscription to the events topic was granted.
+    Granted,
+}
+
+impl Access {
+    /// What a failed connection attempt says about access, if anything: a
+    /// CONNACK refusal is the broker's word, every other failure (TCP, TLS,
+    /// timeouts) is the network's.
+    pub fn of_connection_error(e: &rumqttc::ConnectionError) -> Option<Access> {
+        match e {
+            rumqttc::ConnectionError::ConnectionRefused(code) => {
+                Some(Access::ConnectRefused(*code))
+            }
+            _ => None,
+        }
+    }
+
+    /// What the SUBACK for the events topic (the only topic the hub
+    /// subscribes to) says.
+    pub fn of_suback(codes: &[SubscribeReasonCode]) -> Access {
+        if !codes.is_empty()
+            && codes
+                .iter()
+                .all(|c| matches!(c, SubscribeReasonCode::Success(_)))
+        {
+            Access::Granted
+        } else {
+            Access::SubscribeRefused
+        }
+    }
+
+    /// For logs: what the broker refused, in the broker's words.
+    pub fn describe(self) -> String {
+        match self {
+            Access::ConnectRefused(ConnectReturnCode::BadUserNamePassword) => {
+                "connection refused: bad user name or password".to_owned()
+            }
+            Access::ConnectRefused(ConnectReturnCode::NotAuthorized) => {
+                "connection refused: not authorised".to_owned()
+            }
+            Access::ConnectRefused(code) => format!("connection refused: {code:?}"),
+            Access::SubscribeRefused => "subscription to the events topic refused".to_owned(),
+            Access::Granted => "subscription granted".to_owned(),
+        }
+    }
+}
+
 /// Where the poll task forwards what it sees.
 pub struct PollSinks {
     pub inbound: mpsc::Sender<Inbound>,
@@ -388,6 +463,8 @@ pub struct PollSinks {
     pub link: mpsc::Sender<LinkEvent>,
     /// Everyone else who cares about Connected / Lost (sync planner).
     pub session: mpsc::Sender<LinkEvent>,
+    /// The control task: refusals and grants (`broker_denied`).
+    pub access: mpsc::Sender<Access>,
 }
 
 /// Messages the poll task has taken from the event loop but not yet handed
@@ -489,6 +566,32 @@ async fn write_acks(eventloop: &mut EventLoop, pkids: &[u16]) -> Result<(), Stri
     }
 }
 
+/// Sleeps until `at` (never returns for `None`; the select guards it).
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Logs a refusal by the broker: at warn the first time (and whenever what
+/// is refused changes), at debug while the same refusal repeats, so a hub
+/// retrying for days does not flood its log.
+fn note_refusal(last: &mut Option<Access>, refusal: Access, topic: &str, retry_in: Duration) {
+    let what = refusal.describe();
+    if *last == Some(refusal) {
+        tracing::debug!(refused = %what, topic, ?retry_in, "the broker still refuses");
+    } else {
+        tracing::warn!(
+            refused = %what,
+            topic,
+            ?retry_in,
+            "the broker refused the hub (broker_denied); check its ACL and credentials for this hub's identity"
+        );
+    }
+    *last = Some(refusal);
+}
+
 /// Polls the event loop until `stop` turns true and the connection is
 /// closed (cleanly by the publisher, or lost). Only forwards; never awaits
 /// the client. Stops reading while `window` is full, and writes the acks the
@@ -512,17 +615,27 @@ pub async fn poll_loop(
         Acks,
         /// A parked message was handed on (or its receiver is gone).
         Drained(bool),
+        /// Time to ask again for the subscription the broker refused.
+        Resubscribe,
     }
     let PollSinks {
         inbound,
         link,
         session,
+        access,
     } = sinks;
     let mut inbound = Parked::new(inbound);
     let mut link = Parked::new(link);
     let mut session = Parked::new(session);
+    let mut access = Parked::new(access);
     let mut outstanding = Outstanding::default();
     let mut backoff = ReconnectBackoff::default();
+    // A refused subscription is asked for again on the same connection
+    // (what the hub publishes may still be allowed), with its own backoff.
+    let mut subscribe_backoff = ReconnectBackoff::default();
+    let mut resubscribe_at: Option<tokio::time::Instant> = None;
+    // The last refusal logged at warn level (repeats go to debug).
+    let mut last_refusal: Option<Access> = None;
     let mut epoch = 0u64;
     let mut up = false;
     // A message bigger than MAX_INCOMING_PACKET stays at the head of our
@@ -542,12 +655,20 @@ pub async fn poll_loop(
             ok = inbound.drain_one(), if !inbound.queue.is_empty() => Step::Drained(ok),
             ok = link.drain_one(), if !link.queue.is_empty() => Step::Drained(ok),
             ok = session.drain_one(), if !session.queue.is_empty() => Step::Drained(ok),
+            ok = access.drain_one(), if !access.queue.is_empty() => Step::Drained(ok),
+            _ = sleep_until_some(resubscribe_at), if up && resubscribe_at.is_some() => Step::Resubscribe,
             ev = eventloop.poll(), if reading => Step::Event(ev),
         };
         let failure = match step {
             Step::Stop => break,
             Step::Drained(true) => continue,
             Step::Drained(false) => break,
+            Step::Resubscribe => {
+                resubscribe_at = None;
+                tracing::debug!("asking again for the refused subscription");
+                let _ = gate.subscribe(epoch, &events_topic);
+                continue;
+            }
             Step::Acks => {
                 let pkids = gate.take_acks(epoch);
                 if pkids.is_empty() {
@@ -599,6 +720,7 @@ pub async fn poll_loop(
                         up = true;
                         outstanding.reset();
                         backoff.reset();
+                        resubscribe_at = None;
                         tracing::info!(
                             epoch,
                             session_present = ack.session_present,
@@ -633,7 +755,19 @@ pub async fn poll_loop(
                         link.push(ev);
                     }
                     Event::Incoming(Packet::SubAck(ack)) => {
-                        tracing::debug!(codes = ?ack.return_codes, "subscribed");
+                        let verdict = Access::of_suback(&ack.return_codes);
+                        if verdict == Access::Granted {
+                            tracing::debug!(codes = ?ack.return_codes, "subscribed");
+                            subscribe_backoff.reset();
+                            if last_refusal.take().is_some() {
+                                tracing::info!(topic = %events_topic, "the broker now grants the subscription");
+                            }
+                        } else {
+                            let delay = subscribe_backoff.next_delay(rand::random());
+                            note_refusal(&mut last_refusal, verdict, &events_topic, delay);
+                            resubscribe_at = Some(tokio::time::Instant::now() + delay);
+                        }
+                        access.push(verdict);
                     }
                     Event::Outgoing(Outgoing::Publish(pkid)) => {
                         link.push(LinkEvent::Sent { epoch, pkid });
@@ -652,6 +786,12 @@ pub async fn poll_loop(
                 if poisoned_session(&e) {
                     drop_session = true;
                     eventloop.mqtt_options.set_clean_session(true);
+                }
+                if let Some(refusal) = Access::of_connection_error(&e) {
+                    // The delay is only for the log line; the backoff below
+                    // is the same one every failed attempt takes.
+                    note_refusal(&mut last_refusal, refusal, &events_topic, backoff.peek());
+                    access.push(refusal);
                 }
                 e.to_string()
             }
@@ -688,4 +828,51 @@ pub async fn poll_loop(
     let _ = link.tx.send(LinkEvent::Closed).await;
     while !session.queue.is_empty() && session.drain_one().await {}
     while !inbound.queue.is_empty() && inbound.drain_one().await {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connack_refusal_is_the_brokers_word_and_a_network_failure_is_not() {
+        let refused = rumqttc::ConnectionError::ConnectionRefused(ConnectReturnCode::NotAuthorized);
+        assert_eq!(
+            Access::of_connection_error(&refused),
+            Some(Access::ConnectRefused(ConnectReturnCode::NotAuthorized))
+        );
+        let io = rumqttc::ConnectionError::Io(std::io::Error::from(
+            std::io::ErrorKind::ConnectionRefused,
+        ));
+        assert_eq!(Access::of_connection_error(&io), None);
+        assert_eq!(
+            Access::of_connection_error(&rumqttc::ConnectionError::NetworkTimeout),
+            None
+        );
+    }
+
+    #[test]
+    fn a_suback_with_0x80_is_a_refusal_and_a_granted_qos_is_not() {
+        assert_eq!(
+            Access::of_suback(&[SubscribeReasonCode::Success(QoS::AtLeastOnce)]),
+            Access::Granted
+        );
+        // Granted at a lower QoS is still granted (the broker's choice).
+        assert_eq!(
+            Access::of_suback(&[SubscribeReasonCode::Success(QoS::AtMostOnce)]),
+            Access::Granted
+        );
+        assert_eq!(
+            Access::of_suback(&[SubscribeReasonCode::Failure]),
+            Access::SubscribeRefused
+        );
+        assert_eq!(Access::of_suback(&[]), Access::SubscribeRefused);
+    }
+
+    #[test]
+    fn what_was_refused_is_said_in_the_log_line_without_secrets() {
+        let s = Access::ConnectRefused(ConnectReturnCode::BadUserNamePassword).describe();
+        assert_eq!(s, "connection refused: bad user name or password");
+        assert!(Access::SubscribeRefused.describe().contains("events topic"));
+    }
 }

@@ -27,6 +27,12 @@
 //! `max_inflight_messages` is not a bound the hub can rely on (2.0.x lets
 //! in-order acks exceed it), so the hub keeps its own receive window
 //! (`window`) by pausing its reads.
+//!
+//! One broker serves many hubs: each hub has its own identity and ACL
+//! (docs/broker.md), a refused connection or subscription raises
+//! `broker_denied` (`client::Access`, the control task here), and
+//! reconnects and first sync requests are jittered so a fleet does not
+//! stampede after a broker restart (`plan`).
 
 pub mod client;
 pub mod decide;
@@ -40,9 +46,10 @@ use crate::clock::SharedClock;
 use crate::config::MqttConfig;
 use crate::store::alerts::{self, Condition};
 use crate::store::outbox::{self, Topic};
+use crate::store::runtime::{self, BrokerState};
 use crate::store::{Priority, Store, StoreError};
 use crate::time::Timestamp;
-use client::{Gate, LinkEvent, PollSinks};
+use client::{Access, Gate, LinkEvent, PollSinks};
 use ed25519_dalek::SigningKey;
 use ingest::{Decide, Decided, IngestSinks};
 use plan::{AlertChange, BacklogLimits, SeqView, StaleTracker, SyncPlanner};
@@ -73,6 +80,9 @@ pub enum SyncError {
 
 /// Subject of the `cloud_stale` alert.
 const CLOUD_STALE_SUBJECT: &str = "cloud";
+/// Subjects of `broker_denied`: what the broker refused.
+const DENIED_CONNECT: &str = "connect";
+const DENIED_SUBSCRIBE: &str = "subscribe";
 const CHANNEL: usize = 256;
 
 /// Everything the sync layer needs from the config.
@@ -135,6 +145,7 @@ pub fn start<D: Decide>(
     let (inbound_tx, inbound_rx) = mpsc::channel(CHANNEL);
     let (link_tx, link_rx) = mpsc::channel(CHANNEL);
     let (session_tx, session_rx) = mpsc::channel(CHANNEL);
+    let (access_tx, access_rx) = mpsc::channel(CHANNEL);
     let (decided_tx, decided_rx) = mpsc::channel(CHANNEL);
     let (cmd_tx, cmd_rx) = mpsc::channel(4);
     let outbox_wake = Arc::new(Notify::new());
@@ -162,6 +173,7 @@ pub fn start<D: Decide>(
             inbound: inbound_tx,
             link: link_tx,
             session: session_tx,
+            access: access_tx,
         },
         events_topic,
         settings.window,
@@ -187,8 +199,11 @@ pub fn start<D: Decide>(
             seq,
             // Its clock starts with the control task (Duration::ZERO there).
             StaleTracker::new(settings.cloud_stale, Duration::ZERO, stale_raised),
-            session_rx,
-            decided_rx,
+            ControlInputs {
+                session: session_rx,
+                decided: decided_rx,
+                access: access_rx,
+            },
             outbox_wake.clone(),
         )),
     ];
@@ -253,21 +268,36 @@ impl SyncHandle {
     }
 }
 
-/// The control task: sync requests and `cloud_stale`.
+/// What the control task listens to.
+struct ControlInputs {
+    session: mpsc::Receiver<LinkEvent>,
+    decided: mpsc::Receiver<Decided>,
+    access: mpsc::Receiver<Access>,
+}
+
+/// The control task: sync requests, `cloud_stale`, `broker_denied` and the
+/// broker link's recorded state.
 async fn control(
     store: Store,
     clock: SharedClock,
     seq: SeqView,
     mut stale: StaleTracker,
-    mut session_rx: mpsc::Receiver<LinkEvent>,
-    mut decided_rx: mpsc::Receiver<Decided>,
+    inputs: ControlInputs,
     outbox_wake: Arc<Notify>,
 ) {
+    let ControlInputs {
+        session: mut session_rx,
+        decided: mut decided_rx,
+        access: mut access_rx,
+    } = inputs;
     let origin = Instant::now();
     let now = || origin.elapsed();
-    let mut planner = SyncPlanner::new(seq);
+    // Jittered: a fleet of hubs that all lose their session, or all get the
+    // same checkpoint, must not ask the cloud in one burst (plan::SYNC_JITTER).
+    let mut planner = SyncPlanner::with_jitter(seq, plan::SYNC_JITTER, rand::random());
     let mut connected = false;
-    let (mut session_open, mut decided_open) = (true, true);
+    let mut broker = BrokerLink::new(&store, clock.clone()).await;
+    let (mut session_open, mut decided_open, mut access_open) = (true, true, true);
     while session_open || decided_open {
         // Requests are only worth writing while connected: the planner keeps
         // its schedule meanwhile, and a reconnect asks again when needed.
@@ -308,10 +338,18 @@ async fn control(
                 Some(LinkEvent::Connected { session_present, .. }) => {
                     connected = true;
                     planner.on_session(session_present, now());
+                    broker.connected(&store, &outbox_wake).await;
                 }
-                Some(LinkEvent::Lost { .. }) => connected = false,
+                Some(LinkEvent::Lost { .. }) => {
+                    connected = false;
+                    broker.set(&store, BrokerState::Down).await;
+                }
                 Some(_) => {}
                 None => session_open = false,
+            },
+            a = access_rx.recv(), if access_open => match a {
+                Some(a) => broker.access(&store, a, &outbox_wake).await,
+                None => access_open = false,
             },
             d = decided_rx.recv(), if decided_open => match d {
                 Some(d) => {
@@ -331,6 +369,149 @@ async fn control(
             },
             _ = tokio::time::sleep(deadline) => {}
         }
+    }
+}
+
+/// The broker link as the control task records it: `hub_runtime.broker`
+/// and the `broker_denied` alert (mqtt.md 'Broker access'). A refusal is
+/// raised (a repeat bumps its count); it is cleared by what proves the
+/// broker lets the hub in: a CONNACK for `connect`, a granted SUBACK for
+/// `subscribe`. Alerts go through the outbox, so a refusal is kept locally
+/// and published once the broker lets the hub publish.
+struct BrokerLink {
+    /// Alert times are the hub's effective time (mqtt.md 'Alerts').
+    clock: SharedClock,
+    state: BrokerState,
+    denied_connect: bool,
+    denied_subscribe: bool,
+}
+
+impl BrokerLink {
+    async fn new(store: &Store, clock: SharedClock) -> Self {
+        let (denied_connect, denied_subscribe) = match store.reader() {
+            Ok(r) => match alerts::open_alerts(&r) {
+                Ok(open) => {
+                    let is = |subject: &str| {
+                        open.iter().any(|a| {
+                            a.condition == Condition::BrokerDenied.as_str() && a.subject == subject
+                        })
+                    };
+                    (is(DENIED_CONNECT), is(DENIED_SUBSCRIBE))
+                }
+                Err(_) => (false, false),
+            },
+            Err(_) => (false, false),
+        };
+        let now = Timestamp::now_system();
+        if let Err(e) = store
+            .write(Priority::Bulk, move |c| runtime::record_start(c, now))
+            .await
+        {
+            tracing::error!(error = %e, "cannot record the daemon's start");
+        }
+        BrokerLink {
+            clock,
+            state: BrokerState::Connecting,
+            denied_connect,
+            denied_subscribe,
+        }
+    }
+
+    async fn set(&mut self, store: &Store, state: BrokerState) {
+        if self.state == state {
+            return;
+        }
+        self.state = state;
+        let now = Timestamp::now_system();
+        if let Err(e) = store
+            .write(Priority::Bulk, move |c| {
+                runtime::record_broker(c, state, now)
+            })
+            .await
+        {
+            tracing::error!(error = %e, "cannot record the broker link state");
+        }
+    }
+
+    async fn connected(&mut self, store: &Store, outbox_wake: &Notify) {
+        self.set(store, BrokerState::Up).await;
+        if self.denied_connect {
+            self.denied_connect = false;
+            denied_alert(
+                store,
+                AlertChange::Clear,
+                DENIED_CONNECT,
+                outbox_wake,
+                self.clock.now(),
+            )
+            .await;
+        }
+    }
+
+    async fn access(&mut self, store: &Store, access: Access, outbox_wake: &Notify) {
+        match access {
+            Access::ConnectRefused(_) => {
+                self.denied_connect = true;
+                self.set(store, BrokerState::Denied).await;
+                denied_alert(
+                    store,
+                    AlertChange::Raise,
+                    DENIED_CONNECT,
+                    outbox_wake,
+                    self.clock.now(),
+                )
+                .await;
+            }
+            Access::SubscribeRefused => {
+                self.denied_subscribe = true;
+                self.set(store, BrokerState::Denied).await;
+                denied_alert(
+                    store,
+                    AlertChange::Raise,
+                    DENIED_SUBSCRIBE,
+                    outbox_wake,
+                    self.clock.now(),
+                )
+                .await;
+            }
+            Access::Granted => {
+                self.set(store, BrokerState::Up).await;
+                if self.denied_subscribe {
+                    self.denied_subscribe = false;
+                    denied_alert(
+                        store,
+                        AlertChange::Clear,
+                        DENIED_SUBSCRIBE,
+                        outbox_wake,
+                        self.clock.now(),
+                    )
+                    .await;
+                }
+            }
+        }
+    }
+}
+
+async fn denied_alert(
+    store: &Store,
+    change: AlertChange,
+    subject: &'static str,
+    wake: &Notify,
+    now: Timestamp,
+) {
+    let res = store
+        .write(Priority::Bulk, move |c| match change {
+            AlertChange::Raise => {
+                alerts::raise(c, Condition::BrokerDenied, subject, 1, now).map(|_| ())
+            }
+            AlertChange::Clear => {
+                alerts::clear(c, Condition::BrokerDenied, subject, now).map(|_| ())
+            }
+        })
+        .await;
+    match res {
+        Ok(()) => wake.notify_one(),
+        Err(e) => tracing::error!(error = %e, "cannot record the broker_denied alert"),
     }
 }
 

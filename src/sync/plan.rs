@@ -58,6 +58,13 @@ impl SyncRequest {
 
 /// First repeat of an unanswered sync request.
 pub const SYNC_BACKOFF_START: Duration = Duration::from_secs(1);
+/// A request for a condition that newly appears waits a random part of
+/// this first (uniform in `[0, SYNC_JITTER]`): a broker restart or a
+/// checkpoint the cloud sends to every hub at once must not come back as one
+/// burst of sync requests. It spreads a fleet's first requests over the
+/// first backoff interval, so the cloud sees at most about one request per
+/// hub per second; repeats keep each hub's own offset.
+pub const SYNC_JITTER: Duration = SYNC_BACKOFF_START;
 /// Repeats never wait longer than this.
 pub const SYNC_BACKOFF_MAX: Duration = Duration::from_secs(300);
 
@@ -81,10 +88,20 @@ pub struct SyncPlanner {
     last_reason: Option<SyncReason>,
     next_at: Option<Duration>,
     backoff: Duration,
+    /// Spread of a first request, and the generator that draws it.
+    jitter: Duration,
+    rng: Jitter,
 }
 
 impl SyncPlanner {
+    /// A planner that asks at once (no jitter): for tests of the rules.
     pub fn new(view: SeqView) -> Self {
+        Self::with_jitter(view, Duration::ZERO, 0)
+    }
+
+    /// A planner whose first request for a new condition waits a random
+    /// delay in `[0, jitter]` drawn from `seed` (see [`SYNC_JITTER`]).
+    pub fn with_jitter(view: SeqView, jitter: Duration, seed: u64) -> Self {
         SyncPlanner {
             view,
             fresh: false,
@@ -92,6 +109,8 @@ impl SyncPlanner {
             last_reason: None,
             next_at: None,
             backoff: SYNC_BACKOFF_START,
+            jitter,
+            rng: Jitter::new(seed),
         }
     }
 
@@ -121,8 +140,10 @@ impl SyncPlanner {
                 self.backoff = SYNC_BACKOFF_START;
             }
             Some(r) if Some(r) != self.last_reason => {
-                // New condition or a more specific one: ask now.
-                self.next_at = Some(now);
+                // New condition or a more specific one: ask now, give or
+                // take the jitter. A request already due sooner stays.
+                let at = now + self.rng.within(self.jitter);
+                self.next_at = Some(self.next_at.map_or(at, |t| t.min(at)).max(now));
                 self.backoff = SYNC_BACKOFF_START;
             }
             Some(_) => {}
@@ -287,12 +308,17 @@ impl BacklogMonitor {
     }
 }
 
-/// Reconnect delays: capped exponential backoff with jitter.
+/// Reconnect delays: capped exponential backoff with full jitter.
 ///
 /// rumqttc reconnects as fast as it is polled; without this a down broker
 /// would be hammered in a tight loop, and a fleet of hubs would reconnect in
-/// lockstep after a broker restart. "Equal jitter": half the current step
-/// fixed, half random, so delays still grow but hubs spread out.
+/// lockstep after a broker restart. "Full jitter": each delay is uniform in
+/// `[0, step]`, the step doubling from [`RECONNECT_START`] to
+/// [`RECONNECT_MAX`]. So when a broker restart drops every hub at once,
+/// their first attempts are spread evenly over the first interval (1 s):
+/// the broker sees about N connects in that second rather than N at once,
+/// and each later round is spread over a window twice as long. A single
+/// hub on a flaky link is back within 0.5 s on average.
 #[derive(Debug, Clone)]
 pub struct ReconnectBackoff {
     start: Duration,
@@ -300,7 +326,7 @@ pub struct ReconnectBackoff {
     step: Duration,
 }
 
-pub const RECONNECT_START: Duration = Duration::from_millis(100);
+pub const RECONNECT_START: Duration = Duration::from_secs(1);
 pub const RECONNECT_MAX: Duration = Duration::from_secs(30);
 
 impl Default for ReconnectBackoff {
@@ -322,15 +348,90 @@ impl ReconnectBackoff {
     pub fn next_delay(&mut self, random: u64) -> Duration {
         let step = self.step;
         self.step = (self.step * 2).min(self.max);
-        let half = step / 2;
-        let span = u64::try_from((step - half).as_nanos()).unwrap_or(u64::MAX);
-        let jitter = if span == 0 { 0 } else { random % (span + 1) };
-        half + Duration::from_nanos(jitter)
+        uniform_up_to(step, random)
+    }
+
+    /// The longest the next delay can be (for log lines).
+    pub fn peek(&self) -> Duration {
+        self.step
     }
 
     /// A connection succeeded: start again from the shortest delay.
     pub fn reset(&mut self) {
         self.step = self.start;
+    }
+}
+
+/// A duration uniform in `[0, max]` from one random u64.
+fn uniform_up_to(max: Duration, random: u64) -> Duration {
+    let span = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
+    if span == 0 {
+        return Duration::ZERO;
+    }
+    Duration::from_nanos(random % span.saturating_add(1))
+}
+
+/// A small deterministic generator (SplitMix64) for the planners' jitter:
+/// seeded once from the OS by the caller, reproducible in tests.
+#[derive(Debug, Clone)]
+pub struct Jitter(u64);
+
+impl Jitter {
+    pub fn new(seed: u64) -> Self {
+        Jitter(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, max]`.
+    pub fn within(&mut self, max: Duration) -> Duration {
+        if max.is_zero() {
+            return Duration::ZERO;
+        }
+        let r = self.next_u64();
+        uniform_up_to(max, r)
+    }
+}
+
+/// When the retained status must be published again (mqtt.md 'Status'):
+/// at least every [`HEALTH_EVERY`], and at once when what the cloud
+/// watches changes (`key`: link states, open alerts, clock trust).
+#[derive(Debug, Clone)]
+pub struct HealthSchedule<K> {
+    every: Duration,
+    last: Option<(Duration, K)>,
+}
+
+/// The retained status is refreshed at least this often.
+pub const HEALTH_EVERY: Duration = Duration::from_secs(60);
+
+impl<K: PartialEq> HealthSchedule<K> {
+    pub fn new(every: Duration) -> Self {
+        HealthSchedule { every, last: None }
+    }
+
+    /// Whether a status with `key` must go out now.
+    pub fn due(&self, key: &K, now: Duration) -> bool {
+        match &self.last {
+            None => true,
+            Some((at, last)) => last != key || now.saturating_sub(*at) >= self.every,
+        }
+    }
+
+    /// A status with `key` went out at `now`.
+    pub fn sent(&mut self, key: K, now: Duration) {
+        self.last = Some((now, key));
+    }
+
+    /// Forget the last one (a new connection publishes at once).
+    pub fn reset(&mut self) {
+        self.last = None;
     }
 }
 
@@ -495,18 +596,89 @@ mod tests {
     }
 
     #[test]
-    fn reconnect_delays_grow_from_100_ms_to_30_s_with_jitter_and_reset_on_success() {
+    fn reconnect_delays_are_uniform_up_to_a_step_that_doubles_from_1_s_to_30_s() {
         let mut b = ReconnectBackoff::default();
-        let first = b.next_delay(0);
-        assert_eq!(first, Duration::from_millis(50));
-        let mut last = Duration::ZERO;
-        for i in 0..20 {
-            last = b.next_delay(u64::MAX - i);
-            assert!(last <= RECONNECT_MAX);
+        assert_eq!(b.next_delay(0), Duration::ZERO, "full jitter starts at 0");
+        let mut steps = vec![];
+        for _ in 0..8 {
+            steps.push(b.peek());
+            // u64::MAX % (span + 1) is the largest a draw can give here only
+            // when span + 1 divides 2^64; take the step itself as the bound.
+            let d = b.next_delay(u64::MAX);
+            assert!(d <= *steps.last().unwrap());
         }
-        assert!(last >= RECONNECT_MAX / 2);
+        assert_eq!(
+            steps,
+            [2, 4, 8, 16, 30, 30, 30, 30]
+                .map(Duration::from_secs)
+                .to_vec()
+        );
         b.reset();
-        let d = b.next_delay(u64::MAX);
-        assert!(d >= Duration::from_millis(50) && d <= Duration::from_millis(100));
+        assert_eq!(b.peek(), RECONNECT_START);
+        assert!(b.next_delay(u64::MAX) <= RECONNECT_START);
+    }
+
+    /// The fleet property: N hubs dropped at once by a broker restart.
+    #[test]
+    fn a_fleet_dropped_at_once_reconnects_spread_over_the_first_second() {
+        let n = 1000;
+        let mut rng = Jitter::new(12345);
+        let mut per_100ms = [0usize; 10];
+        for _ in 0..n {
+            let mut b = ReconnectBackoff::default();
+            let d = b.next_delay(rng.next_u64());
+            assert!(d <= RECONNECT_START);
+            per_100ms[(d.as_millis() as usize / 100).min(9)] += 1;
+        }
+        // Uniform: 100 per bucket expected; no bucket near the whole fleet.
+        for (i, c) in per_100ms.iter().enumerate() {
+            assert!((50..=150).contains(c), "bucket {i}: {c} of {n}");
+        }
+    }
+
+    #[test]
+    fn a_jittered_planner_sends_its_first_request_within_the_jitter_and_repeats_on_schedule() {
+        let mut first = vec![];
+        for seed in 0..200 {
+            let mut p = SyncPlanner::with_jitter(view(4, false), SYNC_JITTER, seed);
+            p.on_checkpoint(9, view(4, false), s(10));
+            let due = p.next_deadline().expect("a request is planned");
+            assert!(due >= s(10) && due <= s(10) + SYNC_JITTER, "seed {seed}");
+            assert_eq!(p.poll(due).map(|r| r.from_seq), Some(5));
+            // Repeats follow the backoff from the hub's own first send.
+            assert_eq!(p.next_deadline(), Some(due + SYNC_BACKOFF_START));
+            first.push(due - s(10));
+        }
+        let spread = first
+            .iter()
+            .max()
+            .unwrap()
+            .saturating_sub(*first.iter().min().unwrap());
+        assert!(spread > SYNC_JITTER / 2, "200 hubs spread over {spread:?}");
+    }
+
+    #[test]
+    fn jitter_never_delays_a_request_that_was_already_due() {
+        let mut p = SyncPlanner::with_jitter(view(0, false), SYNC_JITTER, 99);
+        p.on_session(false, s(0));
+        let due = p.next_deadline().unwrap();
+        // A more specific reason arrives before the first request went out.
+        p.on_event(view(0, true), s(0));
+        assert!(p.next_deadline().unwrap() <= due);
+        assert_eq!(p.poll(due).map(|r| r.reason), Some(SyncReason::Gap));
+    }
+
+    #[test]
+    fn the_status_is_republished_every_minute_and_at_once_when_its_key_changes() {
+        let mut h = HealthSchedule::new(HEALTH_EVERY);
+        assert!(h.due(&1, s(0)), "the first one goes out at once");
+        h.sent(1, s(0));
+        assert!(!h.due(&1, s(59)));
+        assert!(h.due(&1, s(60)));
+        assert!(h.due(&2, s(5)), "a change goes out at once");
+        h.sent(2, s(5));
+        assert!(!h.due(&2, s(6)));
+        h.reset();
+        assert!(h.due(&2, s(6)));
     }
 }

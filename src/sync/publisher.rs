@@ -24,10 +24,11 @@
 //!
 //! [`CLIENT_INFLIGHT`]: super::client::CLIENT_INFLIGHT
 
-use super::client::{Gate, GateRefusal, LinkEvent, status_payload};
-use super::plan::{AlertChange, BacklogLimits, BacklogMonitor};
+use super::client::{Gate, GateRefusal, LinkEvent, online_status_payload, status_payload};
+use super::plan::{AlertChange, BacklogLimits, BacklogMonitor, HEALTH_EVERY, HealthSchedule};
 use crate::clock::SharedClock;
 use crate::crypto;
+use crate::status::{self, BROKER_LINK, Health, HealthKey};
 use crate::store::alerts::{self, Condition};
 use crate::store::outbox;
 use crate::store::{Priority, Store, StoreError};
@@ -112,6 +113,9 @@ pub struct Publisher {
     backlog: BacklogMonitor,
     offline_acked: bool,
     retry_soon: bool,
+    /// When the retained status (with health) goes out again.
+    health: HealthSchedule<HealthKey>,
+    origin: std::time::Instant,
 }
 
 impl Publisher {
@@ -136,6 +140,8 @@ impl Publisher {
             acked: Vec::new(),
             offline_acked: false,
             retry_soon: false,
+            health: HealthSchedule::new(HEALTH_EVERY),
+            origin: std::time::Instant::now(),
         })
     }
 
@@ -186,6 +192,7 @@ impl Publisher {
                 _ = wake.notified() => {}
                 _ = tokio::time::sleep(retry) => {}
                 _ = tick.tick() => {
+                    self.check_health();
                     ticks = ticks.wrapping_add(1);
                     if ticks.is_multiple_of(BACKLOG_EVERY_TICKS) {
                         self.check_backlog().await;
@@ -247,24 +254,57 @@ impl Publisher {
         }
     }
 
+    /// The health figures now; the broker link is up, since this is what
+    /// goes out over it (the recorded state may lag by a write).
+    fn health_now(&self) -> Option<Health> {
+        let mut h = status::health(&self.reader, self.store.path(), self.clock.now())
+            .map_err(|e| tracing::warn!(error = %e, "cannot read the health figures"))
+            .ok()?;
+        h.links.insert(BROKER_LINK.to_owned(), "up".to_owned());
+        Some(h)
+    }
+
+    /// Marks the status due when the minute is up or what the cloud
+    /// watches changed (mqtt.md 'Status'). Reads only the cheap key.
+    fn check_health(&mut self) {
+        if self.link.as_ref().is_none_or(|l| l.status_due) {
+            return;
+        }
+        let Ok(mut key) = status::health_key(&self.reader, self.clock.now()) else {
+            return;
+        };
+        key.0.insert(BROKER_LINK.to_owned(), "up".to_owned());
+        if self.health.due(&key, self.origin.elapsed())
+            && let Some(link) = self.link.as_mut()
+        {
+            link.status_due = true;
+        }
+    }
+
     /// Queues status and rows up to the window.
     fn fill(&mut self) {
         self.retry_soon = false;
-        let Some(link) = self.link.as_mut() else {
-            return;
-        };
-        let epoch = link.epoch;
-        if link.status_due {
-            let payload = status_payload(&self.cfg.hub_id, true, self.clock.now());
+        if self.link.as_ref().is_some_and(|l| l.status_due) {
+            let health = self.health_now();
+            let payload =
+                online_status_payload(&self.cfg.hub_id, self.clock.now(), health.as_ref());
             let topic = format!("{}status", self.cfg.topic_base);
-            match self.gate.publish(epoch, &topic, true, payload) {
+            let link = self.link.as_mut().expect("checked above");
+            match self.gate.publish(link.epoch, &topic, true, payload) {
                 Ok(()) => {
                     link.status_due = false;
                     link.queued.push_back(Item::Online);
+                    if let Some(h) = health {
+                        self.health.sent(h.key(), self.origin.elapsed());
+                    }
                 }
                 Err(r) => return self.refused(r),
             }
         }
+        let Some(link) = self.link.as_mut() else {
+            return;
+        };
+        let epoch = link.epoch;
         let room = WINDOW.saturating_sub(link.in_flight());
         if room == 0 {
             return;

@@ -109,6 +109,9 @@ pub struct DaemonOptions {
     pub mqtt_extra: String,
     /// Lines for `[policy]` (none: the defaults).
     pub policy: String,
+    /// Another site or hub id than the vectors' (a second hub on the broker).
+    pub site_id: Option<String>,
+    pub hub_id: Option<String>,
 }
 
 /// A `lockhub run` process and its data folder.
@@ -128,8 +131,8 @@ impl Daemon {
         };
         let hub = format!(
             "[hub]
-site_id = \"{SITE_ID}\"
-hub_id = \"{HUB_ID}\"
+site_id = \"{site_id}\"
+hub_id = \"{hub_id}\"
 data_dir = \"data\"
 
 [mqtt]
@@ -156,6 +159,8 @@ unlock_ms = 5000
 
 {policy}",
             mqtt_extra = opts.mqtt_extra,
+            site_id = opts.site_id.as_deref().unwrap_or(SITE_ID),
+            hub_id = opts.hub_id.as_deref().unwrap_or(HUB_ID),
             cloud_pub = crypto::b64u_encode(cloud_key().verifying_key().as_bytes()),
         );
         std::fs::write(dir.path().join("hub.toml"), hub).expect("write hub.toml");

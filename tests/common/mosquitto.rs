@@ -20,6 +20,13 @@ pub struct BrokerOptions {
     pub tls: Option<(PathBuf, PathBuf, PathBuf)>,
     /// `password_file` (made with `mosquitto_passwd -b`); anonymous refused.
     pub password_file: Option<PathBuf>,
+    /// `acl_file` (re-read, like the password file, on [`Mosquitto::reload`]).
+    pub acl_file: Option<PathBuf>,
+    /// TLS only: the client certificate's CN is the username
+    /// (`use_identity_as_username true`); anonymous refused.
+    pub identity_as_username: bool,
+    /// `use_username_as_clientid true` (the shipped configs set it).
+    pub username_as_client_id: bool,
 }
 
 pub struct Mosquitto {
@@ -93,7 +100,16 @@ impl Mosquitto {
                 c.push_str("allow_anonymous false\n");
                 c.push_str(&format!("password_file {}\n", p.display()));
             }
+            None if self.opts.identity_as_username => {
+                c.push_str("allow_anonymous false\nuse_identity_as_username true\n")
+            }
             None => c.push_str("allow_anonymous true\n"),
+        }
+        if self.opts.username_as_client_id {
+            c.push_str("use_username_as_clientid true\n");
+        }
+        if let Some(p) = &self.opts.acl_file {
+            c.push_str(&format!("acl_file {}\n", p.display()));
         }
         if let Some((ca, cert, key)) = &self.opts.tls {
             c.push_str(&format!(
@@ -160,6 +176,20 @@ impl Mosquitto {
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
+    }
+
+    /// SIGHUP: Mosquitto re-reads its password and ACL files (what an
+    /// installer does after fixing them), keeping every connection.
+    pub fn reload(&self) {
+        let child = self.child.as_ref().expect("broker running");
+        let _ = Command::new("kill")
+            .arg("-HUP")
+            .arg(child.id().to_string())
+            .status();
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// Starts it again on the same port with the same persistence.
@@ -312,6 +342,57 @@ impl TestPki {
         self.dir.path().join(name)
     }
 
+    /// One more client certificate, `NAME.crt` and `NAME.key` (mode 0600),
+    /// with subject CN `cn` (a `/` in it is escaped for openssl), signed by
+    /// the CA. Returns (cert, key).
+    pub fn client(&self, name: &str, cn: &str) -> (PathBuf, PathBuf) {
+        let d = self.dir.path();
+        let run = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(d)
+                .output()
+                .expect("run openssl");
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let (key, csr, crt) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.crt"),
+        );
+        let subj = format!("/CN={}", cn.replace('/', "\\/"));
+        run(&[
+            "req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj", &subj,
+        ]);
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &crt,
+            "-days",
+            "2",
+            "-extfile",
+            "client.ext",
+        ]);
+        std::fs::set_permissions(
+            d.join(&key),
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .expect("chmod key");
+        (d.join(crt), d.join(key))
+    }
+
     /// (ca, server cert, server key) for [`BrokerOptions::tls`].
     pub fn server(&self) -> (PathBuf, PathBuf, PathBuf) {
         (
@@ -324,15 +405,49 @@ impl TestPki {
 
 /// A Mosquitto password file with one user (`mosquitto_passwd -b`).
 pub fn password_file(dir: &Path, user: &str, password: &str) -> PathBuf {
-    let p = dir.join("passwd");
+    password_file_users(dir, "passwd", &[(user, password)])
+}
+
+/// A Mosquitto password file `name` in `dir` with these users, replacing
+/// whatever it held (so a test can fix one and [`Mosquitto::reload`]).
+pub fn password_file_users(dir: &Path, name: &str, users: &[(&str, &str)]) -> PathBuf {
+    let p = dir.join(name);
     std::fs::write(&p, "").expect("create passwd");
-    let status = Command::new("mosquitto_passwd")
-        .arg("-b")
-        .arg(&p)
-        .arg(user)
-        .arg(password)
-        .status()
-        .expect("run mosquitto_passwd");
-    assert!(status.success(), "mosquitto_passwd failed");
+    for (user, password) in users {
+        let status = Command::new("mosquitto_passwd")
+            .arg("-b")
+            .arg(&p)
+            .arg(user)
+            .arg(password)
+            .status()
+            .expect("run mosquitto_passwd");
+        assert!(status.success(), "mosquitto_passwd failed");
+    }
     p
+}
+
+/// The ACL shipped for installers (packaging/mosquitto/lockhub.acl), read
+/// from the repository so the tests check exactly what ships.
+pub fn shipped_acl() -> String {
+    let p = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/packaging/mosquitto/lockhub.acl"
+    );
+    std::fs::read_to_string(p).unwrap_or_else(|e| panic!("cannot read {p}: {e}"))
+}
+
+/// The shipped ACL plus the cloud's identity `cloud_user` for `site`: the
+/// mirror image of a hub's rights, for every hub of that site (the block
+/// packaging/mosquitto/lockhub.acl documents for the cloud).
+pub fn acl_with_cloud(cloud_user: &str, site: &str) -> String {
+    format!(
+        "{}\nuser {cloud_user}\n\
+         topic write lockhub/v1/{site}/+/events\n\
+         topic read lockhub/v1/{site}/+/results\n\
+         topic read lockhub/v1/{site}/+/audit\n\
+         topic read lockhub/v1/{site}/+/alerts\n\
+         topic read lockhub/v1/{site}/+/sync\n\
+         topic read lockhub/v1/{site}/+/status\n",
+        shipped_acl()
+    )
 }

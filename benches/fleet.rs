@@ -1,0 +1,611 @@
+//! The fleet benchmark (BENCHMARKS.md 'A fleet of hubs'; not in CI):
+//! N real `lockhub run` processes (release build, each its own config and
+//! database) on one Mosquitto on loopback, and a simulated cloud.
+//!
+//! 1. Every hub comes online and applies 3 events.
+//! 2. The broker is restarted (SIGTERM, persistence kept): how long until
+//!    every hub is online again, and the peak connects per second the
+//!    broker logged.
+//! 3. The cloud "loses" 2 events per hub and then sends every hub a
+//!    checkpoint at once: each hub asks (`behind_checkpoint`), the cloud
+//!    answers each request with the missing events and a checkpoint. How
+//!    long until every hub has applied them, and the peak sync requests
+//!    per second.
+//! 4. Each hub's RSS and CPU time, and the broker's.
+//!
+//! `cargo bench --bench fleet -- 50` (the argument is N). It stops by
+//! itself: every wait has a deadline, and the hubs and broker are ended on
+//! the way out.
+
+use lockhub::crypto;
+use lockhub::sim::cloud::{Cloud, GrantSpec, SignedEvent};
+use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+
+const SITE: Uuid = Uuid::from_u128(0x6f1c_1c0e_8a51_4d39_9d2e_6a3c_5a7d_9e10);
+const SIGNER: &str = "cloud-fleet";
+const CLOUD_SEED: [u8; 32] = [7; 32];
+const PIN_KEY: [u8; 32] = [5; 32];
+const DEADLINE: Duration = Duration::from_secs(300);
+static HOLD: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+fn hub_id(i: usize) -> String {
+    format!("hub-{i:04}")
+}
+
+struct Broker {
+    dir: tempfile::TempDir,
+    port: u16,
+    child: Option<Child>,
+}
+
+impl Broker {
+    fn start() -> Broker {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let root = Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+        let conf = format!(
+            "{}persistence true\npersistence_location {d}/\nlistener {port} 127.0.0.1\n\
+             allow_anonymous true\nmax_queued_messages 10000\nconnection_messages true\n\
+             log_timestamp true\nlog_dest file {d}/mosquitto.log\nlog_type error\n\
+             log_type warning\nlog_type notice\n",
+            if root { "user root\n" } else { "" },
+            d = dir.path().display()
+        );
+        std::fs::write(dir.path().join("m.conf"), conf).unwrap();
+        let mut b = Broker {
+            dir,
+            port,
+            child: None,
+        };
+        b.spawn();
+        b
+    }
+
+    fn spawn(&mut self) {
+        self.child = Some(
+            Command::new("mosquitto")
+                .arg("-c")
+                .arg(self.dir.path().join("m.conf"))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start mosquitto"),
+        );
+        let t = Instant::now();
+        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "mosquitto did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
+            let _ = c.wait();
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// Connects per whole second (the log's timestamps) since `since` (Unix s).
+    fn connects_per_second(&self, since: u64) -> BTreeMap<u64, usize> {
+        let log =
+            std::fs::read_to_string(self.dir.path().join("mosquitto.log")).unwrap_or_default();
+        let mut m = BTreeMap::new();
+        for l in log.lines().filter(|l| l.contains("New client connected")) {
+            if let Some(t) = l
+                .split(':')
+                .next()
+                .and_then(|t| t.trim().parse::<u64>().ok())
+                && t >= since
+            {
+                *m.entry(t).or_insert(0) += 1;
+            }
+        }
+        m
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+struct Hub {
+    _dir: tempfile::TempDir,
+    child: Child,
+}
+
+/// A hub left running (a failed wait panics) is killed on the way out:
+/// the benchmark stops by itself, whatever happens.
+impl Drop for Hub {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn start_hub(i: usize, port: u16) -> Hub {
+    let dir = tempfile::tempdir().unwrap();
+    let b64 = crypto::b64u_encode;
+    let public = b64(ed25519_dalek::SigningKey::from_bytes(&CLOUD_SEED)
+        .verifying_key()
+        .as_bytes());
+    let hub = format!(
+        "[hub]\nsite_id = \"{SITE}\"\nhub_id = \"{}\"\ndata_dir = \"data\"\n\n\
+         [mqtt]\nurl = \"mqtt://127.0.0.1:{port}\"\n\n\
+         [[trust.signer]]\nid = \"{SIGNER}\"\npublic_key = \"{public}\"\n\n\
+         [secrets]\nfile = \"secrets.toml\"\n\n\
+         [[serial]]\nname = \"board-a\"\nport = \"{}/no-board\"\nbaud = 115200\n\n\
+         [[door]]\nname = \"d0\"\nserial = \"board-a\"\nindex = 0\nunlock_ms = 3000\n",
+        hub_id(i),
+        dir.path().display()
+    );
+    std::fs::write(dir.path().join("hub.toml"), hub).unwrap();
+    let mut seed = [11u8; 32];
+    seed[..8].copy_from_slice(&(i as u64).to_le_bytes());
+    let secrets = format!(
+        "[hub_key]\nsecret = \"{}\"\n\n[[pin_key]]\nid = \"k1\"\nsecret = \"{}\"\n",
+        b64(&seed),
+        b64(&PIN_KEY)
+    );
+    let sec = dir.path().join("secrets.toml");
+    std::fs::write(&sec, secrets).unwrap();
+    std::fs::set_permissions(&sec, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let log = std::fs::File::create(dir.path().join("lockhub.log")).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_lockhub"))
+        .args(["run", "--config"])
+        .arg(dir.path().join("hub.toml"))
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log))
+        .spawn()
+        .expect("start lockhub");
+    Hub { _dir: dir, child }
+}
+
+/// (RSS bytes, CPU seconds) of a process, from /proc.
+fn usage(pid: u32) -> Option<(u64, f64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse::<u64>()
+        .ok()?
+        * 1024;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = after.split(' ').collect();
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    Some((rss, ticks as f64 / 100.0))
+}
+
+fn grant(hub: usize, n: usize) -> GrantSpec {
+    let pin = format!("{:06}", 100_000 + n);
+    GrantSpec::active(
+        &format!("k-{hub}-{n}"),
+        &format!("c-{hub}-{n}"),
+        "d0",
+        &pin,
+        ("k1", &PIN_KEY),
+    )
+}
+
+enum Heard {
+    Online(usize),
+    Result(usize, String),
+    /// (hub, from_seq, reason)
+    Sync(usize, u64, String),
+}
+
+fn parse(topic: &str, payload: &[u8]) -> Option<Heard> {
+    let rest = topic.strip_prefix(&format!("lockhub/v1/{SITE}/"))?;
+    let (hub, leaf) = rest.split_once('/')?;
+    let i: usize = hub.strip_prefix("hub-")?.parse().ok()?;
+    let v: serde_json::Value = serde_json::from_slice(payload).ok()?;
+    let body = |v: &serde_json::Value| -> Option<serde_json::Value> {
+        let b = crypto::b64u_decode(v["body"].as_str()?)?;
+        serde_json::from_slice(&b).ok()
+    };
+    match leaf {
+        "status" if v["state"] == "online" => Some(Heard::Online(i)),
+        "results" => Some(Heard::Result(i, body(&v)?["event_id"].as_str()?.to_owned())),
+        "sync" => {
+            let b = body(&v)?;
+            Some(Heard::Sync(
+                i,
+                b["from_seq"].as_u64()?,
+                b["reason"].as_str()?.to_owned(),
+            ))
+        }
+        _ => None,
+    }
+}
+
+fn peak(bins: &BTreeMap<u64, usize>) -> usize {
+    bins.values().copied().max().unwrap_or(0)
+}
+
+fn main() {
+    // `N` hubs; `--hold S` keeps the fleet up S more seconds at the end (at
+    // most 600) for looking at it by hand, e.g. with docs/fleet-status.py.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let n: usize = args.iter().find_map(|a| a.parse().ok()).unwrap_or(50);
+    let hold = args
+        .iter()
+        .position(|a| a == "--hold")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.parse::<u64>().ok())
+        .map_or(0, |s| s.min(600));
+    HOLD.store(hold, std::sync::atomic::Ordering::Relaxed);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(run(n));
+}
+
+type Rx = tokio::sync::mpsc::UnboundedReceiver<(Instant, Heard)>;
+
+/// Feeds what the cloud hears to `on` until it says done; publishes what
+/// it returns (the cloud's answers). Bounded by [`DEADLINE`].
+async fn until(
+    what: &str,
+    rx: &mut Rx,
+    client: &AsyncClient,
+    mut on: impl FnMut(Instant, Heard) -> (bool, Vec<(usize, SignedEvent)>),
+) {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let Ok(Some((t, h))) = tokio::time::timeout_at(deadline, rx.recv()).await else {
+            panic!("fleet: timed out waiting for {what}");
+        };
+        let (done, answers) = on(t, h);
+        for (i, e) in answers {
+            publish(client, i, &e).await;
+        }
+        if done {
+            return;
+        }
+    }
+}
+
+async fn publish(c: &AsyncClient, i: usize, e: &SignedEvent) {
+    c.publish(
+        format!("lockhub/v1/{SITE}/{}/events", hub_id(i)),
+        QoS::AtLeastOnce,
+        false,
+        e.envelope.clone(),
+    )
+    .await
+    .unwrap()
+}
+
+/// Lets the fleet go quiet for `d`, answering any sync request with a
+/// checkpoint as the cloud would (so no hub is left repeating one into the
+/// next phase's counts).
+async fn settle(rx: &mut Rx, client: &AsyncClient, clouds: &mut [Cloud], d: Duration) {
+    let end = tokio::time::Instant::now() + d;
+    while let Ok(Some((_, h))) = tokio::time::timeout_at(end, rx.recv()).await {
+        if let Heard::Sync(i, ..) = h {
+            publish(client, i, &clouds[i].checkpoint()).await;
+        }
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// Sync requests per second and per 100 ms, counted from `from`, and by reason.
+fn sync_figures(prefix: &str, at: &[(Instant, String)], from: Instant) {
+    let mut reasons: BTreeMap<&str, usize> = BTreeMap::new();
+    for (_, r) in at {
+        *reasons.entry(r.as_str()).or_insert(0) += 1;
+    }
+    println!("{prefix}.sync_reasons {reasons:?}");
+    let at: Vec<Instant> = at.iter().map(|(t, _)| *t).collect();
+    let mut per_s: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut per_100ms: BTreeMap<u64, usize> = BTreeMap::new();
+    for t in &at {
+        let d = t.saturating_duration_since(from);
+        *per_s.entry(d.as_secs()).or_insert(0) += 1;
+        *per_100ms.entry(d.as_millis() as u64 / 100).or_insert(0) += 1;
+    }
+    println!("{prefix}.sync_requests {}", at.len());
+    println!("{prefix}.peak_sync_per_s {}", peak(&per_s));
+    println!("{prefix}.peak_sync_per_100ms {}", peak(&per_100ms));
+    println!(
+        "{prefix}.sync_by_second {:?}",
+        (0..=per_s.keys().max().copied().unwrap_or(0))
+            .map(|k| per_s.get(&k).copied().unwrap_or(0))
+            .collect::<Vec<_>>()
+    );
+}
+
+/// Restarts the broker (`lose_sessions`: its persistence file removed
+/// while it is down, as after a broker that keeps none) and reports how
+/// the fleet comes back: every hub online again, connects per second, and
+/// the sync requests (answered with a checkpoint, as the cloud does).
+async fn restart(
+    name: &str,
+    n: usize,
+    broker: &mut Broker,
+    rx: &mut Rx,
+    client: &AsyncClient,
+    clouds: &mut [Cloud],
+    lose_sessions: bool,
+) {
+    settle(rx, client, clouds, Duration::from_secs(5)).await;
+    broker.stop();
+    if lose_sessions {
+        let _ = std::fs::remove_file(broker.dir.path().join("mosquitto.db"));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let since = unix_now();
+    let t0 = Instant::now();
+    broker.spawn();
+    let mut back: HashMap<usize, Instant> = HashMap::new();
+    let mut asked: HashSet<usize> = HashSet::new();
+    let mut sync_at: Vec<(Instant, String)> = Vec::new();
+    until(&format!("{name}: every hub back"), rx, client, |t, h| {
+        let mut answers = vec![];
+        match h {
+            Heard::Online(i) => {
+                back.entry(i).or_insert(t);
+            }
+            Heard::Sync(i, _, reason) => {
+                sync_at.push((t, reason));
+                asked.insert(i);
+                answers.push((i, clouds[i].checkpoint()));
+            }
+            Heard::Result(..) => {}
+        }
+        // With sessions lost, "back" means asked and answered too.
+        let done = back.len() == n && (!lose_sessions || asked.len() == n);
+        (done, answers)
+    })
+    .await;
+    let all_back = back.values().max().unwrap().duration_since(t0);
+    // Late requests (repeats before the checkpoint landed) still count.
+    let t_end = Instant::now() + Duration::from_secs(3);
+    while let Ok(Some((t, h))) = tokio::time::timeout_at(t_end.into(), rx.recv()).await {
+        if let Heard::Sync(i, _, reason) = h {
+            sync_at.push((t, reason));
+            publish(client, i, &clouds[i].checkpoint()).await;
+        }
+    }
+    let connects = broker.connects_per_second(since);
+    println!("fleet.{name}.all_online_s {:.2}", all_back.as_secs_f64());
+    println!(
+        "fleet.{name}.connects_total {}",
+        connects.values().sum::<usize>()
+    );
+    println!("fleet.{name}.peak_connects_per_s {}", peak(&connects));
+    println!(
+        "fleet.{name}.connects_by_second {:?}",
+        connects.values().collect::<Vec<_>>()
+    );
+    sync_figures(&format!("fleet.{name}"), &sync_at, t0);
+}
+
+async fn run(n: usize) {
+    let mut broker = Broker::start();
+    let key = ed25519_dalek::SigningKey::from_bytes(&CLOUD_SEED);
+    let mut clouds: Vec<Cloud> = (0..n)
+        .map(|i| Cloud::new(key.clone(), SIGNER, SITE, &hub_id(i)))
+        .collect();
+
+    let mut o = MqttOptions::new("fleet-cloud", "127.0.0.1", broker.port);
+    o.set_clean_session(false)
+        .set_keep_alive(Duration::from_secs(30))
+        .set_inflight(1000)
+        .set_max_packet_size(1 << 20, 1 << 20);
+    let (client, mut el) = AsyncClient::new(o, 10_000);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, Heard)>();
+    let sub = client.clone();
+    let poller = tokio::spawn(async move {
+        loop {
+            match el.poll().await {
+                Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                    let _ = sub.try_subscribe(format!("lockhub/v1/{SITE}/+/+"), QoS::AtLeastOnce);
+                }
+                // A redelivery (DUP) after the broker restart is the
+                // broker's replay of something already counted.
+                Ok(Event::Incoming(Packet::Publish(p))) if !p.dup => {
+                    if let Some(h) = parse(&p.topic, &p.payload) {
+                        let _ = tx.send((Instant::now(), h));
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // 1. Online (each first start asks fresh_session: answered), 3 events each.
+    let t_spawn = Instant::now();
+    let mut hubs: Vec<Hub> = (0..n).map(|i| start_hub(i, broker.port)).collect();
+    let mut online: HashSet<usize> = HashSet::new();
+    until("every hub online", &mut rx, &client, |_, h| match h {
+        Heard::Online(i) => {
+            online.insert(i);
+            (online.len() == n, vec![])
+        }
+        Heard::Sync(i, ..) => (false, vec![(i, clouds[i].checkpoint())]),
+        Heard::Result(..) => (false, vec![]),
+    })
+    .await;
+    println!("fleet.hubs {n}");
+    println!(
+        "fleet.start.all_online_s {:.2}",
+        t_spawn.elapsed().as_secs_f64()
+    );
+    let mut want: HashSet<(usize, String)> = HashSet::new();
+    for (i, c) in clouds.iter_mut().enumerate() {
+        for k in 0..3 {
+            let e = c.key_issued(&grant(i, k), &[]);
+            want.insert((i, e.event_id.to_string()));
+            publish(&client, i, &e).await;
+        }
+    }
+    until("the first results", &mut rx, &client, |_, h| match h {
+        Heard::Result(i, id) => {
+            want.remove(&(i, id));
+            (want.is_empty(), vec![])
+        }
+        Heard::Sync(i, ..) => (false, vec![(i, clouds[i].checkpoint())]),
+        Heard::Online(_) => (false, vec![]),
+    })
+    .await;
+
+    // 2. Broker restarts: sessions kept, then sessions lost.
+    restart(
+        "restart",
+        n,
+        &mut broker,
+        &mut rx,
+        &client,
+        &mut clouds,
+        false,
+    )
+    .await;
+    restart(
+        "restart_fresh",
+        n,
+        &mut broker,
+        &mut rx,
+        &client,
+        &mut clouds,
+        true,
+    )
+    .await;
+
+    // 3. Lost events, then a checkpoint to every hub at once.
+    settle(&mut rx, &client, &mut clouds, Duration::from_secs(5)).await;
+    let mut missing: Vec<Vec<SignedEvent>> = Vec::new();
+    let mut want: HashSet<(usize, String)> = HashSet::new();
+    for (i, c) in clouds.iter_mut().enumerate() {
+        let lost: Vec<SignedEvent> = (3..5).map(|k| c.key_issued(&grant(i, k), &[])).collect();
+        for e in &lost {
+            want.insert((i, e.event_id.to_string()));
+        }
+        missing.push(lost);
+    }
+    let t_cp = Instant::now();
+    for (i, c) in clouds.iter_mut().enumerate() {
+        let cp = c.checkpoint();
+        publish(&client, i, &cp).await;
+    }
+    let mut sync_at: Vec<(Instant, String)> = Vec::new();
+    until("every hub caught up", &mut rx, &client, |t, h| match h {
+        Heard::Result(i, id) => {
+            want.remove(&(i, id));
+            (want.is_empty(), vec![])
+        }
+        Heard::Sync(i, from, reason) => {
+            sync_at.push((t, reason));
+            let mut answers: Vec<(usize, SignedEvent)> = missing[i]
+                .iter()
+                .filter(|e| e.seq.is_some_and(|q| q >= from))
+                .map(|e| (i, e.clone()))
+                .collect();
+            answers.push((i, clouds[i].checkpoint()));
+            (false, answers)
+        }
+        Heard::Online(_) => (false, vec![]),
+    })
+    .await;
+    println!(
+        "fleet.checkpoint.caught_up_s {:.2}",
+        t_cp.elapsed().as_secs_f64()
+    );
+    sync_figures("fleet.checkpoint", &sync_at, t_cp);
+    // 4. Resources.
+    let mut rss: Vec<u64> = vec![];
+    let mut cpu: Vec<f64> = vec![];
+    for h in &hubs {
+        if let Some((r, c)) = usage(h.child.id()) {
+            rss.push(r);
+            cpu.push(c);
+        }
+    }
+    rss.sort_unstable();
+    cpu.sort_by(|a, b| a.total_cmp(b));
+    let wall = t_spawn.elapsed().as_secs_f64();
+    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    println!(
+        "fleet.hub.rss_mib min {:.1} median {:.1} max {:.1}",
+        mib(rss[0]),
+        mib(rss[rss.len() / 2]),
+        mib(*rss.last().unwrap())
+    );
+    println!(
+        "fleet.hub.cpu_s min {:.2} median {:.2} max {:.2} (over {wall:.0} s wall)",
+        cpu[0],
+        cpu[cpu.len() / 2],
+        cpu.last().unwrap()
+    );
+    if let Some((r, c)) = usage(broker.pid()) {
+        println!(
+            "fleet.broker rss_mib {:.1} cpu_s {c:.2} (since its restart)",
+            mib(r)
+        );
+    }
+    let hold = HOLD.load(std::sync::atomic::Ordering::Relaxed);
+    if hold > 0 {
+        println!(
+            "fleet: holding {hold} s; broker on 127.0.0.1:{}",
+            broker.port
+        );
+        tokio::time::sleep(Duration::from_secs(hold)).await;
+    }
+    poller.abort();
+    for h in &mut hubs {
+        let _ = Command::new("kill")
+            .args(["-TERM", &h.child.id().to_string()])
+            .status();
+    }
+    for h in &mut hubs {
+        let _ = h.child.wait();
+    }
+}
