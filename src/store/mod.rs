@@ -74,7 +74,7 @@ const MAX_GROUP: usize = 512;
 /// wait for the budget: the group commits as soon as it has run (see
 /// `run_group`), so its wait is the job running when it arrived, at most
 /// [`JOB_SLICE`], plus the commit.
-const GROUP_BUDGET: Duration = Duration::from_millis(12);
+const GROUP_BUDGET: Duration = Duration::from_millis(6);
 /// How long one bulk job should run before it hands the writer back (the
 /// ingest pipeline sizes and cuts its jobs by it), so a door job never
 /// waits behind a long job.

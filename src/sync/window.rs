@@ -36,11 +36,13 @@ pub struct ReceiveWindow {
 
 impl Default for ReceiveWindow {
     /// 1,024 messages (four ingest batches: the writer never waits for the
-    /// socket) or 8 MiB of payload, whichever comes first.
+    /// socket) or 2 MiB of payload, whichever comes first. 2 MiB is a dozen
+    /// 500-key resync batches, over half a second of the writer's work;
+    /// 8 MiB (~50 batches, each parsed in turn) made most of a resync's RSS.
     fn default() -> Self {
         ReceiveWindow {
             messages: 1024,
-            bytes: 8 * 1024 * 1024,
+            bytes: 2 * 1024 * 1024,
         }
     }
 }
