@@ -175,7 +175,17 @@ async fn phase(
             .expect("the hub answers every entry");
         match answer {
             Answer::Unlock { door: d, at } if d == door => lat.push(at - t0),
-            other => panic!("entry {k} at door {door}: expected an Unlock, got {other:?}"),
+            other => {
+                // Why, from the audit (the reason only: never a PIN).
+                let reason: Option<String> = reader
+                    .query_row(
+                        "SELECT reason FROM audit WHERE kind = 'door.denied' ORDER BY seqno DESC LIMIT 1",
+                        [],
+                        |r| r.get(0),
+                    )
+                    .ok();
+                panic!("entry {k} at door {door}: expected an Unlock, got {other:?} (last denial: {reason:?})")
+            }
         }
         if k % 100 == 0 {
             // The Unlock has been read: its door.granted row must be committed.

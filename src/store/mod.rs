@@ -235,24 +235,30 @@ impl Drop for Inner {
 
 /// How often the checkpointer looks at the WAL.
 const CHECKPOINT_TICK: Duration = Duration::from_millis(100);
-/// WAL pages (frames) let accumulate before they are copied into the
-/// database file and the WAL starts over (4,096-byte pages: 16 MiB). A page
-/// that many commits rewrite (the outbox's and the audit's last leaves,
-/// `seq_state`, every index's inner pages) is copied once per checkpoint,
-/// not once per commit: the checkpointer used to copy every 200 ms.
+/// WAL pages (frames) past which the WAL starts over (4,096-byte pages:
+/// 4 MiB). The checkpointer copies new frames into the database file every
+/// [`CHECKPOINT_TICK`], but copying is not enough to bound the WAL: it
+/// restarts only when a write transaction begins with every frame copied
+/// and no reader on them. Under a flood the writer appends while the
+/// checkpointer copies, so neither a PASSIVE checkpoint (it never catches
+/// up) nor a RESTART from the checkpointer's connection (the writer takes
+/// the lock back between every two groups; starved, it timed out) ever got
+/// there: the WAL grew to 572 MiB in a 100,000-key resync. So once the WAL
+/// is past this size and the checkpointer has copied nearly all of it, the
+/// writer runs the RESTART itself between two groups: it copies the few
+/// frames left, waits briefly for readers, and its next commit starts the
+/// WAL from the beginning (and cuts the file to [`WAL_SIZE_LIMIT`]).
 ///
-/// Copying is not enough to bound the WAL: it restarts only when a write
-/// transaction begins with every frame copied and no reader on them. Under
-/// a flood the writer appends while the checkpointer copies, so neither a
-/// PASSIVE checkpoint (it never catches up) nor a RESTART from the
-/// checkpointer's connection (the writer takes the lock back between every
-/// two groups; starved, it timed out) ever got there: the WAL grew to
-/// 572 MiB in a 100,000-key resync. So the checkpointer copies the bulk
-/// (PASSIVE, beside the writer) and then asks the writer, which runs the
-/// RESTART itself between two groups: it copies the few frames appended
-/// since, waits briefly for readers, and its next commit starts the WAL
-/// from the beginning (and cuts the file to [`WAL_SIZE_LIMIT`]).
-const RESTART_PAGES: u64 = 4096;
+/// Letting the WAL grow to 16 MiB between copies, to copy a page that many
+/// commits rewrite only once, saved no measurable bytes (the pages that
+/// dominate are random index leaves, rewritten once each either way) and
+/// its 16 MiB copy bursts held door commits' fsyncs back.
+const RESTART_PAGES: u64 = 1024;
+/// The writer restarts the WAL once the checkpointer has left at most this
+/// many pages (1 MiB) for it to copy: copying is what holds a door job back
+/// while the writer restarts, and left to the writer 12 MiB of it took
+/// ~100 ms (a door entry's worst case in the door benchmark).
+const RESTART_REST: u64 = 256;
 /// How long the writer's RESTART and the checkpointer's idle TRUNCATE may
 /// wait for readers (and the TRUNCATE for the writer); past it they try
 /// again later. The writer's RESTART also gives up the moment a door job
@@ -310,8 +316,9 @@ impl WalState {
 /// for it. The checkpointer does it beside the writer instead (WAL mode
 /// allows one writer and one checkpointer at once), so the writer only
 /// appends, and bounds the WAL:
-/// - past [`RESTART_PAGES`], a PASSIVE checkpoint (which never waits),
-///   after which the writer restarts the WAL ([`WalState::restart`]);
+/// - every [`CHECKPOINT_TICK`], a PASSIVE checkpoint (which never waits)
+///   of what is new; past [`RESTART_PAGES`] the writer then restarts the
+///   WAL ([`WalState::restart`]);
 /// - idle for [`IDLE_AFTER`], a TRUNCATE one: the WAL file goes back to
 ///   zero bytes.
 struct Checkpointer {
@@ -353,12 +360,25 @@ impl Checkpointer {
                         (seen, quiet_since) = (commits, Instant::now());
                     }
                     let pages = wal.pages.load(Relaxed);
-                    if pages >= RESTART_PAGES && !wal.restart_due.load(Relaxed) {
-                        // The bulk, beside the writer; then the writer
-                        // restarts the WAL.
-                        let _ = wal_checkpoint(&conn, "PASSIVE");
-                        wal.restart_due.store(true, Relaxed);
-                        continue;
+                    if pages > 0 && !wal.restart_due.load(Relaxed) {
+                        // Copy what is new, beside the writer, in small
+                        // steps (a burst of many MiB made the door's own
+                        // fsync wait behind it). Once the WAL is past the
+                        // threshold and little is left to copy, the writer
+                        // restarts it, copying only that rest; past twice the
+                        // threshold it does so whatever is left, so a writer
+                        // outrunning the copy cannot grow the WAL without
+                        // bound.
+                        let rest = match wal_checkpoint(&conn, "PASSIVE") {
+                            Ok((_, log, done)) => u64::try_from(log - done).unwrap_or(0),
+                            Err(_) => pages,
+                        };
+                        if pages >= RESTART_PAGES
+                            && (rest <= RESTART_REST || pages >= 2 * RESTART_PAGES)
+                        {
+                            wal.restart_due.store(true, Relaxed);
+                            continue;
+                        }
                     }
                     if pages == 0 || quiet_since.elapsed() < IDLE_AFTER {
                         continue;

@@ -54,12 +54,13 @@ use tokio::sync::{Notify, mpsc};
 pub const MAX_BATCH: usize = 256;
 /// Jobs waiting at (or running in) the writer at once.
 pub const MAX_IN_FLIGHT: usize = 4;
-/// Checked (parsed) events kept ahead of the writer, in jobs: what waits
-/// beyond this stays unparsed in the receive window. A 500-key batch parses
+/// Checked (parsed) events kept ahead of the writer, in jobs: enough to
+/// fill every in-flight slot at once after a drain, and no more; what waits
+/// beyond it stays unparsed in the receive window. A 500-key batch parses
 /// to several times its ~170 KiB payload, and checking the whole window
 /// ahead (up to [`MAX_BATCH`] messages) held every batch of the receive
 /// window parsed at once during a resync.
-const CHECKED_AHEAD_JOBS: usize = 2;
+const CHECKED_AHEAD_JOBS: usize = MAX_IN_FLIGHT + 1;
 
 /// Sizes jobs to fill about three quarters of [`JOB_SLICE`], from a moving
 /// average of the writer's time per event.
