@@ -28,7 +28,14 @@ pub struct Config {
     pub mqtt: MqttConfig,
     pub trust: Vec<Signer>,
     pub serials: Vec<SerialConfig>,
+    /// Doors on a lock board (`serial` + `index`).
     pub doors: Vec<DoorConfig>,
+    /// `[[osdp]]`: buses of OSDP readers.
+    pub osdp: Vec<OsdpBusConfig>,
+    /// `[[reader]]`: OSDP readers.
+    pub readers: Vec<ReaderConfig>,
+    /// Doors on an OSDP reader (`reader` + `output`).
+    pub reader_doors: Vec<ReaderDoorConfig>,
     pub policy: Policy,
     pub secrets_file: PathBuf,
     pub secrets: Secrets,
@@ -88,6 +95,65 @@ pub struct DoorConfig {
     pub unlock_ms: u16,
 }
 
+/// The baud rates osdp.md allows on a bus.
+pub const OSDP_BAUDS: [u32; 6] = [9600, 19200, 38400, 57600, 115200, 230400];
+
+/// The highest reader address (0x7F is broadcast).
+pub const MAX_READER_ADDRESS: u8 = 126;
+
+/// `[[osdp]]`: one RS-485 bus of readers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OsdpBusConfig {
+    pub name: String,
+    pub port: PathBuf,
+    /// One of [`OSDP_BAUDS`].
+    pub baud: u32,
+}
+
+/// `[[reader]]`: one OSDP reader on a bus.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReaderConfig {
+    pub name: String,
+    /// Names an `[[osdp]]` bus.
+    pub bus: String,
+    /// 0..=126, unique per bus.
+    pub address: u8,
+    /// No Secure Channel (only for a reader on the secured side).
+    pub insecure_plaintext: bool,
+}
+
+/// A `[[door]]` served by an OSDP reader.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReaderDoorConfig {
+    pub name: String,
+    /// Names a `[[reader]]`.
+    pub reader: String,
+    /// The reader's output that drives the strike.
+    pub output: u8,
+    /// The reader's input wired to the door contact.
+    pub contact_input: Option<u8>,
+    /// The input is active when the door is closed.
+    pub contact_inverted: bool,
+    /// 1..=65535.
+    pub unlock_ms: u16,
+}
+
+/// `[[reader_key]]`: a reader's Secure Channel Base Key. Debug redacts it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ReaderKey {
+    pub reader: String,
+    pub scbk: [u8; 16],
+}
+
+impl std::fmt::Debug for ReaderKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReaderKey")
+            .field("reader", &self.reader)
+            .field("scbk", &"<redacted>")
+            .finish()
+    }
+}
+
 /// `[policy]`: every value positive; defaults from config.md.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Policy {
@@ -140,6 +206,7 @@ impl std::fmt::Debug for PinKey {
 pub struct Secrets {
     pub hub_key: SigningKey,
     pub pin_keys: Vec<PinKey>,
+    pub reader_keys: Vec<ReaderKey>,
 }
 
 impl std::fmt::Debug for Secrets {
@@ -147,6 +214,7 @@ impl std::fmt::Debug for Secrets {
         f.debug_struct("Secrets")
             .field("hub_key", &"<redacted>")
             .field("pin_keys", &self.pin_keys)
+            .field("reader_keys", &self.reader_keys)
             .finish()
     }
 }
@@ -154,6 +222,23 @@ impl std::fmt::Debug for Secrets {
 impl Config {
     pub fn door(&self, name: &str) -> Option<&DoorConfig> {
         self.doors.iter().find(|d| d.name == name)
+    }
+
+    /// Every door name, whatever drives it.
+    pub fn door_names(&self) -> impl Iterator<Item = &str> {
+        self.doors
+            .iter()
+            .map(|d| d.name.as_str())
+            .chain(self.reader_doors.iter().map(|d| d.name.as_str()))
+    }
+
+    pub fn reader(&self, name: &str) -> Option<&ReaderConfig> {
+        self.readers.iter().find(|r| r.name == name)
+    }
+
+    /// A reader's SCBK from the secrets file.
+    pub fn reader_key(&self, reader: &str) -> Option<&ReaderKey> {
+        self.secrets.reader_keys.iter().find(|k| k.reader == reader)
     }
 
     pub fn pin_key(&self, id: &str) -> Option<&PinKey> {
@@ -640,6 +725,20 @@ impl<'a, 'i> Table<'a, 'i> {
         }
     }
 
+    /// An optional boolean, false when absent.
+    fn bool(&self, d: &mut Diag<'_>, key: &str) -> Option<bool> {
+        match self.get(key) {
+            None => Some(false),
+            Some(v) => match v.get_ref() {
+                DeValue::Boolean(b) => Some(*b),
+                _ => {
+                    Self::wrong_type(d, key, v, "a boolean");
+                    None
+                }
+            },
+        }
+    }
+
     /// An integer in `lo..=hi`, converted.
     fn int_in<T: TryFrom<i128>>(
         &self,
@@ -789,7 +888,7 @@ fn load_inner(path: &Path, errors: &mut Vec<ConfigError>) -> Option<Config> {
     root.check_unknown(
         &mut d,
         &[
-            "hub", "mqtt", "trust", "secrets", "serial", "door", "policy",
+            "hub", "mqtt", "trust", "secrets", "serial", "door", "policy", "osdp", "reader",
         ],
     );
 
@@ -798,7 +897,12 @@ fn load_inner(path: &Path, errors: &mut Vec<ConfigError>) -> Option<Config> {
     let mqtt = read_mqtt(&mut d, &root, &base, hub_id);
     let trust = read_trust(&mut d, &root);
     let (serials, serial_names) = read_serials(&mut d, &root, &base);
-    let doors = read_doors(&mut d, &root, &serial_names);
+    let (buses, bus_names) = read_osdp_buses(&mut d, &root, &base);
+    let (readers, reader_spans) = read_readers(&mut d, &root, &bus_names);
+    let reader_names = readers
+        .as_ref()
+        .map(|rs| rs.iter().map(|r| r.name.clone()).collect::<Vec<_>>());
+    let doors = read_doors(&mut d, &root, &serial_names, &reader_names);
     let policy = read_policy(&mut d, &root);
     let secrets_ref = root
         .table(&mut d, "secrets", "[secrets]", &["file"], true)
@@ -807,15 +911,33 @@ fn load_inner(path: &Path, errors: &mut Vec<ConfigError>) -> Option<Config> {
         .as_ref()
         .and_then(|(file, span)| read_secrets(&mut d, errors, file, span));
 
+    if let (Some(rs), Some(sec)) = (&readers, &secrets) {
+        for (r, span) in rs.iter().zip(&reader_spans) {
+            if !r.insecure_plaintext && !sec.reader_keys.iter().any(|k| k.reader == r.name) {
+                d.at(
+                    span.clone(),
+                    format!(
+                        "reader `{}` has no [[reader_key]] in the secrets file (a reader without a Secure Channel key needs `insecure_plaintext = true`)",
+                        r.name.escape_debug()
+                    ),
+                );
+            }
+        }
+    }
+
     errors.append(&mut d.errors);
     let (secrets_file, _) = secrets_ref?;
+    let (doors, reader_doors) = doors?;
     Some(Config {
         path: path.to_path_buf(),
         hub: hub?,
         mqtt: mqtt?,
         trust: trust?,
         serials: serials?,
-        doors: doors?,
+        doors,
+        osdp: buses?,
+        readers: readers?,
+        reader_doors,
         policy: policy?,
         secrets_file,
         secrets: secrets?,
@@ -1270,20 +1392,103 @@ fn read_doors(
     d: &mut Diag<'_>,
     root: &Table<'_, '_>,
     serial_names: &Option<Vec<String>>,
-) -> Option<Vec<DoorConfig>> {
+    reader_names: &Option<Vec<String>>,
+) -> Option<(Vec<DoorConfig>, Vec<ReaderDoorConfig>)> {
     let tables = root.tables(
         d,
         "door",
         "[[door]]",
-        &["name", "serial", "index", "unlock_ms"],
+        &[
+            "name",
+            "serial",
+            "index",
+            "unlock_ms",
+            "reader",
+            "output",
+            "contact_input",
+            "contact_inverted",
+        ],
     );
     let mut names = Vec::new();
     let mut places: HashMap<(String, u8), (String, Range<usize>)> = HashMap::new();
+    let mut outputs: HashMap<(String, u8), (String, Range<usize>)> = HashMap::new();
     let mut doors = Vec::new();
+    let mut reader_doors = Vec::new();
+    let mut ok = true;
     for t in &tables {
         let name = t.name(d, "name");
         if let Some((n, span)) = &name {
             names.push((*n, span.clone()));
+        }
+        let this = name.as_ref().map_or("?", |n| n.0).to_owned();
+        let on_board = t.get("serial").is_some() || t.get("index").is_some();
+        let on_reader = t.get("reader").is_some();
+        if on_board == on_reader {
+            d.at(
+                t.span.clone(),
+                format!(
+                    "door `{}` must name either `serial` and `index` (a lock board) or `reader` (an OSDP reader){}",
+                    this.escape_debug(),
+                    if on_board { ", not both" } else { "" }
+                ),
+            );
+            ok = false;
+            continue;
+        }
+        let unlock_ms = t.int_in::<u16>(d, "unlock_ms", true, 1, u16::MAX.into());
+        if on_reader {
+            for key in ["serial", "index"] {
+                if let Some(v) = t.get(key) {
+                    d.at(v.span(), format!("`{key}` is for a door on a lock board, not on a reader"));
+                }
+            }
+            let reader = t
+                .str(d, "reader", true)
+                .and_then(|(s, span)| match reader_names {
+                    Some(names) if !names.iter().any(|n| n == s) => {
+                        d.at(
+                            span,
+                            format!("door reader `{}` is not configured in a [[reader]]", s.escape_debug()),
+                        );
+                        None
+                    }
+                    _ => Some(s.to_owned()),
+                });
+            let output = t.int_in::<u8>(d, "output", true, 0, u8::MAX.into());
+            let contact_input = t.int_in::<u8>(d, "contact_input", false, 0, u8::MAX.into());
+            let contact_inverted = t.bool(d, "contact_inverted");
+            if let (Some(r), Some((o, span))) = (&reader, &output) {
+                match outputs.get(&(r.clone(), *o)) {
+                    Some((other, first)) => {
+                        let line = d.line_of(first);
+                        d.at(
+                            span.clone(),
+                            format!(
+                                "door `{this}` uses output {o} of reader `{r}`, already used by door `{other}` (line {line})"
+                            ),
+                        );
+                    }
+                    None => {
+                        outputs.insert((r.clone(), *o), (this.clone(), span.clone()));
+                    }
+                }
+            }
+            reader_doors.push((|| {
+                Some(ReaderDoorConfig {
+                    name: name?.0.to_owned(),
+                    reader: reader?,
+                    output: output?.0,
+                    contact_input: contact_input.map(|c| c.0),
+                    contact_inverted: contact_inverted?,
+                    unlock_ms: unlock_ms?.0,
+                })
+            })());
+            continue;
+        }
+        for key in ["output", "contact_input", "contact_inverted"] {
+            if let Some(v) = t.get(key) {
+                d.at(v.span(), format!("`{key}` is for a door on an OSDP reader, not on a lock board"));
+            }
         }
         let serial = t
             .str(d, "serial", true)
@@ -1301,9 +1506,7 @@ fn read_doors(
                 _ => Some(s.to_owned()),
             });
         let index = t.int_in::<u8>(d, "index", true, 0, MAX_DOOR_INDEX.into());
-        let unlock_ms = t.int_in::<u16>(d, "unlock_ms", true, 1, u16::MAX.into());
         if let (Some(s), Some((i, span))) = (&serial, &index) {
-            let this = name.as_ref().map_or("?", |n| n.0).to_owned();
             match places.get(&(s.clone(), *i)) {
                 Some((other, first)) => {
                     let line = d.line_of(first);
@@ -1329,7 +1532,120 @@ fn read_doors(
         })());
     }
     check_unique(d, "door name", &names);
-    doors.into_iter().collect()
+    let doors: Option<Vec<DoorConfig>> = doors.into_iter().collect();
+    let reader_doors: Option<Vec<ReaderDoorConfig>> = reader_doors.into_iter().collect();
+    if !ok {
+        return None;
+    }
+    Some((doors?, reader_doors?))
+}
+
+/// `[[osdp]]`: the buses, and their names when every one was readable.
+fn read_osdp_buses(
+    d: &mut Diag<'_>,
+    root: &Table<'_, '_>,
+    base: &Path,
+) -> (Option<Vec<OsdpBusConfig>>, Option<Vec<String>>) {
+    let tables = root.tables(d, "osdp", "[[osdp]]", &["name", "port", "baud"]);
+    let mut names = Vec::new();
+    let mut buses = Vec::new();
+    for t in &tables {
+        let name = t.name(d, "name");
+        if let Some((n, span)) = &name {
+            names.push((*n, span.clone()));
+        }
+        let port = t.path(d, "port", true, base);
+        let baud = t.int_in::<u32>(d, "baud", true, 1, u32::MAX.into()).and_then(|(b, span)| {
+            if OSDP_BAUDS.contains(&b) {
+                Some(b)
+            } else {
+                d.at(
+                    span,
+                    format!("`baud` must be one of 9600, 19200, 38400, 57600, 115200, 230400; found {b}"),
+                );
+                None
+            }
+        });
+        buses.push((|| {
+            Some(OsdpBusConfig {
+                name: name?.0.to_owned(),
+                port: port?.0,
+                baud: baud?,
+            })
+        })());
+    }
+    check_unique(d, "osdp bus name", &names);
+    let readable = match root.get("osdp") {
+        None => true,
+        Some(v) => matches!(v.get_ref(), DeValue::Array(a) if a.len() == tables.len()),
+    };
+    let all_names = (readable && names.len() == tables.len())
+        .then(|| names.iter().map(|(n, _)| (*n).to_owned()).collect());
+    (buses.into_iter().collect(), all_names)
+}
+
+/// `[[reader]]`: the readers and the span of each one's name.
+fn read_readers(
+    d: &mut Diag<'_>,
+    root: &Table<'_, '_>,
+    bus_names: &Option<Vec<String>>,
+) -> (Option<Vec<ReaderConfig>>, Vec<Range<usize>>) {
+    let tables = root.tables(
+        d,
+        "reader",
+        "[[reader]]",
+        &["name", "bus", "address", "insecure_plaintext"],
+    );
+    let mut names = Vec::new();
+    let mut spans = Vec::new();
+    let mut places: HashMap<(String, u8), (String, Range<usize>)> = HashMap::new();
+    let mut readers = Vec::new();
+    for t in &tables {
+        let name = t.name(d, "name");
+        if let Some((n, span)) = &name {
+            names.push((*n, span.clone()));
+        }
+        spans.push(name.as_ref().map_or(t.span.clone(), |n| n.1.clone()));
+        let this = name.as_ref().map_or("?", |n| n.0).to_owned();
+        let bus = t.str(d, "bus", true).and_then(|(s, span)| match bus_names {
+            Some(names) if !names.iter().any(|n| n == s) => {
+                d.at(
+                    span,
+                    format!("reader bus `{}` is not configured in an [[osdp]]", s.escape_debug()),
+                );
+                None
+            }
+            _ => Some(s.to_owned()),
+        });
+        let address = t.int_in::<u8>(d, "address", true, 0, MAX_READER_ADDRESS.into());
+        if let (Some(b), Some((a, span))) = (&bus, &address) {
+            match places.get(&(b.clone(), *a)) {
+                Some((other, first)) => {
+                    let line = d.line_of(first);
+                    d.at(
+                        span.clone(),
+                        format!(
+                            "reader `{this}` has address {a} on bus `{b}`, already used by reader `{other}` (line {line})"
+                        ),
+                    );
+                }
+                None => {
+                    places.insert((b.clone(), *a), (this, span.clone()));
+                }
+            }
+        }
+        let insecure = t.bool(d, "insecure_plaintext");
+        readers.push((|| {
+            Some(ReaderConfig {
+                name: name?.0.to_owned(),
+                bus: bus?,
+                address: address?.0,
+                insecure_plaintext: insecure?,
+            })
+        })());
+    }
+    check_unique(d, "reader name", &names);
+    (readers.into_iter().collect(), spans)
 }
 
 fn read_policy(d: &mut Diag<'_>, root: &Table<'_, '_>) -> Option<Policy> {
@@ -1427,7 +1743,7 @@ fn parse_secrets(d: &mut Diag<'_>, text: &str) -> Option<Secrets> {
         span: doc.span(),
         t: doc.get_ref(),
     };
-    root.check_unknown(d, &["hub_key", "pin_key"]);
+    root.check_unknown(d, &["hub_key", "pin_key", "reader_key"]);
     let hub_key = root
         .table(d, "hub_key", "[hub_key]", &["secret"], true)
         .and_then(|t| secret_32(d, &t))
@@ -1455,11 +1771,29 @@ fn parse_secrets(d: &mut Diag<'_>, text: &str) -> Option<Secrets> {
         })());
     }
     check_unique(d, "pin key id", &ids);
+    let mut readers = Vec::new();
+    let mut reader_keys = Vec::new();
+    for t in &root.tables(d, "reader_key", "[[reader_key]]", &["reader", "scbk"]) {
+        let reader = t.name(d, "reader");
+        if let Some((r, span)) = &reader {
+            readers.push((*r, span.clone()));
+        }
+        let scbk = scbk_16(d, t);
+        reader_keys.push((|| {
+            Some(ReaderKey {
+                reader: reader?.0.to_owned(),
+                scbk: scbk?,
+            })
+        })());
+    }
+    check_unique(d, "reader_key reader", &readers);
+    let reader_keys: Option<Vec<ReaderKey>> = reader_keys.into_iter().collect();
     let pin_keys: Option<Vec<PinKey>> = pin_keys.into_iter().collect();
     let pin_keys = pin_keys.filter(|k| !k.is_empty())?;
     Some(Secrets {
         hub_key: hub_key?,
         pin_keys,
+        reader_keys: reader_keys?,
     })
 }
 
@@ -1476,6 +1810,23 @@ fn secret_32(d: &mut Diag<'_>, t: &Table<'_, '_>) -> Option<[u8; 32]> {
             b.len()
         ),
         None => "`secret` is not base64url; it must be 32 bytes (43 characters)".to_owned(),
+    };
+    d.at(span, message);
+    None
+}
+
+/// `scbk`: base64url of exactly 16 bytes, never shown.
+fn scbk_16(d: &mut Diag<'_>, t: &Table<'_, '_>) -> Option<[u8; 16]> {
+    let (s, span) = t.str(d, "scbk", true)?;
+    let message = match crypto::b64u_decode(s) {
+        Some(b) => match <[u8; 16]>::try_from(b.as_slice()) {
+            Ok(k) => return Some(k),
+            Err(_) => format!(
+                "`scbk` must be 16 bytes (base64url, 22 characters); it decodes to {} bytes",
+                b.len()
+            ),
+        },
+        None => "`scbk` is not base64url; it must be 16 bytes (22 characters)".to_owned(),
     };
     d.at(span, message);
     None

@@ -22,6 +22,7 @@
 //! | the mirror | [`store`] | SQLite: migrations, the one writer thread, applying events, door entries, audit, outbox, alerts |
 //! | I/O edges | [`sync`] | MQTT: the event loop, verify → apply with in-order acks, the outbox publisher, sync requests |
 //! | | [`serial`] | the lock boards: one task per port, keypad → committed decision → Unlock/Deny, sensors, liveness |
+//! | | [`osdp`] | OSDP readers: one task per bus, Secure Channel, supervision, `lockhub osdp install` |
 //! | | [`maintenance`] | housekeeping: clock trust, time floor, expiry sweep, retention, signer expiry |
 //! | | [`daemon`] | `run(config, shutdown)`: wires the store, sync, serial ports and housekeeping |
 //! | operators | [`provision`] | `lockhub provision`: writes hub.toml + secrets.toml safely, fresh keys |
@@ -46,6 +47,7 @@ pub mod lifecycle;
 pub mod logging;
 pub mod maintenance;
 pub mod notify;
+pub mod osdp;
 pub mod provision;
 pub mod serial;
 pub mod sim;

@@ -29,6 +29,10 @@ pub enum Condition {
     OutboxBacklog,
     StorageFailure,
     SignerExpiring,
+    BoardMismatch,
+    LinkInsecure,
+    ReaderLinkFault,
+    ReaderReplaced,
 }
 
 impl Condition {
@@ -48,6 +52,10 @@ impl Condition {
             Condition::OutboxBacklog => "outbox_backlog",
             Condition::StorageFailure => "storage_failure",
             Condition::SignerExpiring => "signer_expiring",
+            Condition::BoardMismatch => "board_mismatch",
+            Condition::LinkInsecure => "link_insecure",
+            Condition::ReaderLinkFault => "reader_link_fault",
+            Condition::ReaderReplaced => "reader_replaced",
         }
     }
 }

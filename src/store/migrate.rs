@@ -17,6 +17,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0002_link_state",
         include_str!("../../migrations/0002_link_state.sql"),
     ),
+    (
+        "0006_osdp_readers",
+        include_str!("../../migrations/0006_osdp_readers.sql"),
+    ),
 ];
 
 /// The schema version a database is at.

@@ -37,6 +37,7 @@ pub mod floor;
 pub mod keys;
 pub mod links;
 mod migrate;
+pub mod osdp;
 pub mod outbox;
 pub mod sweep;
 

@@ -109,6 +109,10 @@ pub struct DaemonOptions {
     pub mqtt_extra: String,
     /// Lines for `[policy]` (none: the defaults).
     pub policy: String,
+    /// Whole sections appended to hub.toml (`[[osdp]]`, `[[reader]]`, doors).
+    pub hub_extra: String,
+    /// Sections appended to secrets.toml (`[[reader_key]]`).
+    pub secrets_extra: String,
 }
 
 /// A `lockhub run` process and its data folder.
@@ -154,13 +158,16 @@ serial = \"board-a\"
 index = 0
 unlock_ms = 5000
 
-{policy}",
+{policy}
+{hub_extra}",
+            hub_extra = opts.hub_extra,
             mqtt_extra = opts.mqtt_extra,
             cloud_pub = crypto::b64u_encode(cloud_key().verifying_key().as_bytes()),
         );
         std::fs::write(dir.path().join("hub.toml"), hub).expect("write hub.toml");
         let secrets = dir.path().join("secrets.toml");
-        std::fs::write(&secrets, &*SECRETS_TOML).expect("write secrets");
+        std::fs::write(&secrets, format!("{}\n{}", &*SECRETS_TOML, opts.secrets_extra))
+            .expect("write secrets");
         std::fs::set_permissions(&secrets, std::fs::Permissions::from_mode(0o600)).unwrap();
         let mut d = Daemon { dir, child: None };
         d.spawn();

@@ -1,0 +1,631 @@
+//! One task per `[[osdp]]` bus: it owns the port, polls its readers in
+//! turn (one command on the wire at a time, as RS-485 half duplex needs),
+//! and turns each reader's [`cp::Event`]s into alerts, identity checks and
+//! link state. A bus that disappears is reopened with backoff; a reader
+//! that is silent only costs the others its probe every 5 s.
+//!
+//! Trust: a reader's key presses and card reads are believed only from a
+//! session that is up (Secure Channel, or plain text where the config
+//! allows it) and from a reader that is not quarantined; outputs are only
+//! driven under the same conditions (phase 2 of issue 13, doors).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{Notify, mpsc, watch};
+use tokio::task::JoinHandle;
+
+use super::cp::{self, Caps, Event, Fault, Identity, Reader, Security, Timing};
+use super::packet::Deframer;
+use crate::config::{Config, ReaderDoorConfig};
+use crate::serial::TimeSource;
+use crate::serial::port::{Backoff, open};
+use crate::store::alerts::{self, Condition};
+use crate::store::audit::AuditKind;
+use crate::store::door::record_door_event;
+use crate::store::osdp::{self as db, ReaderIdentity, ReaderLink};
+use crate::store::{Priority, Store, StoreError};
+
+/// How long [`OsdpHandle::shutdown`] waits for a bus task.
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(3);
+/// Records waiting for the store, per bus (see `serial::record`: the bus
+/// loop never waits on the disk; past this, a record is dropped and logged).
+const RECORD_QUEUE: usize = 64;
+/// A Secure Channel that has held this long clears `reader_link_fault`
+/// (mqtt.md 'Alerts').
+const LINK_FAULT_CLEARS_AFTER: Duration = Duration::from_secs(60);
+/// The bus counters in `osdp_buses` are written at most this often.
+const COUNTERS_EVERY: Duration = Duration::from_secs(5);
+/// Nothing to send (every reader waiting): look again after this.
+const IDLE_TICK: Duration = Duration::from_millis(20);
+/// Bytes read from the port at once.
+const READ_CHUNK: usize = 256;
+
+/// One reader as the bus task needs it.
+#[derive(Clone)]
+pub struct ReaderSettings {
+    pub name: String,
+    pub address: u8,
+    pub security: Security,
+    pub doors: Vec<ReaderDoorConfig>,
+}
+
+impl std::fmt::Debug for ReaderSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReaderSettings")
+            .field("name", &self.name)
+            .field("address", &self.address)
+            .field("security", &self.security)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One `[[osdp]]` bus and its readers.
+#[derive(Debug, Clone)]
+pub struct BusSettings {
+    pub name: String,
+    pub path: PathBuf,
+    pub baud: u32,
+    pub readers: Vec<ReaderSettings>,
+}
+
+/// Everything the OSDP driver needs from the config.
+#[derive(Debug, Clone)]
+pub struct OsdpSettings {
+    pub buses: Vec<BusSettings>,
+    pub timing: Timing,
+    /// Reopen delays: 100 ms doubling to 5 s, as for serial ports.
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+}
+
+impl OsdpSettings {
+    pub fn from_config(config: &Config) -> Self {
+        let buses = config
+            .osdp
+            .iter()
+            .map(|b| BusSettings {
+                name: b.name.clone(),
+                path: b.port.clone(),
+                baud: b.baud,
+                readers: config
+                    .readers
+                    .iter()
+                    .filter(|r| r.bus == b.name)
+                    .map(|r| ReaderSettings {
+                        name: r.name.clone(),
+                        address: r.address,
+                        // A reader with a key always uses it: never plain
+                        // text, never SCBK-D (osdp.md).
+                        security: match config.reader_key(&r.name) {
+                            Some(k) => Security::Secure(k.scbk),
+                            None => Security::Plaintext,
+                        },
+                        doors: config
+                            .reader_doors
+                            .iter()
+                            .filter(|d| d.reader == r.name)
+                            .cloned()
+                            .collect(),
+                    })
+                    .collect(),
+            })
+            .collect();
+        OsdpSettings {
+            buses,
+            timing: Timing::CONTRACT,
+            backoff_initial: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The running driver.
+pub struct OsdpHandle {
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl OsdpHandle {
+    /// Stops every bus and waits for them, bounded.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        for mut task in self.tasks {
+            if tokio::time::timeout(SHUTDOWN_TIMEOUT, &mut task)
+                .await
+                .is_err()
+            {
+                task.abort();
+                let _ = task.await;
+            }
+        }
+    }
+}
+
+type Job = Box<dyn FnOnce(&rusqlite::Connection) -> Result<(), StoreError> + Send>;
+
+/// Writes a bus's records in order (alerts raised before they clear).
+async fn recorder(store: Store, mut rx: mpsc::Receiver<(String, Job)>, wake: Option<Arc<Notify>>) {
+    while let Some((what, job)) = rx.recv().await {
+        match store.write(Priority::Bulk, job).await {
+            Ok(()) => {
+                if let Some(w) = &wake {
+                    w.notify_one();
+                }
+            }
+            Err(e) => tracing::error!(record = %what, error = %e, "cannot record"),
+        }
+    }
+}
+
+/// Starts one task per bus. Identities recorded by `lockhub osdp install`
+/// are read here, once: install runs with the daemon stopped.
+pub fn spawn(
+    settings: OsdpSettings,
+    store: Store,
+    now: TimeSource,
+    outbox_wake: Option<Arc<Notify>>,
+) -> OsdpHandle {
+    let (stop, stop_rx) = watch::channel(false);
+    let mut tasks = Vec::new();
+    let known: HashMap<String, ReaderIdentity> = match store.reader() {
+        Ok(conn) => settings
+            .buses
+            .iter()
+            .flat_map(|b| b.readers.iter())
+            .filter_map(|r| match db::identity(&conn, &r.name) {
+                Ok(id) => id.map(|id| (r.name.clone(), id)),
+                Err(e) => {
+                    tracing::error!(reader = %r.name, error = %e, "cannot read the reader's recorded identity");
+                    None
+                }
+            })
+            .collect(),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot read recorded reader identities");
+            HashMap::new()
+        }
+    };
+    for bus in settings.buses.clone() {
+        let (tx, rx) = mpsc::channel(RECORD_QUEUE);
+        tasks.push(tokio::spawn(recorder(store.clone(), rx, outbox_wake.clone())));
+        let task = BusTask::new(bus, &settings, &known, now.clone(), tx);
+        tasks.push(tokio::spawn(task.run(stop_rx.clone())));
+    }
+    OsdpHandle { stop, tasks }
+}
+
+/// The bus task's view of one reader, beyond the protocol.
+struct Slot {
+    cfg: ReaderSettings,
+    cp: Reader,
+    /// The identity to compare PDID with (recorded, or first seen).
+    known: Option<ReaderIdentity>,
+    quarantined: bool,
+    seen_serial: Option<u32>,
+    online: bool,
+    secure_since: Option<Instant>,
+    link_fault_raised: bool,
+    tamper: Option<bool>,
+    faults: u64,
+}
+
+impl Slot {
+    /// Key presses, card reads and outputs count only now.
+    fn trusted(&self) -> bool {
+        self.cp.is_ready() && !self.quarantined
+    }
+}
+
+struct BusTask {
+    name: String,
+    path: PathBuf,
+    baud: u32,
+    timing: Timing,
+    backoff: Backoff,
+    slots: Vec<Slot>,
+    /// Round robin: the slot to offer the wire to first.
+    turn: usize,
+    epoch: Instant,
+    now: TimeSource,
+    records: mpsc::Sender<(String, Job)>,
+    deframer: Deframer,
+    counters_written: Option<(Instant, u64, u64)>,
+}
+
+impl BusTask {
+    fn new(
+        bus: BusSettings,
+        settings: &OsdpSettings,
+        known: &HashMap<String, ReaderIdentity>,
+        now: TimeSource,
+        records: mpsc::Sender<(String, Job)>,
+    ) -> Self {
+        let slots = bus
+            .readers
+            .into_iter()
+            .map(|r| Slot {
+                cp: Reader::new(r.address, r.security.clone(), settings.timing, 0),
+                known: known.get(&r.name).copied(),
+                cfg: r,
+                quarantined: false,
+                seen_serial: None,
+                online: false,
+                secure_since: None,
+                link_fault_raised: false,
+                tamper: None,
+                faults: 0,
+            })
+            .collect();
+        BusTask {
+            name: bus.name,
+            path: bus.path,
+            baud: bus.baud,
+            timing: settings.timing,
+            backoff: Backoff::new(settings.backoff_initial, settings.backoff_max),
+            slots,
+            turn: 0,
+            epoch: Instant::now(),
+            now,
+            records,
+            deframer: Deframer::new(),
+            counters_written: None,
+        }
+    }
+
+    fn ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn record(&self, what: String, job: Job) {
+        if let Err(e) = self.records.try_send((what, job)) {
+            let what = match e {
+                mpsc::error::TrySendError::Full((w, _))
+                | mpsc::error::TrySendError::Closed((w, _)) => w,
+            };
+            tracing::error!(bus = %self.name, record = %what, "record queue full; dropped");
+        }
+    }
+
+    fn raise(&self, condition: Condition, subject: &str) {
+        let at = (self.now)();
+        let s = subject.to_owned();
+        self.record(
+            format!("raise {} for {subject}", condition.as_str()),
+            Box::new(move |c| alerts::raise(c, condition, &s, 1, at).map(drop)),
+        );
+    }
+
+    fn clear(&self, condition: Condition, subject: &str) {
+        let at = (self.now)();
+        let s = subject.to_owned();
+        self.record(
+            format!("clear {} for {subject}", condition.as_str()),
+            Box::new(move |c| alerts::clear(c, condition, &s, at).map(drop)),
+        );
+    }
+
+    fn write_link(&self, i: usize) {
+        let s = &self.slots[i];
+        let link = ReaderLink {
+            reader: s.cfg.name.clone(),
+            bus: self.name.clone(),
+            address: s.cfg.address,
+            online: s.online,
+            secure: s.cp.is_secure() && s.cp.is_ready(),
+            quarantined: s.quarantined,
+            seen_serial: s.seen_serial,
+            since: (self.now)(),
+        };
+        self.record(
+            format!("link of reader {}", s.cfg.name),
+            Box::new(move |c| db::set_link(c, &link)),
+        );
+    }
+
+    fn write_counters(&mut self, force: bool) {
+        let (bad, garbage) = (self.deframer.bad_packets, self.deframer.garbage_bytes);
+        let due = match self.counters_written {
+            None => true,
+            Some((t, b, g)) => (b, g) != (bad, garbage) && (force || t.elapsed() >= COUNTERS_EVERY),
+        };
+        if !due {
+            return;
+        }
+        self.counters_written = Some((Instant::now(), bad, garbage));
+        let bus = self.name.clone();
+        let at = (self.now)();
+        self.record(
+            format!("counters of bus {bus}"),
+            Box::new(move |c| db::set_bus_counters(c, &bus, bad, garbage, at)),
+        );
+    }
+
+    async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        let mut reported_absent = false;
+        for i in 0..self.slots.len() {
+            self.write_link(i);
+        }
+        loop {
+            if *stop.borrow() {
+                break;
+            }
+            match open(&self.path, self.baud) {
+                Ok(stream) => {
+                    reported_absent = false;
+                    tracing::info!(bus = %self.name, path = %self.path.display(), "osdp bus open");
+                    let end = self.session(stream, &mut stop).await;
+                    let now = self.ms();
+                    for i in 0..self.slots.len() {
+                        let ev = self.slots[i].cp.restart(now);
+                        self.handle(i, ev);
+                    }
+                    match end {
+                        Ok(()) => break,
+                        Err(e) => {
+                            tracing::warn!(bus = %self.name, error = %e, "osdp bus lost; reopening")
+                        }
+                    }
+                }
+                Err(e) => {
+                    if !reported_absent {
+                        tracing::warn!(bus = %self.name, error = %e, "osdp bus cannot be opened; retrying");
+                        reported_absent = true;
+                    }
+                }
+            }
+            // Silence while the port is away still makes readers offline.
+            let now = self.ms();
+            for i in 0..self.slots.len() {
+                let ev = self.slots[i].cp.tick(now);
+                self.handle(i, ev);
+            }
+            let delay = self.backoff.next_delay();
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = stop.changed() => break,
+            }
+        }
+        self.write_counters(true);
+        tracing::info!(bus = %self.name, "osdp bus task stopped");
+    }
+
+    /// One opening of the port: poll until it fails or `stop`.
+    async fn session(
+        &mut self,
+        mut port: tokio_serial::SerialStream,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Result<(), std::io::Error> {
+        let mut buf = [0u8; READ_CHUNK];
+        let mut heard = false;
+        loop {
+            if *stop.borrow() {
+                return Ok(());
+            }
+            let now = self.ms();
+            for i in 0..self.slots.len() {
+                let ev = self.slots[i].cp.tick(now);
+                self.handle(i, ev);
+                self.periodic(i);
+            }
+            self.write_counters(false);
+            let n = self.slots.len();
+            let mut chosen = None;
+            for k in 0..n {
+                let i = (self.turn + k) % n;
+                if let Some(bytes) = self.slots[i].cp.next(now, rand::random()) {
+                    chosen = Some((i, bytes));
+                    break;
+                }
+            }
+            let Some((i, bytes)) = chosen else {
+                tokio::select! {
+                    _ = tokio::time::sleep(IDLE_TICK) => {}
+                    _ = stop.changed() => return Ok(()),
+                }
+                continue;
+            };
+            self.turn = (i + 1) % n;
+            // A new exchange: whatever is half-received is noise.
+            self.deframer.clear();
+            port.write_all(&bytes).await?;
+            let deadline =
+                tokio::time::Instant::now() + Duration::from_millis(self.timing.reply_timeout_ms);
+            loop {
+                let read = tokio::select! {
+                    r = tokio::time::timeout_at(deadline, port.read(&mut buf)) => r,
+                    _ = stop.changed() => return Ok(()),
+                };
+                match read {
+                    Err(_) => {
+                        let now = self.ms();
+                        let ev = self.slots[i].cp.on_timeout(now);
+                        self.handle(i, ev);
+                        break;
+                    }
+                    Ok(Err(e)) => return Err(e),
+                    Ok(Ok(0)) => {
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::UnexpectedEof,
+                            "the port reads end-of-file",
+                        ));
+                    }
+                    Ok(Ok(got)) => {
+                        for pkt in self.deframer.push(&buf[..got]) {
+                            let addr = pkt.addr();
+                            if !pkt.is_reply() || addr != self.slots[i].cfg.address {
+                                // Our own command echoed, or another reader
+                                // talking out of turn: not this exchange.
+                                continue;
+                            }
+                            let now = self.ms();
+                            let ev = self.slots[i].cp.on_reply(&pkt, now);
+                            self.handle(i, ev);
+                        }
+                        if !self.slots[i].cp.awaiting_reply() {
+                            if !heard {
+                                heard = true;
+                                self.backoff.reset();
+                            }
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Time-based alert endings.
+    fn periodic(&mut self, i: usize) {
+        let s = &self.slots[i];
+        if s.link_fault_raised
+            && s.secure_since
+                .is_some_and(|t| t.elapsed() >= LINK_FAULT_CLEARS_AFTER)
+        {
+            let name = s.cfg.name.clone();
+            self.slots[i].link_fault_raised = false;
+            self.clear(Condition::ReaderLinkFault, &name);
+        }
+    }
+
+    fn handle(&mut self, i: usize, events: Vec<Event>) {
+        for e in events {
+            self.event(i, e);
+        }
+    }
+
+    fn event(&mut self, i: usize, e: Event) {
+        let name = self.slots[i].cfg.name.clone();
+        match e {
+            Event::Online => {
+                self.slots[i].online = true;
+                tracing::info!(bus = %self.name, reader = %name, "reader answers");
+                self.clear(Condition::BoardOffline, &name);
+                self.write_link(i);
+            }
+            Event::Offline => {
+                self.slots[i].online = false;
+                tracing::warn!(bus = %self.name, reader = %name, "reader offline");
+                self.raise(Condition::BoardOffline, &name);
+                self.write_link(i);
+            }
+            Event::SessionUp { secure } => {
+                if secure {
+                    tracing::info!(bus = %self.name, reader = %name, "secure channel up");
+                    self.slots[i].secure_since = Some(Instant::now());
+                } else {
+                    tracing::warn!(bus = %self.name, reader = %name, "reader in plain text (insecure_plaintext)");
+                    self.raise(Condition::LinkInsecure, &name);
+                }
+                self.write_link(i);
+            }
+            Event::SessionDown => {
+                self.slots[i].secure_since = None;
+                tracing::info!(bus = %self.name, reader = %name, "reader session ended");
+                self.write_link(i);
+            }
+            Event::LinkFault(f) => {
+                let s = &mut self.slots[i];
+                s.faults += 1;
+                s.secure_since = None;
+                s.link_fault_raised = true;
+                tracing::warn!(bus = %self.name, reader = %name, fault = ?f, faults = s.faults, "reader link fault");
+                self.raise(Condition::ReaderLinkFault, &name);
+                if f == Fault::Refused {
+                    tracing::warn!(bus = %self.name, reader = %name, "the reader refuses a Secure Channel; it is not used in plain text");
+                }
+            }
+            Event::Identity(id) => self.identity(i, id),
+            Event::Caps(caps) => self.caps(i, caps),
+            Event::Ready => {
+                tracing::info!(bus = %self.name, reader = %name, quarantined = self.slots[i].quarantined, "reader ready");
+                self.write_link(i);
+            }
+            Event::Local { tamper, .. } => self.tamper(i, tamper),
+            Event::Inputs(_) => {}
+            Event::Keys(keys) => {
+                if !self.slots[i].trusted() {
+                    tracing::warn!(bus = %self.name, reader = %name, "key presses from an untrusted reader ignored");
+                    return;
+                }
+                tracing::debug!(bus = %self.name, reader = %name, count = keys.len(), "key presses");
+            }
+            Event::Card => {
+                if !self.slots[i].trusted() {
+                    return;
+                }
+                tracing::debug!(bus = %self.name, reader = %name, "card read");
+            }
+            Event::Done { .. } => {}
+        }
+    }
+
+    fn identity(&mut self, i: usize, id: Identity) {
+        let name = self.slots[i].cfg.name.clone();
+        let seen = ReaderIdentity {
+            vendor: id.vendor,
+            model: id.model,
+            version: id.version,
+            serial: id.serial,
+            firmware: id.firmware,
+        };
+        let s = &mut self.slots[i];
+        s.seen_serial = Some(id.serial);
+        match s.known {
+            None => {
+                // Keyed by hand, never installed: its first authenticated
+                // identity is the reference from now on.
+                s.known = Some(seen);
+                s.quarantined = false;
+                let at = (self.now)();
+                self.record(
+                    format!("identity of reader {name}"),
+                    Box::new(move |c| db::record_identity(c, &name, &seen, at)),
+                );
+            }
+            Some(k) if k.serial != id.serial => {
+                if !s.quarantined {
+                    s.quarantined = true;
+                    tracing::error!(bus = %self.name, reader = %name, "reader serial changed: quarantined until `lockhub osdp install`");
+                }
+                self.raise(Condition::ReaderReplaced, &name);
+            }
+            Some(_) => s.quarantined = false,
+        }
+    }
+
+    fn caps(&mut self, i: usize, caps: Caps) {
+        let s = &self.slots[i];
+        let name = s.cfg.name.clone();
+        let mismatch = s.cfg.doors.iter().any(|d| {
+            d.output >= caps.outputs || d.contact_input.is_some_and(|c| c >= caps.inputs)
+        });
+        if mismatch {
+            tracing::error!(bus = %self.name, reader = %name, outputs = caps.outputs, inputs = caps.inputs, "the reader lacks an output or input a door on it needs");
+            self.raise(Condition::BoardMismatch, &name);
+        } else {
+            self.clear(Condition::BoardMismatch, &name);
+        }
+    }
+
+    fn tamper(&mut self, i: usize, tamper: bool) {
+        let name = self.slots[i].cfg.name.clone();
+        let before = self.slots[i].tamper.replace(tamper);
+        if tamper && before != Some(true) {
+            let at = (self.now)();
+            let n = name.clone();
+            self.record(
+                format!("board.tamper at {name}"),
+                Box::new(move |c| record_door_event(c, AuditKind::BoardTamper, &n, at).map(drop)),
+            );
+        } else if !tamper && before == Some(true) {
+            self.clear(Condition::Tamper, &name);
+        }
+    }
+}
+
+/// What `cp` calls the hub's feedback commands, re-exported for the doors.
+pub use cp::Command;

@@ -1,0 +1,1 @@
+//! `lockhub osdp install` (placeholder replaced below).
