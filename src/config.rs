@@ -911,14 +911,14 @@ fn load_inner(path: &Path, errors: &mut Vec<ConfigError>) -> Option<Config> {
         .as_ref()
         .and_then(|(file, span)| read_secrets(&mut d, errors, file, span));
 
-    if let (Some(rs), Some(sec)) = (&readers, &secrets) {
-        for (r, span) in rs.iter().zip(&reader_spans) {
-            if !r.insecure_plaintext && !sec.reader_keys.iter().any(|k| k.reader == r.name) {
+    if let Some(sec) = &secrets {
+        for (name, span, insecure) in &reader_spans {
+            if !insecure && !sec.reader_keys.iter().any(|k| &k.reader == name) {
                 d.at(
                     span.clone(),
                     format!(
                         "reader `{}` has no [[reader_key]] in the secrets file (a reader without a Secure Channel key needs `insecure_plaintext = true`)",
-                        r.name.escape_debug()
+                        name.escape_debug()
                     ),
                 );
             }
@@ -1589,7 +1589,7 @@ fn read_readers(
     d: &mut Diag<'_>,
     root: &Table<'_, '_>,
     bus_names: &Option<Vec<String>>,
-) -> (Option<Vec<ReaderConfig>>, Vec<Range<usize>>) {
+) -> (Option<Vec<ReaderConfig>>, Vec<(String, Range<usize>, bool)>) {
     let tables = root.tables(
         d,
         "reader",
@@ -1605,7 +1605,6 @@ fn read_readers(
         if let Some((n, span)) = &name {
             names.push((*n, span.clone()));
         }
-        spans.push(name.as_ref().map_or(t.span.clone(), |n| n.1.clone()));
         let this = name.as_ref().map_or("?", |n| n.0).to_owned();
         let bus = t.str(d, "bus", true).and_then(|(s, span)| match bus_names {
             Some(names) if !names.iter().any(|n| n == s) => {
@@ -1635,6 +1634,9 @@ fn read_readers(
             }
         }
         let insecure = t.bool(d, "insecure_plaintext");
+        if let (Some((n, span)), Some(i)) = (&name, insecure) {
+            spans.push(((*n).to_owned(), span.clone(), i));
+        }
         readers.push((|| {
             Some(ReaderConfig {
                 name: name?.0.to_owned(),

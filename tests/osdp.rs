@@ -96,3 +96,196 @@ async fn a_reader_with_the_right_key_gets_a_secure_channel_and_its_identity_is_r
     assert!(!alert_open(&db, "reader_link_fault", "r-201"));
     assert!(!alert_open(&db, "link_insecure", "r-201"));
 }
+
+/// Waits `secs` in real time (for "nothing happens" checks that the
+/// contract bounds, e.g. board_offline after 8 s of silence).
+async fn idle(secs: u64) {
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+}
+
+fn lockhub(args: &[&str], config: &Path) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_lockhub"))
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .output()
+        .expect("run lockhub")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_with_another_key_is_never_trusted_and_raises_reader_link_fault() {
+    let broker = Mosquitto::start_with(BrokerOptions::default());
+    let mut peer = Peer::start(&["--key", &key_hex(&KEY_2), "--address", "1"]);
+    let mut hub = one_reader_hub(&broker, &peer, Some(&KEY_1), "");
+    hub.wait_db("reader_link_fault for r-201", |db| {
+        alert_open(db, "reader_link_fault", "r-201")
+    })
+    .await;
+    peer.keys(&[0x31, 0x32, 0x33, 0x34, 0x0D]);
+    // Past the 8 s of silence that would make it offline: it answers, so
+    // it is a link fault, not board_offline.
+    idle(9).await;
+    let db = hub.db();
+    assert!(!alert_open(&db, "board_offline", "r-201"));
+    let (online, secure, _) = link(&db, "r-201").expect("a link row");
+    assert!(online && !secure);
+    let faults: i64 = db
+        .query_row(
+            "SELECT count FROM alerts WHERE condition = 'reader_link_fault' AND subject = 'r-201'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(faults >= 2, "the hub keeps trying with its own key ({faults})");
+    assert_eq!(hub.count("SELECT count(*) FROM audit WHERE door = '201'"), 0);
+    peer.drain();
+    assert!(!peer.seen.iter().any(|v| v["sc"] == true), "{:?}", peer.seen);
+    assert!(peer.commands("output").is_empty());
+    assert!(peer.commands("led").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_never_uses_the_install_key_with_a_reader_fresh_from_the_factory() {
+    let broker = Mosquitto::start_with(BrokerOptions::default());
+    let mut peer = Peer::start(&["--key", "none", "--address", "1"]);
+    let mut hub = one_reader_hub(&broker, &peer, Some(&KEY_1), "");
+    hub.wait_db("reader_link_fault for r-201", |db| {
+        alert_open(db, "reader_link_fault", "r-201")
+    })
+    .await;
+    idle(2).await;
+    peer.drain();
+    assert!(!peer.seen.iter().any(|v| v["sc"] == true), "{:?}", peer.seen);
+    assert!(peer.commands("keyset").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plaintext_reader_is_refused_for_a_keyed_reader_and_accepted_only_with_insecure_plaintext() {
+    let broker = Mosquitto::start_with(BrokerOptions::default());
+    // Keyed in the config, but the reader offers no Secure Channel.
+    let plain = Peer::start(&["--no-sc", "--address", "1"]);
+    let mut hub = one_reader_hub(&broker, &plain, Some(&KEY_1), "");
+    hub.wait_db("reader_link_fault for the keyed reader", |db| {
+        alert_open(db, "reader_link_fault", "r-201")
+    })
+    .await;
+    idle(1).await;
+    assert_eq!(link(&hub.db(), "r-201").map(|l| l.1), Some(false));
+    assert!(!alert_open(&hub.db(), "link_insecure", "r-201"));
+    drop(hub);
+    drop(plain);
+
+    // The same reader, declared insecure_plaintext and without a key.
+    let plain = Peer::start(&["--no-sc", "--address", "1"]);
+    let mut hub = one_reader_hub(&broker, &plain, None, "insecure_plaintext = true");
+    hub.wait_db("link_insecure for the plaintext reader", |db| {
+        alert_open(db, "link_insecure", "r-201") && link(db, "r-201") == Some((true, false, false))
+    })
+    .await;
+    assert!(!alert_open(&hub.db(), "reader_link_fault", "r-201"));
+}
+
+#[test]
+fn check_config_refuses_a_keyless_reader_and_the_other_osdp_mistakes_with_line_and_column() {
+    let broker_url = "mqtt://127.0.0.1:1";
+    let hub = Daemon::prepare(
+        broker_url,
+        DaemonOptions {
+            hub_extra: format!(
+                "{}{}{}{}{}",
+                bus("bus-a", Path::new("/dev/null"), 9601),
+                reader("r-1", "bus-a", 1, ""),
+                reader("r-2", "bus-b", 127, ""),
+                reader("r-3", "bus-a", 1, "insecure_plaintext = true"),
+                "[[door]]\nname = \"301\"\nreader = \"r-1\"\nserial = \"board-a\"\nindex = 3\noutput = 0\nunlock_ms = 5000\n\n",
+            ),
+            secrets_extra: reader_key("r-3", &KEY_2),
+            ..DaemonOptions::default()
+        },
+    );
+    let check = || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_lockhub"))
+            .arg("check-config")
+            .arg(hub.dir.path().join("hub.toml"))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let mut err = check();
+    // A key of the wrong length (the secrets file then fails as a whole).
+    let secrets = hub.dir.path().join("secrets.toml");
+    let text = std::fs::read_to_string(&secrets).unwrap();
+    std::fs::write(&secrets, text.replace(&b64u_encode(&KEY_2), "AAAA")).unwrap();
+    err.push_str(&check());
+    for want in [
+        "`baud` must be one of 9600",
+        "reader bus `bus-b` is not configured",
+        "`address` must be in 0..=126, found 127",
+        "reader `r-3` has address 1 on bus `bus-a`, already used by reader `r-1`",
+        "reader `r-1` has no [[reader_key]]",
+        "`scbk` must be 16 bytes",
+        "door `301` must name either `serial` and `index` (a lock board) or `reader` (an OSDP reader), not both",
+    ] {
+        assert!(err.contains(want), "missing {want:?} in:\n{err}");
+    }
+    // Every line carries FILE:LINE:COL.
+    for line in err.lines() {
+        let mut parts = line.splitn(4, ':');
+        let (_file, l, c) = (parts.next(), parts.next(), parts.next());
+        assert!(
+            l.is_some_and(|l| l.parse::<usize>().is_ok()) && c.is_some_and(|c| c.parse::<usize>().is_ok()),
+            "no line and column: {line}"
+        );
+    }
+    assert!(!err.contains("AAAA"), "a secret was echoed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn osdp_install_moves_a_factory_reader_to_its_own_key_and_run_then_works() {
+    let broker = Mosquitto::start_with(BrokerOptions::default());
+    let mut peer = Peer::start(&["--key", "none", "--address", "3", "--serial", "0x0BADCAFE"]);
+    let mut hub = Daemon::prepare(
+        &broker.url(),
+        DaemonOptions {
+            hub_extra: format!(
+                "{}{}",
+                bus("bus-a", &peer.port, 9600),
+                reader("r-201", "bus-a", 3, ""),
+            ),
+            secrets_extra: reader_key("r-201", &KEY_1),
+            ..DaemonOptions::default()
+        },
+    );
+    let config = hub.dir.path().join("hub.toml");
+    let out = lockhub(&["osdp", "install", "--reader", "r-201"], &config);
+    assert!(
+        out.status.success(),
+        "install failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("installed and proven"), "{said}");
+    assert!(!said.contains(&key_hex(&KEY_1)));
+    assert_eq!(peer.commands("keyset").len(), 1);
+    // Run again: the reader already has its key.
+    let out = lockhub(&["osdp", "install", "--reader", "r-201"], &config);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("already had its key"));
+
+    hub.spawn();
+    hub.wait_db("the installed reader over a secure channel", |db| {
+        link(db, "r-201") == Some((true, true, false))
+    })
+    .await;
+    let serial: i64 = hub
+        .db()
+        .query_row("SELECT serial FROM osdp_readers WHERE reader = 'r-201'", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(serial, 0x0BADCAFE);
+    assert!(!alert_open(&hub.db(), "reader_link_fault", "r-201"));
+    // An unknown reader is a config problem.
+    hub.sigterm();
+    let out = lockhub(&["osdp", "install", "--reader", "nope"], &config);
+    assert_eq!(out.status.code(), Some(2));
+}

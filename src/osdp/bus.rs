@@ -18,7 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinHandle;
 
-use super::cp::{self, Caps, Event, Fault, Identity, Reader, Security, Timing};
+use super::cp::{Caps, Event, Fault, Identity, Reader, Security, Timing};
 use super::packet::Deframer;
 use crate::config::{Config, ReaderDoorConfig};
 use crate::serial::TimeSource;
@@ -399,8 +399,6 @@ impl BusTask {
         mut port: tokio_serial::SerialStream,
         stop: &mut watch::Receiver<bool>,
     ) -> Result<(), std::io::Error> {
-        let mut buf = [0u8; READ_CHUNK];
-        let mut heard = false;
         loop {
             if *stop.borrow() {
                 return Ok(());
@@ -429,52 +427,19 @@ impl BusTask {
                 continue;
             };
             self.turn = (i + 1) % n;
-            // A new exchange: whatever is half-received is noise.
-            self.deframer.clear();
-            port.write_all(&bytes).await?;
-            let deadline =
-                tokio::time::Instant::now() + Duration::from_millis(self.timing.reply_timeout_ms);
-            loop {
-                let read = tokio::select! {
-                    r = tokio::time::timeout_at(deadline, port.read(&mut buf)) => r,
-                    _ = stop.changed() => return Ok(()),
-                };
-                match read {
-                    Err(_) => {
-                        let now = self.ms();
-                        let ev = self.slots[i].cp.on_timeout(now);
-                        self.handle(i, ev);
-                        break;
-                    }
-                    Ok(Err(e)) => return Err(e),
-                    Ok(Ok(0)) => {
-                        return Err(std::io::Error::new(
-                            std::io::ErrorKind::UnexpectedEof,
-                            "the port reads end-of-file",
-                        ));
-                    }
-                    Ok(Ok(got)) => {
-                        for pkt in self.deframer.push(&buf[..got]) {
-                            let addr = pkt.addr();
-                            if !pkt.is_reply() || addr != self.slots[i].cfg.address {
-                                // Our own command echoed, or another reader
-                                // talking out of turn: not this exchange.
-                                continue;
-                            }
-                            let now = self.ms();
-                            let ev = self.slots[i].cp.on_reply(&pkt, now);
-                            self.handle(i, ev);
-                        }
-                        if !self.slots[i].cp.awaiting_reply() {
-                            if !heard {
-                                heard = true;
-                                self.backoff.reset();
-                            }
-                            break;
-                        }
-                    }
-                }
-            }
+            let addr = self.slots[i].cfg.address;
+            let epoch = self.epoch;
+            let ev = exchange(
+                &mut port,
+                &mut self.slots[i].cp,
+                addr,
+                &mut self.deframer,
+                &bytes,
+                epoch,
+                Duration::from_millis(self.timing.reply_timeout_ms),
+            )
+            .await?;
+            self.handle(i, ev);
         }
     }
 
@@ -501,6 +466,8 @@ impl BusTask {
         let name = self.slots[i].cfg.name.clone();
         match e {
             Event::Online => {
+                // The port works: a later loss starts its backoff afresh.
+                self.backoff.reset();
                 self.slots[i].online = true;
                 tracing::info!(bus = %self.name, reader = %name, "reader answers");
                 self.clear(Condition::BoardOffline, &name);
@@ -627,5 +594,49 @@ impl BusTask {
     }
 }
 
-/// What `cp` calls the hub's feedback commands, re-exported for the doors.
-pub use cp::Command;
+/// One exchange with one reader: puts `bytes` on the wire and feeds what
+/// comes back to `reader` until it has its reply or the reply timeout
+/// passes. Packets from other addresses (or our own command, echoed by an
+/// RS-485 adapter) are not part of it. Times are ms since `epoch`.
+pub(crate) async fn exchange(
+    port: &mut tokio_serial::SerialStream,
+    reader: &mut Reader,
+    addr: u8,
+    deframer: &mut Deframer,
+    bytes: &[u8],
+    epoch: Instant,
+    timeout: Duration,
+) -> Result<Vec<Event>, std::io::Error> {
+    let ms = || epoch.elapsed().as_millis() as u64;
+    let mut buf = [0u8; READ_CHUNK];
+    let mut events = Vec::new();
+    // A new exchange: whatever is half-received is noise.
+    deframer.clear();
+    port.write_all(bytes).await?;
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        match tokio::time::timeout_at(deadline, port.read(&mut buf)).await {
+            Err(_) => {
+                events.extend(reader.on_timeout(ms()));
+                return Ok(events);
+            }
+            Ok(Err(e)) => return Err(e),
+            Ok(Ok(0)) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the port reads end-of-file",
+                ));
+            }
+            Ok(Ok(got)) => {
+                for pkt in deframer.push(&buf[..got]) {
+                    if pkt.is_reply() && pkt.addr() == addr {
+                        events.extend(reader.on_reply(&pkt, ms()));
+                    }
+                }
+                if !reader.awaiting_reply() {
+                    return Ok(events);
+                }
+            }
+        }
+    }
+}

@@ -124,6 +124,13 @@ pub struct Daemon {
 impl Daemon {
     /// Writes the config for a broker at `url` and starts the daemon.
     pub fn start(url: &str, opts: DaemonOptions) -> Daemon {
+        let mut d = Daemon::prepare(url, opts);
+        d.spawn();
+        d
+    }
+
+    /// Writes the config for a broker at `url`; [`Daemon::spawn`] starts it.
+    pub fn prepare(url: &str, opts: DaemonOptions) -> Daemon {
         let dir = tempfile::tempdir().expect("tempdir");
         let policy = if opts.policy.is_empty() {
             String::new()
@@ -169,9 +176,7 @@ unlock_ms = 5000
         std::fs::write(&secrets, format!("{}\n{}", &*SECRETS_TOML, opts.secrets_extra))
             .expect("write secrets");
         std::fs::set_permissions(&secrets, std::fs::Permissions::from_mode(0o600)).unwrap();
-        let mut d = Daemon { dir, child: None };
-        d.spawn();
-        d
+        Daemon { dir, child: None }
     }
 
     pub fn db_path(&self) -> PathBuf {

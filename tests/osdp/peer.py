@@ -78,9 +78,10 @@ def main():
     chan = PtyChannel(master)
 
     flags = []
-    if not args.no_enforce and not args.no_sc:
-        flags.append(osdp.LibFlag.EnforceSecure)
     key = None if args.key == "none" else bytes.fromhex(args.key)
+    # EnforceSecure needs a key; a factory reader (install mode) has none.
+    if key is not None and not args.no_enforce and not args.no_sc:
+        flags.append(osdp.LibFlag.EnforceSecure)
     if key is None and not args.no_sc:
         flags.append(osdp.LibFlag.InstallMode)
     caps = [
