@@ -95,6 +95,26 @@ async fn a_reader_with_the_right_key_gets_a_secure_channel_and_its_identity_is_r
     let db = hub.db();
     assert!(!alert_open(&db, "reader_link_fault", "r-201"));
     assert!(!alert_open(&db, "link_insecure", "r-201"));
+
+    // `lockhub status` shows it: bus, address, online, secure, identity.
+    let out = lockhub(&["status", "--json"], &hub.dir.path().join("hub.toml"));
+    assert!(out.status.success());
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r = &status["readers"][0];
+    assert_eq!(r["reader"], "r-201", "{status}");
+    assert_eq!(r["bus"], "bus-a");
+    assert_eq!(r["address"], 1);
+    assert_eq!(r["online"], true);
+    assert_eq!(r["secure"], true);
+    assert_eq!(r["quarantined"], false);
+    assert_eq!(r["serial"], "11223344");
+    assert_eq!(r["vendor"], "0a0b0c");
+    let out = lockhub(&["status"], &hub.dir.path().join("hub.toml"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("r-201 on bus-a address 1: online, secure channel up, vendor 0a0b0c model 7 serial 11223344"),
+        "{text}"
+    );
 }
 
 /// Waits `secs` in real time (for "nothing happens" checks that the
@@ -288,4 +308,193 @@ async fn osdp_install_moves_a_factory_reader_to_its_own_key_and_run_then_works()
     hub.sigterm();
     let out = lockhub(&["osdp", "install", "--reader", "nope"], &config);
     assert_eq!(out.status.code(), Some(2));
+}
+
+#[path = "common/pty.rs"]
+mod pty;
+
+/// Joins peers onto one pty, as an RS-485 pair joins readers: what the hub
+/// writes reaches every peer, what any peer writes reaches the hub.
+fn relay(peers: &[&Peer]) -> std::path::PathBuf {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let hub_side = pty::Pty::open();
+    let (master, slave, path) = hub_side.into_parts();
+    let (mut from_hub, to_hub) = tokio::io::split(master);
+    let to_hub = std::sync::Arc::new(tokio::sync::Mutex::new(to_hub));
+    let mut writers = Vec::new();
+    for p in peers {
+        use tokio_serial::SerialPortBuilderExt;
+        let stream = tokio_serial::new(p.port.to_string_lossy(), 9600)
+            .open_native_async()
+            .expect("open the peer's pty");
+        let (mut r, w) = tokio::io::split(stream);
+        writers.push(w);
+        let to_hub = to_hub.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 256];
+            while let Ok(n) = r.read(&mut buf).await {
+                if n == 0 || to_hub.lock().await.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    tokio::spawn(async move {
+        let _slave = slave;
+        let mut buf = [0u8; 256];
+        while let Ok(n) = from_hub.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            for w in &mut writers {
+                let _ = w.write_all(&buf[..n]).await;
+            }
+        }
+    });
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_readers_share_a_bus_and_one_stopping_does_not_stop_the_other() {
+    let broker = Mosquitto::start_with(BrokerOptions::default());
+    let mut a = Peer::start(&["--key", &key_hex(&KEY_1), "--address", "1", "--serial", "0xA1"]);
+    let mut b = Peer::start(&["--key", &key_hex(&KEY_2), "--address", "2", "--serial", "0xB2"]);
+    let bus_path = relay(&[&a, &b]);
+    let mut hub = Daemon::start(
+        &broker.url(),
+        DaemonOptions {
+            hub_extra: format!(
+                "{}{}{}",
+                bus("bus-a", &bus_path, 9600),
+                reader("r-201", "bus-a", 1, ""),
+                reader("r-202", "bus-a", 2, ""),
+            ),
+            secrets_extra: format!("{}{}", reader_key("r-201", &KEY_1), reader_key("r-202", &KEY_2)),
+            ..DaemonOptions::default()
+        },
+    );
+    a.wait_sc();
+    b.wait_sc();
+    hub.wait_db("both readers secure", |db| {
+        link(db, "r-201") == Some((true, true, false)) && link(db, "r-202") == Some((true, true, false))
+    })
+    .await;
+
+    // Cut r-202's wire.
+    b.send(serde_json::json!({"pause": true}));
+    hub.wait_db("board_offline for r-202", |db| alert_open(db, "board_offline", "r-202"))
+        .await;
+    let db = hub.db();
+    assert!(!alert_open(&db, "board_offline", "r-201"));
+    assert_eq!(link(&db, "r-201"), Some((true, true, false)));
+    assert_eq!(link(&db, "r-202").map(|l| l.0), Some(false));
+    // r-201 keeps being polled under its channel while r-202 is away.
+    a.forget();
+    a.send(serde_json::json!({"status": "local", "mask": 1, "n": 2}));
+    hub.wait_db("r-201's tamper, reported while r-202 is away", |db| {
+        alert_open(db, "tamper", "r-201")
+    })
+    .await;
+    assert!(a.seen.iter().all(|v| v["sc"] != false), "{:?}", a.seen);
+
+    // Back: cleared, after a fresh handshake (the hub ended the session
+    // when the reader went offline; the reader's own view of its channel
+    // may not have timed out, so the hub's log is the witness).
+    let ups = |hub: &Daemon| {
+        hub.log()
+            .lines()
+            .filter(|l| l.contains("secure channel up") && l.contains("r-202"))
+            .count()
+    };
+    let before = ups(&hub);
+    b.send(serde_json::json!({"pause": false}));
+    hub.wait_db("board_offline for r-202 cleared", |db| {
+        !alert_open(db, "board_offline", "r-202") && link(db, "r-202") == Some((true, true, false))
+    })
+    .await;
+    assert!(ups(&hub) > before, "r-202 came back without a new handshake");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_and_truncated_packets_on_the_bus_are_counted_and_change_nothing() {
+    let broker = Mosquitto::start_with(BrokerOptions::default());
+    let mut peer = Peer::start(&["--key", &key_hex(&KEY_1), "--address", "1"]);
+    let mut hub = one_reader_hub(&broker, &peer, Some(&KEY_1), "");
+    hub.wait_db("the reader secure", |db| link(db, "r-201") == Some((true, true, false)))
+        .await;
+    // Noise, a truncated reply, a reply with a bad CRC, a huge length, and
+    // a well-framed plaintext KEYPAD reply that no MAC vouches for.
+    for raw in [
+        "00112233445566778899",
+        "538108",
+        "53810a00054012",
+        "5381ffff0540",
+        "538108000553ffff",
+    ] {
+        peer.send(serde_json::json!({ "raw": raw }));
+    }
+    hub.wait_db("bad packets counted", |db| {
+        db.query_row(
+            "SELECT bad_packets + garbage_bytes FROM osdp_buses WHERE bus = 'bus-a'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .unwrap_or(0)
+            > 0
+    })
+    .await;
+    idle(1).await;
+    hub.assert_running();
+    let db = hub.db();
+    assert_eq!(link(&db, "r-201"), Some((true, true, false)));
+    assert!(!alert_open(&db, "board_offline", "r-201"));
+    assert_eq!(hub.count("SELECT count(*) FROM audit WHERE door = '201'"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_reader_is_quarantined_until_it_is_installed_again() {
+    let broker = Mosquitto::start_with(BrokerOptions::default());
+    let first = Peer::start(&["--key", &key_hex(&KEY_1), "--address", "1", "--serial", "0x1111"]);
+    let dir = tempfile::tempdir().unwrap();
+    let link_path = dir.path().join("bus-a");
+    pty::point(&link_path, &first.port);
+    let mut hub = Daemon::start(
+        &broker.url(),
+        DaemonOptions {
+            hub_extra: format!("{}{}", bus("bus-a", &link_path, 9600), reader("r-201", "bus-a", 1, "")),
+            secrets_extra: reader_key("r-201", &KEY_1),
+            ..DaemonOptions::default()
+        },
+    );
+    hub.wait_db("the first reader recorded", |db| {
+        link(db, "r-201") == Some((true, true, false))
+            && db
+                .query_row("SELECT serial FROM osdp_readers WHERE reader = 'r-201'", [], |r| {
+                    r.get::<_, i64>(0)
+                })
+                .ok()
+                == Some(0x1111)
+    })
+    .await;
+
+    // Someone swaps the reader for another one that holds the same key.
+    let second = Peer::start(&["--key", &key_hex(&KEY_1), "--address", "1", "--serial", "0x2222"]);
+    pty::point(&link_path, &second.port);
+    drop(first);
+    hub.wait_db("reader_replaced and quarantine", |db| {
+        alert_open(db, "reader_replaced", "r-201") && link(db, "r-201") == Some((true, true, true))
+    })
+    .await;
+    hub.sigterm();
+
+    let config = hub.dir.path().join("hub.toml");
+    let out = lockhub(&["osdp", "install", "--reader", "r-201"], &config);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!alert_open(&hub.db(), "reader_replaced", "r-201"));
+    hub.spawn();
+    hub.wait_db("the new reader trusted", |db| {
+        link(db, "r-201") == Some((true, true, false))
+    })
+    .await;
+    assert!(!alert_open(&hub.db(), "reader_replaced", "r-201"));
 }

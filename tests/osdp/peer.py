@@ -151,7 +151,8 @@ def main():
             kind = osdp.StatusReportType.Local if req["status"] == "local" else osdp.StatusReportType.Input
             pd.submit_event({
                 "event": osdp.Event.Status, "type": kind,
-                "nr_entries": req.get("n", 2), "mask": req["mask"],
+                "nr_entries": req.get("n", 2),
+                "report": bytes((req["mask"] >> i) & 1 for i in range(req.get("n", 2))),
             })
         if "raw" in req:
             chan.raw(bytes.fromhex(req["raw"]))
