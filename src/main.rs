@@ -370,6 +370,9 @@ fn provision(a: ProvisionArgs) -> Result<(), lockhub::provision::ProvisionError>
             doors: vec![],
             pin_keys: vec![],
             hub_key: None,
+            osdp: vec![],
+            readers: vec![],
+            reader_doors: vec![],
         },
     };
     for k in &a.pin_key {
