@@ -852,3 +852,333 @@ impl Reader {
         ev
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::osdp::sc::tests::PdSide;
+
+    const KEY: Key = [0x42; 16];
+    const T: Timing = Timing::CONTRACT;
+
+    /// A reader's side, just enough to answer the CP: the handshake, MACs,
+    /// encryption, and canned replies.
+    struct FakePd {
+        addr: u8,
+        key: Key,
+        rnd_a: [u8; 8],
+        pd: Option<PdSide>,
+        /// The next reply to a poll (code, data).
+        poll_reply: (u8, Vec<u8>),
+        /// Answer this command code with a NAK of this reason.
+        nak: Option<(u8, u8)>,
+        seqs: Vec<u8>,
+        key_bytes: Vec<u8>,
+    }
+
+    impl FakePd {
+        fn new(key: Key) -> Self {
+            FakePd {
+                addr: 5,
+                key,
+                rnd_a: [0; 8],
+                pd: None,
+                poll_reply: (reply::ACK, vec![]),
+                nak: None,
+                seqs: vec![],
+                key_bytes: vec![],
+            }
+        }
+
+        fn answer(&mut self, cmd: &[u8]) -> Packet {
+            let c = Packet::parse(&cmd[1..]).expect("the CP sends valid packets");
+            assert_eq!(c.addr(), self.addr);
+            assert!(!c.is_reply());
+            self.seqs.push(c.seq());
+            let seq = c.seq();
+            let rnd_b = [7u8; 8];
+            let plain = |code: u8, scb: &[u8], data: &[u8]| {
+                Packet::parse(&packet::encode(self.addr | 0x80, seq, scb, code, data, None)[1..])
+                    .unwrap()
+            };
+            if let Some((code, reason)) = self.nak
+                && code == c.code()
+                && self.pd.is_none()
+            {
+                return plain(reply::NAK, &[], &[reason]);
+            }
+            match c.code() {
+                cmd::CHLNG => {
+                    self.key_bytes.push(c.scb_data()[0]);
+                    self.rnd_a = c.data().try_into().unwrap();
+                    self.pd = None;
+                    let keys = SessionKeys::derive(&self.key, &self.rnd_a);
+                    let mut d = vec![0xCC; 8];
+                    d.extend_from_slice(&rnd_b);
+                    d.extend_from_slice(&keys.cryptogram(&self.rnd_a, &rnd_b));
+                    return plain(reply::CCRYPT, &[3, scs::CCRYPT, 1], &d);
+                }
+                cmd::SCRYPT => {
+                    let keys = SessionKeys::derive(&self.key, &self.rnd_a);
+                    let cp_c: [u8; 16] = c.data().try_into().unwrap();
+                    self.pd = Some(PdSide::new(&self.key, &self.rnd_a, &cp_c));
+                    return plain(reply::RMAC_I, &[3, scs::RMAC_I, 1], &keys.rmac_i(&cp_c));
+                }
+                _ => {}
+            }
+            let pd = self.pd.as_mut().expect("commands after the handshake are secure");
+            assert!(pd.verify_command(c.mac_input(), &c.mac().unwrap()), "the CP's MAC");
+            let data = if c.scb_type() == Some(scs::CMD_ENC) {
+                pd.decrypt_command(c.data()).unwrap()
+            } else {
+                c.data().to_vec()
+            };
+            let (code, rdata) = match (self.nak, c.code()) {
+                (Some((n, reason)), code) if n == code => (reply::NAK, vec![reason]),
+                (_, cmd::ID) => (reply::PDID, vec![1, 2, 3, 4, 5, 0xDD, 0xCC, 0xBB, 0xAA, 1, 2, 3]),
+                (_, cmd::CAP) => (reply::PDCAP, vec![1, 1, 2, 2, 1, 1]),
+                (_, cmd::LSTAT) => (reply::LSTATR, vec![0, 0]),
+                (_, cmd::ISTAT) => (reply::ISTATR, vec![0, 1]),
+                (_, cmd::POLL) => self.poll_reply.clone(),
+                (_, cmd::OUT) => {
+                    assert_eq!(data.len(), 4);
+                    (reply::ACK, vec![])
+                }
+                _ => (reply::ACK, vec![]),
+            };
+            let (scb, body) = if rdata.is_empty() {
+                ([2, scs::REPLY_MAC], vec![])
+            } else {
+                ([2, scs::REPLY_ENC], pd.encrypt_reply(&rdata))
+            };
+            let mut mac = |p: &[u8]| pd.mac_reply(p);
+            Packet::parse(
+                &packet::encode(self.addr | 0x80, seq, &scb, code, &body, Some(&mut mac))[1..],
+            )
+            .unwrap()
+        }
+    }
+
+    /// Runs exchanges until `until` holds or `max` exchanges; returns every
+    /// event. Time advances 10 ms per exchange.
+    fn drive(
+        r: &mut Reader,
+        pd: &mut FakePd,
+        now: &mut u64,
+        max: usize,
+        until: impl Fn(&Reader) -> bool,
+    ) -> Vec<Event> {
+        let mut ev = Vec::new();
+        for _ in 0..max {
+            if until(r) {
+                break;
+            }
+            *now += 10;
+            ev.extend(r.tick(*now));
+            if let Some(bytes) = r.next(*now, [9; 8]) {
+                let reply = pd.answer(&bytes);
+                ev.extend(r.on_reply(&reply, *now));
+            }
+        }
+        ev
+    }
+
+    #[test]
+    fn a_session_opens_the_channel_then_introduces_the_reader() {
+        let mut r = Reader::new(5, Security::Secure(KEY), T, 0);
+        let mut pd = FakePd::new(KEY);
+        let mut now = 0;
+        let ev = drive(&mut r, &mut pd, &mut now, 20, Reader::is_ready);
+        assert!(r.is_ready() && r.is_secure());
+        assert!(ev.contains(&Event::SessionUp { secure: true }));
+        assert!(ev.contains(&Event::Caps(Caps { inputs: 2, outputs: 1 })));
+        assert!(ev.iter().any(|e| matches!(e, Event::Identity(id) if id.serial == 0xAABBCCDD && id.vendor == 0x030201)));
+        assert!(ev.contains(&Event::Inputs(vec![false, true])));
+        assert_eq!(pd.key_bytes, [1], "the reader's own key, never SCBK-D");
+    }
+
+    #[test]
+    fn sequence_numbers_go_0_1_2_3_1_2_and_a_resend_reuses_its_number() {
+        let mut r = Reader::new(5, Security::Secure(KEY), T, 0);
+        let mut pd = FakePd::new(KEY);
+        let mut now = 0;
+        drive(&mut r, &mut pd, &mut now, 9, |_| false);
+        assert_eq!(pd.seqs, [0, 1, 2, 3, 1, 2, 3, 1, 2]);
+        let first = r.next(now, [9; 8]).unwrap();
+        assert!(r.on_timeout(now + 200).is_empty());
+        let again = r.next(now + 200, [9; 8]).unwrap();
+        assert_eq!(first, again, "a resend is the same packet, same sequence number");
+    }
+
+    #[test]
+    fn a_reader_with_another_key_is_faulted_and_never_tried_with_the_install_key() {
+        let mut r = Reader::new(5, Security::Secure(KEY), T, 0);
+        let mut pd = FakePd::new([0x43; 16]);
+        let mut now = 0;
+        let ev = drive(&mut r, &mut pd, &mut now, 500, |_| false);
+        assert!(!r.is_ready() && !r.is_secure());
+        let faults = ev.iter().filter(|e| **e == Event::LinkFault(Fault::Cryptogram)).count();
+        assert!(faults >= 3, "it keeps trying with its own key, with backoff ({faults})");
+        assert!(faults < 50, "backoff between attempts ({faults})");
+        assert!(pd.key_bytes.iter().all(|&b| b == 1), "never SCBK-D: {:?}", pd.key_bytes);
+        assert!(!ev.iter().any(|e| matches!(e, Event::Keys(_) | Event::Identity(_))));
+        assert!(!ev.contains(&Event::Offline), "it answers: not offline");
+        assert_eq!(r.send(Command::Out { output: 0, control: 5, timer: 50 }), Err(SendError::NotReady));
+    }
+
+    #[test]
+    fn a_reply_with_a_bad_mac_ends_the_session_as_a_link_fault() {
+        let mut r = Reader::new(5, Security::Secure(KEY), T, 0);
+        let mut pd = FakePd::new(KEY);
+        let mut now = 0;
+        drive(&mut r, &mut pd, &mut now, 20, Reader::is_ready);
+        let bytes = r.next(now, [9; 8]).unwrap();
+        let good = pd.answer(&bytes);
+        let mut raw = good.mac_input().to_vec();
+        raw.extend_from_slice(&[0, 0, 0, 0]);
+        let crc = packet::crc16(&raw);
+        raw.extend_from_slice(&crc.to_le_bytes());
+        let forged = Packet::parse(&raw).unwrap();
+        let ev = r.on_reply(&forged, now);
+        assert!(ev.contains(&Event::LinkFault(Fault::Mac)));
+        assert!(!r.is_ready() && !r.is_secure());
+    }
+
+    #[test]
+    fn key_presses_in_plain_text_while_the_channel_is_up_are_a_fault_not_keys() {
+        let mut r = Reader::new(5, Security::Secure(KEY), T, 0);
+        let mut pd = FakePd::new(KEY);
+        let mut now = 0;
+        drive(&mut r, &mut pd, &mut now, 20, Reader::is_ready);
+        let bytes = r.next(now, [9; 8]).unwrap();
+        let seq = Packet::parse(&bytes[1..]).unwrap().seq();
+        let forged = Packet::parse(
+            &packet::encode(5 | 0x80, seq, &[], reply::KEYPAD, &[0, 2, 0x31, 0x0D], None)[1..],
+        )
+        .unwrap();
+        let ev = r.on_reply(&forged, now);
+        assert!(ev.contains(&Event::LinkFault(Fault::Plaintext)), "{ev:?}");
+        assert!(!ev.iter().any(|e| matches!(e, Event::Keys(_))));
+    }
+
+    #[test]
+    fn a_plaintext_nak_restarts_the_session_without_a_fault() {
+        let mut r = Reader::new(5, Security::Secure(KEY), T, 0);
+        let mut pd = FakePd::new(KEY);
+        let mut now = 0;
+        drive(&mut r, &mut pd, &mut now, 20, Reader::is_ready);
+        let bytes = r.next(now, [9; 8]).unwrap();
+        let seq = Packet::parse(&bytes[1..]).unwrap().seq();
+        let nak = Packet::parse(&packet::encode(5 | 0x80, seq, &[], reply::NAK, &[6], None)[1..]).unwrap();
+        let ev = r.on_reply(&nak, now);
+        assert!(ev.contains(&Event::SessionDown));
+        assert!(!ev.iter().any(|e| matches!(e, Event::LinkFault(_))));
+        // The next command is a new handshake from sequence 0.
+        let next = r.next(now, [9; 8]).unwrap();
+        let p = Packet::parse(&next[1..]).unwrap();
+        assert_eq!((p.code(), p.seq()), (cmd::CHLNG, 0));
+    }
+
+    #[test]
+    fn a_nak_to_local_status_means_unknown_and_the_session_goes_on() {
+        let mut r = Reader::new(5, Security::Secure(KEY), T, 0);
+        let mut pd = FakePd::new(KEY);
+        pd.nak = Some((cmd::LSTAT, nak::UNKNOWN_COMMAND));
+        let mut now = 0;
+        let ev = drive(&mut r, &mut pd, &mut now, 20, Reader::is_ready);
+        assert!(r.is_ready());
+        assert!(!ev.iter().any(|e| matches!(e, Event::Local { .. })));
+    }
+
+    #[test]
+    fn an_output_is_acknowledged_or_fails_after_two_resends() {
+        let mut r = Reader::new(5, Security::Secure(KEY), T, 0);
+        let mut pd = FakePd::new(KEY);
+        let mut now = 0;
+        drive(&mut r, &mut pd, &mut now, 20, Reader::is_ready);
+        let token = r.send(Command::Out { output: 0, control: 5, timer: 50 }).unwrap();
+        let ev = drive(&mut r, &mut pd, &mut now, 1, |_| false);
+        assert!(ev.contains(&Event::Done { token, outcome: Outcome::Ack }), "{ev:?}");
+
+        let token = r.send(Command::Out { output: 1, control: 5, timer: 656 }).unwrap();
+        let first = r.next(now, [9; 8]).unwrap();
+        let mut sends = 1;
+        let mut ev = Vec::new();
+        for k in 1..=3 {
+            ev.extend(r.on_timeout(now + 200 * k));
+            if let Some(b) = r.next(now + 200 * k, [9; 8]) {
+                assert_eq!(b, first);
+                sends += 1;
+            }
+        }
+        assert_eq!(sends, 3, "the first send and two resends");
+        assert!(ev.contains(&Event::Done { token, outcome: Outcome::Failed }));
+        assert!(!r.is_ready(), "the session starts over");
+    }
+
+    #[test]
+    fn queued_outputs_fail_when_the_session_ends_rather_than_fire_later() {
+        let mut r = Reader::new(5, Security::Secure(KEY), T, 0);
+        let mut pd = FakePd::new(KEY);
+        let mut now = 0;
+        drive(&mut r, &mut pd, &mut now, 20, Reader::is_ready);
+        let token = r.send(Command::Out { output: 0, control: 5, timer: 50 }).unwrap();
+        let ev = r.restart(now);
+        assert!(ev.contains(&Event::Done { token, outcome: Outcome::Failed }));
+    }
+
+    #[test]
+    fn a_silent_reader_goes_offline_after_8_s_and_is_probed_at_most_every_5_s() {
+        let mut r = Reader::new(5, Security::Secure(KEY), T, 0);
+        let mut pd = FakePd::new(KEY);
+        let mut now = 0;
+        drive(&mut r, &mut pd, &mut now, 20, Reader::is_ready);
+        let last_reply = now;
+        let mut sent_at = Vec::new();
+        let mut offline_at = None;
+        while now < last_reply + 30_000 {
+            now += 10;
+            for e in r.tick(now) {
+                if e == Event::Offline {
+                    offline_at = Some(now);
+                }
+            }
+            if r.next(now, [9; 8]).is_some() {
+                sent_at.push(now);
+            }
+            if r.awaiting_reply() {
+                now += 200;
+                r.on_timeout(now);
+            }
+        }
+        let off = offline_at.expect("offline");
+        assert_eq!(off - last_reply, 8_000);
+        let probes: Vec<u64> = sent_at.into_iter().filter(|&t| t > off).collect();
+        assert!(probes.len() >= 4, "{probes:?}");
+        // Each probe is a CHLNG and its two resends, then at least 5 s of rest.
+        let starts: Vec<u64> = probes
+            .windows(2)
+            .filter(|w| w[1] - w[0] > 1_000)
+            .map(|w| w[1] - w[0])
+            .collect();
+        assert!(starts.iter().all(|&gap| gap >= 5_000), "probes too often: {starts:?}");
+        // It comes back on the first valid reply.
+        let bytes = loop {
+            now += 10;
+            if let Some(b) = r.next(now, [9; 8]) {
+                break b;
+            }
+        };
+        let ev = r.on_reply(&pd.answer(&bytes), now);
+        assert!(ev.contains(&Event::Online));
+    }
+
+    #[test]
+    fn a_plaintext_reader_is_introduced_without_a_handshake() {
+        let mut r = Reader::new(5, Security::Plaintext, T, 0);
+        let now = 10;
+        let bytes = r.next(now, [9; 8]).unwrap();
+        let p = Packet::parse(&bytes[1..]).unwrap();
+        assert_eq!((p.code(), p.scb_type()), (cmd::ID, None));
+    }
+}

@@ -72,7 +72,7 @@ impl SessionKeys {
         }
     }
 
-    fn cryptogram(&self, first: &[u8; 8], second: &[u8; 8]) -> [u8; 16] {
+    pub(crate) fn cryptogram(&self, first: &[u8; 8], second: &[u8; 8]) -> [u8; 16] {
         let mut b = [0u8; 16];
         b[..8].copy_from_slice(first);
         b[8..].copy_from_slice(second);
