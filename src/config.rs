@@ -1439,7 +1439,10 @@ fn read_doors(
         if on_reader {
             for key in ["serial", "index"] {
                 if let Some(v) = t.get(key) {
-                    d.at(v.span(), format!("`{key}` is for a door on a lock board, not on a reader"));
+                    d.at(
+                        v.span(),
+                        format!("`{key}` is for a door on a lock board, not on a reader"),
+                    );
                 }
             }
             let reader = t
@@ -1448,7 +1451,10 @@ fn read_doors(
                     Some(names) if !names.iter().any(|n| n == s) => {
                         d.at(
                             span,
-                            format!("door reader `{}` is not configured in a [[reader]]", s.escape_debug()),
+                            format!(
+                                "door reader `{}` is not configured in a [[reader]]",
+                                s.escape_debug()
+                            ),
                         );
                         None
                     }
@@ -1487,7 +1493,10 @@ fn read_doors(
         }
         for key in ["output", "contact_input", "contact_inverted"] {
             if let Some(v) = t.get(key) {
-                d.at(v.span(), format!("`{key}` is for a door on an OSDP reader, not on a lock board"));
+                d.at(
+                    v.span(),
+                    format!("`{key}` is for a door on an OSDP reader, not on a lock board"),
+                );
             }
         }
         let serial = t
@@ -1584,12 +1593,15 @@ fn read_osdp_buses(
     (buses.into_iter().collect(), all_names)
 }
 
+/// A reader's name, its span and `insecure_plaintext`, for the key check.
+type NamedReader = (String, Range<usize>, bool);
+
 /// `[[reader]]`: the readers and the span of each one's name.
 fn read_readers(
     d: &mut Diag<'_>,
     root: &Table<'_, '_>,
     bus_names: &Option<Vec<String>>,
-) -> (Option<Vec<ReaderConfig>>, Vec<(String, Range<usize>, bool)>) {
+) -> (Option<Vec<ReaderConfig>>, Vec<NamedReader>) {
     let tables = root.tables(
         d,
         "reader",
@@ -1610,7 +1622,10 @@ fn read_readers(
             Some(names) if !names.iter().any(|n| n == s) => {
                 d.at(
                     span,
-                    format!("reader bus `{}` is not configured in an [[osdp]]", s.escape_debug()),
+                    format!(
+                        "reader bus `{}` is not configured in an [[osdp]]",
+                        s.escape_debug()
+                    ),
                 );
                 None
             }

@@ -131,7 +131,11 @@ fn osdp_install(path: &std::path::Path, reader: &str) -> ExitCode {
         Err(e) => {
             eprintln!("lockhub osdp install: {e}");
             use lockhub::osdp::install::InstallError as E;
-            ExitCode::from(if matches!(e, E::UnknownReader(_) | E::NoKey(_)) { 2 } else { 1 })
+            ExitCode::from(if matches!(e, E::UnknownReader(_) | E::NoKey(_)) {
+                2
+            } else {
+                1
+            })
         }
     }
 }

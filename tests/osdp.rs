@@ -79,18 +79,28 @@ fn one_reader_hub(broker: &Mosquitto, peer: &Peer, key: Option<&[u8; 16]>, extra
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_with_the_right_key_gets_a_secure_channel_and_its_identity_is_recorded() {
     let broker = Mosquitto::start_with(BrokerOptions::default());
-    let mut peer = Peer::start(&["--key", &key_hex(&KEY_1), "--address", "1", "--serial", "0x11223344"]);
+    let mut peer = Peer::start(&[
+        "--key",
+        &key_hex(&KEY_1),
+        "--address",
+        "1",
+        "--serial",
+        "0x11223344",
+    ]);
     let mut hub = one_reader_hub(&broker, &peer, Some(&KEY_1), "");
     peer.wait_sc();
     hub.wait_db("the reader online over a secure channel", |db| {
         link(db, "r-201") == Some((true, true, false))
     })
     .await;
-    let serial: i64 = hub.db().query_row(
-        "SELECT serial FROM osdp_readers WHERE reader = 'r-201'",
-        [],
-        |r| r.get(0),
-    ).unwrap();
+    let serial: i64 = hub
+        .db()
+        .query_row(
+            "SELECT serial FROM osdp_readers WHERE reader = 'r-201'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
     assert_eq!(serial, 0x11223344);
     let db = hub.db();
     assert!(!alert_open(&db, "reader_link_fault", "r-201"));
@@ -156,10 +166,20 @@ async fn a_reader_with_another_key_is_never_trusted_and_raises_reader_link_fault
             |r| r.get(0),
         )
         .unwrap();
-    assert!(faults >= 2, "the hub keeps trying with its own key ({faults})");
-    assert_eq!(hub.count("SELECT count(*) FROM audit WHERE door = '201'"), 0);
+    assert!(
+        faults >= 2,
+        "the hub keeps trying with its own key ({faults})"
+    );
+    assert_eq!(
+        hub.count("SELECT count(*) FROM audit WHERE door = '201'"),
+        0
+    );
     peer.drain();
-    assert!(!peer.seen.iter().any(|v| v["sc"] == true), "{:?}", peer.seen);
+    assert!(
+        !peer.seen.iter().any(|v| v["sc"] == true),
+        "{:?}",
+        peer.seen
+    );
     assert!(peer.commands("output").is_empty());
     assert!(peer.commands("led").is_empty());
 }
@@ -175,12 +195,17 @@ async fn run_never_uses_the_install_key_with_a_reader_fresh_from_the_factory() {
     .await;
     idle(2).await;
     peer.drain();
-    assert!(!peer.seen.iter().any(|v| v["sc"] == true), "{:?}", peer.seen);
+    assert!(
+        !peer.seen.iter().any(|v| v["sc"] == true),
+        "{:?}",
+        peer.seen
+    );
     assert!(peer.commands("keyset").is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plaintext_reader_is_refused_for_a_keyed_reader_and_accepted_only_with_insecure_plaintext() {
+async fn a_plaintext_reader_is_refused_for_a_keyed_reader_and_accepted_only_with_insecure_plaintext()
+ {
     let broker = Mosquitto::start_with(BrokerOptions::default());
     // Keyed in the config, but the reader offers no Secure Channel.
     let plain = Peer::start(&["--no-sc", "--address", "1"]);
@@ -254,7 +279,8 @@ fn check_config_refuses_a_keyless_reader_and_the_other_osdp_mistakes_with_line_a
         let mut parts = line.splitn(4, ':');
         let (_file, l, c) = (parts.next(), parts.next(), parts.next());
         assert!(
-            l.is_some_and(|l| l.parse::<usize>().is_ok()) && c.is_some_and(|c| c.parse::<usize>().is_ok()),
+            l.is_some_and(|l| l.parse::<usize>().is_ok())
+                && c.is_some_and(|c| c.parse::<usize>().is_ok()),
             "no line and column: {line}"
         );
     }
@@ -290,7 +316,11 @@ async fn osdp_install_moves_a_factory_reader_to_its_own_key_and_run_then_works()
     assert_eq!(peer.commands("keyset").len(), 1);
     // Run again: the reader already has its key.
     let out = lockhub(&["osdp", "install", "--reader", "r-201"], &config);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("already had its key"));
 
     hub.spawn();
@@ -300,7 +330,11 @@ async fn osdp_install_moves_a_factory_reader_to_its_own_key_and_run_then_works()
     .await;
     let serial: i64 = hub
         .db()
-        .query_row("SELECT serial FROM osdp_readers WHERE reader = 'r-201'", [], |r| r.get(0))
+        .query_row(
+            "SELECT serial FROM osdp_readers WHERE reader = 'r-201'",
+            [],
+            |r| r.get(0),
+        )
         .unwrap();
     assert_eq!(serial, 0x0BADCAFE);
     assert!(!alert_open(&hub.db(), "reader_link_fault", "r-201"));
@@ -357,8 +391,22 @@ fn relay(peers: &[&Peer]) -> std::path::PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_readers_share_a_bus_and_one_stopping_does_not_stop_the_other() {
     let broker = Mosquitto::start_with(BrokerOptions::default());
-    let mut a = Peer::start(&["--key", &key_hex(&KEY_1), "--address", "1", "--serial", "0xA1"]);
-    let mut b = Peer::start(&["--key", &key_hex(&KEY_2), "--address", "2", "--serial", "0xB2"]);
+    let mut a = Peer::start(&[
+        "--key",
+        &key_hex(&KEY_1),
+        "--address",
+        "1",
+        "--serial",
+        "0xA1",
+    ]);
+    let mut b = Peer::start(&[
+        "--key",
+        &key_hex(&KEY_2),
+        "--address",
+        "2",
+        "--serial",
+        "0xB2",
+    ]);
     let bus_path = relay(&[&a, &b]);
     let mut hub = Daemon::start(
         &broker.url(),
@@ -369,21 +417,28 @@ async fn two_readers_share_a_bus_and_one_stopping_does_not_stop_the_other() {
                 reader("r-201", "bus-a", 1, ""),
                 reader("r-202", "bus-a", 2, ""),
             ),
-            secrets_extra: format!("{}{}", reader_key("r-201", &KEY_1), reader_key("r-202", &KEY_2)),
+            secrets_extra: format!(
+                "{}{}",
+                reader_key("r-201", &KEY_1),
+                reader_key("r-202", &KEY_2)
+            ),
             ..DaemonOptions::default()
         },
     );
     a.wait_sc();
     b.wait_sc();
     hub.wait_db("both readers secure", |db| {
-        link(db, "r-201") == Some((true, true, false)) && link(db, "r-202") == Some((true, true, false))
+        link(db, "r-201") == Some((true, true, false))
+            && link(db, "r-202") == Some((true, true, false))
     })
     .await;
 
     // Cut r-202's wire.
     b.send(serde_json::json!({"pause": true}));
-    hub.wait_db("board_offline for r-202", |db| alert_open(db, "board_offline", "r-202"))
-        .await;
+    hub.wait_db("board_offline for r-202", |db| {
+        alert_open(db, "board_offline", "r-202")
+    })
+    .await;
     let db = hub.db();
     assert!(!alert_open(&db, "board_offline", "r-201"));
     assert_eq!(link(&db, "r-201"), Some((true, true, false)));
@@ -396,6 +451,16 @@ async fn two_readers_share_a_bus_and_one_stopping_does_not_stop_the_other() {
     })
     .await;
     assert!(a.seen.iter().all(|v| v["sc"] != false), "{:?}", a.seen);
+    // Its tamper input back to normal ends the alert (mqtt.md 'Alerts').
+    a.send(serde_json::json!({"status": "local", "mask": 0, "n": 2}));
+    hub.wait_db("r-201's tamper cleared", |db| {
+        !alert_open(db, "tamper", "r-201")
+    })
+    .await;
+    assert_eq!(
+        hub.count("SELECT count(*) FROM audit WHERE kind = 'board.tamper' AND door = 'r-201'"),
+        1
+    );
 
     // Back: cleared, after a fresh handshake (the hub ended the session
     // when the reader went offline; the reader's own view of its channel
@@ -412,7 +477,10 @@ async fn two_readers_share_a_bus_and_one_stopping_does_not_stop_the_other() {
         !alert_open(db, "board_offline", "r-202") && link(db, "r-202") == Some((true, true, false))
     })
     .await;
-    assert!(ups(&hub) > before, "r-202 came back without a new handshake");
+    assert!(
+        ups(&hub) > before,
+        "r-202 came back without a new handshake"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -420,8 +488,10 @@ async fn garbage_and_truncated_packets_on_the_bus_are_counted_and_change_nothing
     let broker = Mosquitto::start_with(BrokerOptions::default());
     let mut peer = Peer::start(&["--key", &key_hex(&KEY_1), "--address", "1"]);
     let mut hub = one_reader_hub(&broker, &peer, Some(&KEY_1), "");
-    hub.wait_db("the reader secure", |db| link(db, "r-201") == Some((true, true, false)))
-        .await;
+    hub.wait_db("the reader secure", |db| {
+        link(db, "r-201") == Some((true, true, false))
+    })
+    .await;
     // Noise, a truncated reply, a reply with a bad CRC, a huge length, and
     // a well-framed plaintext KEYPAD reply that no MAC vouches for.
     for raw in [
@@ -448,20 +518,34 @@ async fn garbage_and_truncated_packets_on_the_bus_are_counted_and_change_nothing
     let db = hub.db();
     assert_eq!(link(&db, "r-201"), Some((true, true, false)));
     assert!(!alert_open(&db, "board_offline", "r-201"));
-    assert_eq!(hub.count("SELECT count(*) FROM audit WHERE door = '201'"), 0);
+    assert_eq!(
+        hub.count("SELECT count(*) FROM audit WHERE door = '201'"),
+        0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replaced_reader_is_quarantined_until_it_is_installed_again() {
     let broker = Mosquitto::start_with(BrokerOptions::default());
-    let first = Peer::start(&["--key", &key_hex(&KEY_1), "--address", "1", "--serial", "0x1111"]);
+    let first = Peer::start(&[
+        "--key",
+        &key_hex(&KEY_1),
+        "--address",
+        "1",
+        "--serial",
+        "0x1111",
+    ]);
     let dir = tempfile::tempdir().unwrap();
     let link_path = dir.path().join("bus-a");
     pty::point(&link_path, &first.port);
     let mut hub = Daemon::start(
         &broker.url(),
         DaemonOptions {
-            hub_extra: format!("{}{}", bus("bus-a", &link_path, 9600), reader("r-201", "bus-a", 1, "")),
+            hub_extra: format!(
+                "{}{}",
+                bus("bus-a", &link_path, 9600),
+                reader("r-201", "bus-a", 1, "")
+            ),
             secrets_extra: reader_key("r-201", &KEY_1),
             ..DaemonOptions::default()
         },
@@ -469,16 +553,25 @@ async fn a_replaced_reader_is_quarantined_until_it_is_installed_again() {
     hub.wait_db("the first reader recorded", |db| {
         link(db, "r-201") == Some((true, true, false))
             && db
-                .query_row("SELECT serial FROM osdp_readers WHERE reader = 'r-201'", [], |r| {
-                    r.get::<_, i64>(0)
-                })
+                .query_row(
+                    "SELECT serial FROM osdp_readers WHERE reader = 'r-201'",
+                    [],
+                    |r| r.get::<_, i64>(0),
+                )
                 .ok()
                 == Some(0x1111)
     })
     .await;
 
     // Someone swaps the reader for another one that holds the same key.
-    let second = Peer::start(&["--key", &key_hex(&KEY_1), "--address", "1", "--serial", "0x2222"]);
+    let second = Peer::start(&[
+        "--key",
+        &key_hex(&KEY_1),
+        "--address",
+        "1",
+        "--serial",
+        "0x2222",
+    ]);
     pty::point(&link_path, &second.port);
     drop(first);
     hub.wait_db("reader_replaced and quarantine", |db| {
@@ -489,7 +582,11 @@ async fn a_replaced_reader_is_quarantined_until_it_is_installed_again() {
 
     let config = hub.dir.path().join("hub.toml");
     let out = lockhub(&["osdp", "install", "--reader", "r-201"], &config);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(!alert_open(&hub.db(), "reader_replaced", "r-201"));
     hub.spawn();
     hub.wait_db("the new reader trusted", |db| {

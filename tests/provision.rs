@@ -381,25 +381,38 @@ fn a_bundle_with_osdp_readers_gets_a_fresh_key_per_secure_reader() {
     )
     .unwrap();
     let out = provision(&p, &["--bundle", bundle.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("OSDP reader keys generated for: r-201, r-202"), "{stdout}");
+    assert!(
+        stdout.contains("OSDP reader keys generated for: r-201, r-202"),
+        "{stdout}"
+    );
     assert!(stdout.contains("lockhub osdp install"));
 
-    let secrets: toml::Table = toml::from_str(&std::fs::read_to_string(&p.secrets).unwrap()).unwrap();
+    let secrets: toml::Table =
+        toml::from_str(&std::fs::read_to_string(&p.secrets).unwrap()).unwrap();
     let keys = secrets["reader_key"].as_array().unwrap();
     assert_eq!(keys.len(), 2, "no key for the insecure_plaintext reader");
-    let scbk = |i: usize| {
-        lockhub::crypto::b64u_decode(keys[i]["scbk"].as_str().unwrap()).unwrap()
-    };
+    let scbk = |i: usize| lockhub::crypto::b64u_decode(keys[i]["scbk"].as_str().unwrap()).unwrap();
     assert_eq!(scbk(0).len(), 16);
     assert_ne!(scbk(0), scbk(1), "each reader its own random key");
     for k in keys {
-        assert!(!stdout.contains(k["scbk"].as_str().unwrap()), "a key was printed");
+        assert!(
+            !stdout.contains(k["scbk"].as_str().unwrap()),
+            "a key was printed"
+        );
     }
     assert_eq!(mode(&p.secrets), 0o600);
     let check = check_config(&p.config);
-    assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stderr));
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
     let config = lockhub::config::load(&p.config).unwrap();
     assert_eq!(config.readers.len(), 3);
     assert_eq!(config.reader_doors[0].contact_input, Some(1));

@@ -191,7 +191,11 @@ pub fn spawn(
     };
     for bus in settings.buses.clone() {
         let (tx, rx) = mpsc::channel(RECORD_QUEUE);
-        tasks.push(tokio::spawn(recorder(store.clone(), rx, outbox_wake.clone())));
+        tasks.push(tokio::spawn(recorder(
+            store.clone(),
+            rx,
+            outbox_wake.clone(),
+        )));
         let task = BusTask::new(bus, &settings, &known, now.clone(), tx);
         tasks.push(tokio::spawn(task.run(stop_rx.clone())));
     }
@@ -567,9 +571,10 @@ impl BusTask {
     fn caps(&mut self, i: usize, caps: Caps) {
         let s = &self.slots[i];
         let name = s.cfg.name.clone();
-        let mismatch = s.cfg.doors.iter().any(|d| {
-            d.output >= caps.outputs || d.contact_input.is_some_and(|c| c >= caps.inputs)
-        });
+        let mismatch =
+            s.cfg.doors.iter().any(|d| {
+                d.output >= caps.outputs || d.contact_input.is_some_and(|c| c >= caps.inputs)
+            });
         if mismatch {
             tracing::error!(bus = %self.name, reader = %name, outputs = caps.outputs, inputs = caps.inputs, "the reader lacks an output or input a door on it needs");
             self.raise(Condition::BoardMismatch, &name);
@@ -588,7 +593,9 @@ impl BusTask {
                 format!("board.tamper at {name}"),
                 Box::new(move |c| record_door_event(c, AuditKind::BoardTamper, &n, at).map(drop)),
             );
-        } else if !tamper && before == Some(true) {
+        } else if !tamper && before != Some(false) {
+            // Back to normal (also after a restart, for an alert raised
+            // before it): the alert ends (mqtt.md 'Alerts').
             self.clear(Condition::Tamper, &name);
         }
     }

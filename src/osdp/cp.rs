@@ -217,7 +217,20 @@ impl Command {
                 (
                     cmd::LED,
                     vec![
-                        0, 0, 2, l.on, l.off, l.on_color, l.off_color, t[0], t[1], 0, 0, 0, 0, 0,
+                        0,
+                        0,
+                        2,
+                        l.on,
+                        l.off,
+                        l.on_color,
+                        l.off_color,
+                        t[0],
+                        t[1],
+                        0,
+                        0,
+                        0,
+                        0,
+                        0,
                     ],
                 )
             }
@@ -264,7 +277,9 @@ pub enum Event {
     /// No valid reply for `offline_after_ms`.
     Offline,
     /// The Secure Channel is up (or, for a plaintext reader, the session).
-    SessionUp { secure: bool },
+    SessionUp {
+        secure: bool,
+    },
     /// The session ended (the channel is down until a new handshake).
     SessionDown,
     LinkFault(Fault),
@@ -273,7 +288,10 @@ pub enum Event {
     /// The session's introduction is done: polls and commands from now on.
     Ready,
     /// osdp_LSTATR: tamper and power (`None` when the reader NAKed).
-    Local { tamper: bool, power: bool },
+    Local {
+        tamper: bool,
+        power: bool,
+    },
     /// osdp_ISTATR: one entry per input, true = active.
     Inputs(Vec<bool>),
     /// Key presses (osdp_KEYPAD), raw codes.
@@ -281,7 +299,10 @@ pub enum Event {
     /// A card read (osdp_RAW or osdp_FMT); its data is not kept.
     Card,
     /// A queued command finished.
-    Done { token: u64, outcome: Outcome },
+    Done {
+        token: u64,
+        outcome: Outcome,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -425,8 +446,7 @@ impl Reader {
     /// Offline detection; call on every turn.
     pub fn tick(&mut self, now: u64) -> Vec<Event> {
         let mut ev = Vec::new();
-        if !self.offline && now.saturating_sub(self.last_valid_ms) >= self.timing.offline_after_ms
-        {
+        if !self.offline && now.saturating_sub(self.last_valid_ms) >= self.timing.offline_after_ms {
             self.offline = true;
             ev.push(Event::Offline);
             if self.step != Step::Start || self.pending.is_some() {
@@ -474,7 +494,12 @@ impl Reader {
                             cp_cryptogram: [0; 16],
                         });
                         self.step = Step::Chlng;
-                        (cmd::CHLNG, vec![3, scs::CHLNG, self.key_byte()], rnd.to_vec(), None)
+                        (
+                            cmd::CHLNG,
+                            vec![3, scs::CHLNG, self.key_byte()],
+                            rnd.to_vec(),
+                            None,
+                        )
                     }
                 }
             }
@@ -926,8 +951,14 @@ mod tests {
                 }
                 _ => {}
             }
-            let pd = self.pd.as_mut().expect("commands after the handshake are secure");
-            assert!(pd.verify_command(c.mac_input(), &c.mac().unwrap()), "the CP's MAC");
+            let pd = self
+                .pd
+                .as_mut()
+                .expect("commands after the handshake are secure");
+            assert!(
+                pd.verify_command(c.mac_input(), &c.mac().unwrap()),
+                "the CP's MAC"
+            );
             let data = if c.scb_type() == Some(scs::CMD_ENC) {
                 pd.decrypt_command(c.data()).unwrap()
             } else {
@@ -935,7 +966,10 @@ mod tests {
             };
             let (code, rdata) = match (self.nak, c.code()) {
                 (Some((n, reason)), code) if n == code => (reply::NAK, vec![reason]),
-                (_, cmd::ID) => (reply::PDID, vec![1, 2, 3, 4, 5, 0xDD, 0xCC, 0xBB, 0xAA, 1, 2, 3]),
+                (_, cmd::ID) => (
+                    reply::PDID,
+                    vec![1, 2, 3, 4, 5, 0xDD, 0xCC, 0xBB, 0xAA, 1, 2, 3],
+                ),
                 (_, cmd::CAP) => (reply::PDCAP, vec![1, 1, 2, 2, 1, 1]),
                 (_, cmd::LSTAT) => (reply::LSTATR, vec![0, 0]),
                 (_, cmd::ISTAT) => (reply::ISTATR, vec![0, 1]),
@@ -991,8 +1025,13 @@ mod tests {
         let ev = drive(&mut r, &mut pd, &mut now, 20, Reader::is_ready);
         assert!(r.is_ready() && r.is_secure());
         assert!(ev.contains(&Event::SessionUp { secure: true }));
-        assert!(ev.contains(&Event::Caps(Caps { inputs: 2, outputs: 1 })));
-        assert!(ev.iter().any(|e| matches!(e, Event::Identity(id) if id.serial == 0xAABBCCDD && id.vendor == 0x030201)));
+        assert!(ev.contains(&Event::Caps(Caps {
+            inputs: 2,
+            outputs: 1
+        })));
+        assert!(ev.iter().any(
+            |e| matches!(e, Event::Identity(id) if id.serial == 0xAABBCCDD && id.vendor == 0x030201)
+        ));
         assert!(ev.contains(&Event::Inputs(vec![false, true])));
         assert_eq!(pd.key_bytes, [1], "the reader's own key, never SCBK-D");
     }
@@ -1007,7 +1046,10 @@ mod tests {
         let first = r.next(now, [9; 8]).unwrap();
         assert!(r.on_timeout(now + 200).is_empty());
         let again = r.next(now + 200, [9; 8]).unwrap();
-        assert_eq!(first, again, "a resend is the same packet, same sequence number");
+        assert_eq!(
+            first, again,
+            "a resend is the same packet, same sequence number"
+        );
     }
 
     #[test]
@@ -1017,13 +1059,33 @@ mod tests {
         let mut now = 0;
         let ev = drive(&mut r, &mut pd, &mut now, 500, |_| false);
         assert!(!r.is_ready() && !r.is_secure());
-        let faults = ev.iter().filter(|e| **e == Event::LinkFault(Fault::Cryptogram)).count();
-        assert!(faults >= 3, "it keeps trying with its own key, with backoff ({faults})");
+        let faults = ev
+            .iter()
+            .filter(|e| **e == Event::LinkFault(Fault::Cryptogram))
+            .count();
+        assert!(
+            faults >= 3,
+            "it keeps trying with its own key, with backoff ({faults})"
+        );
         assert!(faults < 50, "backoff between attempts ({faults})");
-        assert!(pd.key_bytes.iter().all(|&b| b == 1), "never SCBK-D: {:?}", pd.key_bytes);
-        assert!(!ev.iter().any(|e| matches!(e, Event::Keys(_) | Event::Identity(_))));
+        assert!(
+            pd.key_bytes.iter().all(|&b| b == 1),
+            "never SCBK-D: {:?}",
+            pd.key_bytes
+        );
+        assert!(
+            !ev.iter()
+                .any(|e| matches!(e, Event::Keys(_) | Event::Identity(_)))
+        );
         assert!(!ev.contains(&Event::Offline), "it answers: not offline");
-        assert_eq!(r.send(Command::Out { output: 0, control: 5, timer: 50 }), Err(SendError::NotReady));
+        assert_eq!(
+            r.send(Command::Out {
+                output: 0,
+                control: 5,
+                timer: 50
+            }),
+            Err(SendError::NotReady)
+        );
     }
 
     #[test]
@@ -1069,7 +1131,8 @@ mod tests {
         drive(&mut r, &mut pd, &mut now, 20, Reader::is_ready);
         let bytes = r.next(now, [9; 8]).unwrap();
         let seq = Packet::parse(&bytes[1..]).unwrap().seq();
-        let nak = Packet::parse(&packet::encode(5 | 0x80, seq, &[], reply::NAK, &[6], None)[1..]).unwrap();
+        let nak = Packet::parse(&packet::encode(5 | 0x80, seq, &[], reply::NAK, &[6], None)[1..])
+            .unwrap();
         let ev = r.on_reply(&nak, now);
         assert!(ev.contains(&Event::SessionDown));
         assert!(!ev.iter().any(|e| matches!(e, Event::LinkFault(_))));
@@ -1096,11 +1159,29 @@ mod tests {
         let mut pd = FakePd::new(KEY);
         let mut now = 0;
         drive(&mut r, &mut pd, &mut now, 20, Reader::is_ready);
-        let token = r.send(Command::Out { output: 0, control: 5, timer: 50 }).unwrap();
+        let token = r
+            .send(Command::Out {
+                output: 0,
+                control: 5,
+                timer: 50,
+            })
+            .unwrap();
         let ev = drive(&mut r, &mut pd, &mut now, 1, |_| false);
-        assert!(ev.contains(&Event::Done { token, outcome: Outcome::Ack }), "{ev:?}");
+        assert!(
+            ev.contains(&Event::Done {
+                token,
+                outcome: Outcome::Ack
+            }),
+            "{ev:?}"
+        );
 
-        let token = r.send(Command::Out { output: 1, control: 5, timer: 656 }).unwrap();
+        let token = r
+            .send(Command::Out {
+                output: 1,
+                control: 5,
+                timer: 656,
+            })
+            .unwrap();
         let first = r.next(now, [9; 8]).unwrap();
         let mut sends = 1;
         let mut ev = Vec::new();
@@ -1112,7 +1193,10 @@ mod tests {
             }
         }
         assert_eq!(sends, 3, "the first send and two resends");
-        assert!(ev.contains(&Event::Done { token, outcome: Outcome::Failed }));
+        assert!(ev.contains(&Event::Done {
+            token,
+            outcome: Outcome::Failed
+        }));
         assert!(!r.is_ready(), "the session starts over");
     }
 
@@ -1122,9 +1206,18 @@ mod tests {
         let mut pd = FakePd::new(KEY);
         let mut now = 0;
         drive(&mut r, &mut pd, &mut now, 20, Reader::is_ready);
-        let token = r.send(Command::Out { output: 0, control: 5, timer: 50 }).unwrap();
+        let token = r
+            .send(Command::Out {
+                output: 0,
+                control: 5,
+                timer: 50,
+            })
+            .unwrap();
         let ev = r.restart(now);
-        assert!(ev.contains(&Event::Done { token, outcome: Outcome::Failed }));
+        assert!(ev.contains(&Event::Done {
+            token,
+            outcome: Outcome::Failed
+        }));
     }
 
     #[test]
@@ -1155,13 +1248,18 @@ mod tests {
         assert_eq!(off - last_reply, 8_000);
         let probes: Vec<u64> = sent_at.into_iter().filter(|&t| t > off).collect();
         assert!(probes.len() >= 4, "{probes:?}");
+        // 22 s offline: at most one probe (three sends) per 5 s.
+        assert!(probes.len() <= 3 * (22_000 / 5_000 + 1), "{probes:?}");
         // Each probe is a CHLNG and its two resends, then at least 5 s of rest.
         let starts: Vec<u64> = probes
             .windows(2)
             .filter(|w| w[1] - w[0] > 1_000)
             .map(|w| w[1] - w[0])
             .collect();
-        assert!(starts.iter().all(|&gap| gap >= 5_000), "probes too often: {starts:?}");
+        assert!(
+            starts.iter().all(|&gap| gap >= 5_000),
+            "probes too often: {starts:?}"
+        );
         // It comes back on the first valid reply.
         let bytes = loop {
             now += 10;

@@ -31,9 +31,7 @@ pub enum InstallError {
     UnknownReader(String),
     #[error("reader `{0}` has no [[reader_key]] in the secrets file")]
     NoKey(String),
-    #[error(
-        "cannot open the bus {path}: {source} (is `lockhub run` still running? stop it first)"
-    )]
+    #[error("cannot open the bus {path}: {source} (is `lockhub run` still running? stop it first)")]
     Open {
         path: String,
         source: crate::serial::SerialError,
@@ -72,7 +70,7 @@ struct Link {
 }
 
 enum SessionEnd {
-    Ready(Reader, Option<Identity>),
+    Ready(Box<Reader>, Option<Identity>),
     WrongKey,
     Refused,
     Silent,
@@ -103,7 +101,7 @@ impl Link {
                 }
             }
             if reader.is_ready() {
-                return Ok(SessionEnd::Ready(reader, identity));
+                return Ok(SessionEnd::Ready(Box::new(reader), identity));
             }
         }
         Ok(if answered {
@@ -113,7 +111,11 @@ impl Link {
         })
     }
 
-    async fn exchange(&mut self, reader: &mut Reader, bytes: &[u8]) -> Result<Vec<Event>, InstallError> {
+    async fn exchange(
+        &mut self,
+        reader: &mut Reader,
+        bytes: &[u8],
+    ) -> Result<Vec<Event>, InstallError> {
         Ok(exchange(
             &mut self.port,
             reader,
@@ -158,7 +160,11 @@ fn to_db(id: Identity) -> ReaderIdentity {
 }
 
 /// Installs `reader`'s key into it and records its identity.
-pub async fn install(config: &Config, reader: &str, now: Timestamp) -> Result<Installed, InstallError> {
+pub async fn install(
+    config: &Config,
+    reader: &str,
+    now: Timestamp,
+) -> Result<Installed, InstallError> {
     let r = config
         .reader(reader)
         .ok_or_else(|| InstallError::UnknownReader(reader.to_owned()))?;

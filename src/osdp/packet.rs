@@ -64,6 +64,9 @@ pub fn crc16(data: &[u8]) -> u16 {
     crc
 }
 
+/// Computes a packet's MAC (Secure Channel) over SOM..data: its first 4 bytes.
+pub type MacFn<'a> = &'a mut dyn FnMut(&[u8]) -> [u8; 4];
+
 /// Builds one command packet (with the leading mark byte). `scb` is the
 /// whole security block (length byte first) or empty; `mac`, when given,
 /// computes the MAC over the packet so far (SOM .. data) and returns its
@@ -74,7 +77,7 @@ pub fn encode(
     scb: &[u8],
     code: u8,
     data: &[u8],
-    mac: Option<&mut dyn FnMut(&[u8]) -> [u8; 4]>,
+    mac: Option<MacFn<'_>>,
 ) -> Vec<u8> {
     let mac_len = if mac.is_some() { 4 } else { 0 };
     let len = 5 + scb.len() + 1 + data.len() + mac_len + 2;
@@ -376,7 +379,14 @@ mod tests {
 
     #[test]
     fn every_truncation_and_corruption_of_a_packet_is_rejected_without_panic() {
-        let p = encode(3, 2, &[0x02, scs::REPLY_ENC], 0x53, &[7; 16], Some(&mut |_| [0; 4]));
+        let p = encode(
+            3,
+            2,
+            &[0x02, scs::REPLY_ENC],
+            0x53,
+            &[7; 16],
+            Some(&mut |_| [0; 4]),
+        );
         for n in 0..p.len() {
             let _ = Packet::parse(&p[1..1 + n.min(p.len() - 1)]);
             for bit in 0..8 {

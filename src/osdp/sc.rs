@@ -134,7 +134,7 @@ impl Channel {
 
     fn mac(&self, iv: &[u8; 16], data: &[u8]) -> [u8; 16] {
         let mut padded = data.to_vec();
-        if padded.is_empty() || padded.len() % 16 != 0 {
+        if padded.is_empty() || !padded.len().is_multiple_of(16) {
             padded.push(0x80);
             padded.resize(padded.len().div_ceil(16) * 16, 0);
         }
@@ -192,7 +192,7 @@ impl Channel {
     /// strips its padding; `None` when it is not a whole number of blocks
     /// or the padding is wrong.
     pub fn decrypt_reply(&self, data: &[u8]) -> Option<Vec<u8>> {
-        if data.is_empty() || data.len() % 16 != 0 {
+        if data.is_empty() || !data.len().is_multiple_of(16) {
             return None;
         }
         let mut out = data.to_vec();

@@ -173,8 +173,11 @@ unlock_ms = 5000
         );
         std::fs::write(dir.path().join("hub.toml"), hub).expect("write hub.toml");
         let secrets = dir.path().join("secrets.toml");
-        std::fs::write(&secrets, format!("{}\n{}", &*SECRETS_TOML, opts.secrets_extra))
-            .expect("write secrets");
+        std::fs::write(
+            &secrets,
+            format!("{}\n{}", &*SECRETS_TOML, opts.secrets_extra),
+        )
+        .expect("write secrets");
         std::fs::set_permissions(&secrets, std::fs::Permissions::from_mode(0o600)).unwrap();
         Daemon { dir, child: None }
     }

@@ -75,7 +75,9 @@ impl Peer {
             seen: Vec::new(),
             port: PathBuf::new(),
         };
-        let first = p.wait("its port", Duration::from_secs(20), |v| v.get("port").is_some());
+        let first = p.wait("its port", Duration::from_secs(20), |v| {
+            v.get("port").is_some()
+        });
         p.port = PathBuf::from(first["port"].as_str().unwrap());
         p
     }
@@ -119,7 +121,9 @@ impl Peer {
 
     /// Waits for the peer's Secure Channel to be up.
     pub fn wait_sc(&mut self) {
-        self.wait("a secure channel", Duration::from_secs(20), |v| v["sc"] == true);
+        self.wait("a secure channel", Duration::from_secs(20), |v| {
+            v["sc"] == true
+        });
     }
 
     /// Every command line of `kind` ("output", "led", "buzzer", "keyset").
