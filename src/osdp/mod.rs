@@ -9,6 +9,7 @@
 //!   passed in).
 //! - [`bus`]: one tokio task per `[[osdp]]` bus: polls its readers in turn
 //!   and turns their events into alerts, identity and link state.
+//! - [`keypad`]: PIN entry from key presses: digits, clear, submit, 10 s idle (pure).
 //! - [`install`]: `lockhub osdp install`: SCBK-D -> osdp_KEYSET -> proof.
 //!
 //! ## Why the protocol layer is written here
@@ -42,5 +43,6 @@
 pub mod bus;
 pub mod cp;
 pub mod install;
+pub mod keypad;
 pub mod packet;
 pub mod sc;
