@@ -125,13 +125,19 @@ mod tests {
     fn ascii_star_and_hash_work_like_the_osdp_codes() {
         let mut e = Entry::new();
         assert_eq!(e.keys(b"99*1234#", 0), vec![pin("1234")]);
-        assert_eq!(e.keys(&[b'9', 0x7F, b'5', b'6', b'7', b'8', b'#'], 0), vec![pin("5678")]);
+        assert_eq!(
+            e.keys(&[b'9', 0x7F, b'5', b'6', b'7', b'8', b'#'], 0),
+            vec![pin("5678")]
+        );
     }
 
     #[test]
     fn function_keys_are_ignored() {
         let mut e = Entry::new();
-        assert_eq!(e.keys(&[b'1', 0x41, b'2', 0x48, b'3', b'4', 0x0D], 0), vec![pin("1234")]);
+        assert_eq!(
+            e.keys(&[b'1', 0x41, b'2', 0x48, b'3', b'4', 0x0D], 0),
+            vec![pin("1234")]
+        );
     }
 
     #[test]
