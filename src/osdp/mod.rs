@@ -7,6 +7,8 @@
 //! - [`cp`]: one reader's state machine: handshake, sequence numbers,
 //!   resends, NAK rules, offline detection (pure: time and randomness are
 //!   passed in).
+//! - [`door`]: the osdp_OUT of a grant, LED and buzzer feedback, the door
+//!   contact from an input (pure).
 //! - [`bus`]: one tokio task per `[[osdp]]` bus: polls its readers in turn
 //!   and turns their events into alerts, identity and link state.
 //! - [`keypad`]: PIN entry from key presses: digits, clear, submit, 10 s idle (pure).
@@ -42,6 +44,7 @@
 
 pub mod bus;
 pub mod cp;
+pub mod door;
 pub mod install;
 pub mod keypad;
 pub mod packet;
