@@ -69,3 +69,115 @@ INSERT INTO alerts_0006 (condition, subject, alert_id, state, count, first_at, l
     SELECT condition, subject, alert_id, state, count, first_at, last_at, published_at FROM alerts;
 DROP TABLE alerts;
 ALTER TABLE alerts_0006 RENAME TO alerts;
+
+------------------------------------------------------------------------------
+-- Audit: a card read at an OSDP reader is `door.denied` with reason
+-- `unsupported_credential` (osdp.md, PIN entry). SQLite cannot change a
+-- CHECK in place, so the table is rebuilt; the outbox references it, so it
+-- is set aside and rebuilt too (foreign keys stay on inside the migration's
+-- transaction). Rows keep their seqno and id, and each AUTOINCREMENT
+-- high-water mark is carried over.
+------------------------------------------------------------------------------
+CREATE TABLE audit_0006 AS SELECT * FROM audit;
+CREATE TABLE outbox_0006 AS SELECT * FROM outbox;
+CREATE TABLE seq_0006 AS SELECT name, seq FROM sqlite_sequence WHERE name IN ('audit', 'outbox');
+DROP TABLE outbox;
+DROP TABLE audit;
+
+CREATE TABLE audit (
+    seqno       INTEGER PRIMARY KEY AUTOINCREMENT,
+    audit_id    TEXT NOT NULL UNIQUE CHECK (length(audit_id) = 36),
+    at          INTEGER NOT NULL,
+    kind        TEXT NOT NULL CHECK (kind IN (
+                    'door.granted', 'door.unlocked', 'door.unlock_unconfirmed',
+                    'door.denied', 'door.locked_out', 'door.forced', 'door.held_open',
+                    'board.tamper', 'key.activated', 'key.revoked', 'key.expired')),
+    door        TEXT,
+    key_id      TEXT,
+    check_in_id TEXT,
+    holder_ref  TEXT,
+    -- Personal data kept for the operator's local view; erasable.
+    holder_name TEXT,
+    reason      TEXT,
+    event_id    TEXT,
+    -- Set once, when the broker acknowledged the audit record.
+    acked_at    INTEGER,
+    CHECK (kind <> 'door.denied' OR reason IN (
+        'unknown_pin', 'outside_window', 'bad_format', 'unknown_door',
+        'pin_ambiguous', 'storage_failure', 'unsupported_credential'))
+);
+CREATE INDEX audit_by_door_kind_at ON audit (door, kind, at);
+CREATE INDEX audit_by_holder_ref ON audit (holder_ref) WHERE holder_ref IS NOT NULL;
+
+-- Audit rows are never rewritten: only holder_name erased, and acked_at set once.
+CREATE TRIGGER audit_immutable BEFORE UPDATE ON audit
+WHEN NOT (NEW.seqno IS OLD.seqno AND NEW.audit_id IS OLD.audit_id AND NEW.at IS OLD.at
+          AND NEW.kind IS OLD.kind AND NEW.door IS OLD.door AND NEW.key_id IS OLD.key_id
+          AND NEW.check_in_id IS OLD.check_in_id AND NEW.holder_ref IS OLD.holder_ref
+          AND NEW.reason IS OLD.reason AND NEW.event_id IS OLD.event_id
+          AND (NEW.holder_name IS OLD.holder_name OR NEW.holder_name IS NULL)
+          AND (NEW.acked_at IS OLD.acked_at OR (OLD.acked_at IS NULL AND NEW.acked_at IS NOT NULL)))
+BEGIN
+    SELECT RAISE(ABORT, 'audit rows are immutable');
+END;
+
+-- ...and deleted only once acknowledged and older than the retention.
+CREATE TRIGGER audit_delete_guard BEFORE DELETE ON audit
+WHEN OLD.acked_at IS NULL
+  OR OLD.at + (SELECT audit_retention_days FROM policy WHERE id = 1) * 86400000000
+     > CAST(unixepoch('subsec') * 1000000 AS INTEGER)
+BEGIN
+    SELECT RAISE(ABORT, 'audit retention not reached');
+END;
+
+CREATE TRIGGER audit_no_overwrite BEFORE INSERT ON audit
+WHEN EXISTS (SELECT 1 FROM audit WHERE audit_id = NEW.audit_id OR seqno = NEW.seqno)
+BEGIN
+    SELECT RAISE(ABORT, 'audit rows are immutable');
+END;
+INSERT INTO audit SELECT * FROM audit_0006 ORDER BY seqno;
+
+CREATE TABLE outbox (
+    id         INTEGER PRIMARY KEY AUTOINCREMENT,
+    topic      TEXT NOT NULL CHECK (topic IN ('results', 'audit', 'alerts', 'sync')),
+    -- The body to sign and publish (UTF-8 JSON).
+    body       BLOB NOT NULL,
+    audit_id   TEXT REFERENCES audit (audit_id),
+    created_at INTEGER NOT NULL,
+    sent_at    INTEGER
+);
+CREATE INDEX outbox_unsent ON outbox (id) WHERE sent_at IS NULL;
+-- The foreign key's child index: without it every audit delete (retention)
+-- scans the whole outbox once per row.
+CREATE INDEX outbox_by_audit_id ON outbox (audit_id);
+
+CREATE TRIGGER outbox_body_immutable BEFORE UPDATE ON outbox
+WHEN NEW.body IS NOT OLD.body OR NEW.topic IS NOT OLD.topic OR NEW.id IS NOT OLD.id
+  OR NEW.audit_id IS NOT OLD.audit_id OR NEW.created_at IS NOT OLD.created_at
+  OR (OLD.sent_at IS NOT NULL AND NEW.sent_at IS NOT OLD.sent_at)
+BEGIN
+    SELECT RAISE(ABORT, 'outbox rows are immutable once written');
+END;
+
+-- Unsent rows are never pruned.
+CREATE TRIGGER outbox_keep_unsent BEFORE DELETE ON outbox
+WHEN OLD.sent_at IS NULL
+BEGIN
+    SELECT RAISE(ABORT, 'outbox row not yet sent');
+END;
+
+CREATE TRIGGER outbox_no_overwrite BEFORE INSERT ON outbox
+WHEN EXISTS (SELECT 1 FROM outbox WHERE id = NEW.id)
+BEGIN
+    SELECT RAISE(ABORT, 'outbox rows are immutable once written');
+END;
+INSERT INTO outbox SELECT * FROM outbox_0006 ORDER BY id;
+
+UPDATE sqlite_sequence
+   SET seq = max(seq, (SELECT s.seq FROM seq_0006 s WHERE s.name = sqlite_sequence.name))
+ WHERE name IN (SELECT name FROM seq_0006);
+INSERT INTO sqlite_sequence (name, seq)
+SELECT name, seq FROM seq_0006 WHERE name NOT IN (SELECT name FROM sqlite_sequence);
+DROP TABLE seq_0006;
+DROP TABLE outbox_0006;
+DROP TABLE audit_0006;

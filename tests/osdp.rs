@@ -595,3 +595,205 @@ async fn a_replaced_reader_is_quarantined_until_it_is_installed_again() {
     .await;
     assert!(!alert_open(&hub.db(), "reader_replaced", "r-201"));
 }
+
+// ---------------------------------------------------------------------------
+// Doors on readers (phase 2): PIN entry, osdp_OUT, feedback, contact, cards.
+// ---------------------------------------------------------------------------
+
+use common::daemon::{CloudClient, cloud, pin_key};
+use lockhub::sim::cloud::GrantSpec;
+
+const PIN: &str = "482913";
+
+/// Issues an active key for `door` with `pin` and waits until it is applied.
+async fn issue(broker: &Mosquitto, hub: &mut Daemon, door: &str, pin: &str) {
+    let mut c = cloud();
+    let mut client = CloudClient::plain(broker.port).await;
+    client.wait_online().await;
+    let ev = c.key_issued(
+        &GrantSpec::active("k-1", "c-1", door, pin, ("k1", &pin_key())),
+        &[],
+    );
+    client.publish(std::slice::from_ref(&ev)).await;
+    hub.wait_db("the key applied", |db| {
+        db.query_row("SELECT count(*) FROM keys WHERE key_id = 'k-1'", [], |r| {
+            r.get::<_, i64>(0)
+        })
+        .unwrap_or(0)
+            == 1
+    })
+    .await;
+}
+
+/// Key presses as the peer sends them: ASCII digits, then 0x0D.
+fn typed(pin: &str) -> Vec<u8> {
+    let mut k = pin.as_bytes().to_vec();
+    k.push(0x0D);
+    k
+}
+
+fn audit_rows(db: &Connection, door: &str) -> Vec<String> {
+    let mut stmt = db
+        .prepare("SELECT kind, coalesce(reason, ''), coalesce(key_id, '') FROM audit WHERE door = ?1 ORDER BY seqno")
+        .unwrap();
+    stmt.query_map([door], |r| {
+        let (k, reason, key): (String, String, String) = (r.get(0)?, r.get(1)?, r.get(2)?);
+        Ok(match (reason.is_empty(), key.is_empty()) {
+            (false, _) => format!("{k}/{reason}"),
+            (true, false) => format!("{k}:{key}"),
+            _ => k,
+        })
+    })
+    .unwrap()
+    .collect::<Result<_, _>>()
+    .unwrap()
+}
+
+async fn secure_hub(broker: &Mosquitto, peer: &mut Peer, door_extra: &str, policy: &str) -> Daemon {
+    let mut hub = Daemon::start(
+        &broker.url(),
+        DaemonOptions {
+            hub_extra: format!(
+                "{}{}{}",
+                bus("bus-a", &peer.port, 9600),
+                reader("r-201", "bus-a", 1, ""),
+                reader_door("201", "r-201", 1, door_extra),
+            ),
+            secrets_extra: reader_key("r-201", &KEY_1),
+            policy: policy.to_owned(),
+            ..DaemonOptions::default()
+        },
+    );
+    hub.wait_db("the reader secure", |db| {
+        link(db, "r-201") == Some((true, true, false))
+    })
+    .await;
+    hub
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_typed_pin_and_hash_open_the_door_with_its_output_and_timer() {
+    let broker = Mosquitto::start_with(BrokerOptions::default());
+    let mut peer = Peer::start(&["--key", &key_hex(&KEY_1), "--address", "1"]);
+    let mut hub = secure_hub(&broker, &mut peer, "", "").await;
+    issue(&broker, &mut hub, "201", PIN).await;
+
+    peer.forget();
+    peer.keys(&typed(PIN));
+    let out = peer.wait("osdp_OUT", Duration::from_secs(3), |v| v["cmd"] == "output");
+    // The grant is on record before the output reached the reader.
+    assert!(audit_rows(&hub.db(), "201").contains(&"door.granted:k-1".to_owned()));
+    assert_eq!(out["output_no"], 1);
+    assert_eq!(out["control_code"], 5);
+    assert_eq!(out["timer_count"], 50);
+    let led = peer.wait("the green LED", Duration::from_secs(3), |v| {
+        v["cmd"] == "led"
+    });
+    assert_eq!(led["on_color"], 2, "{led}");
+    peer.wait("one beep", Duration::from_secs(3), |v| {
+        v["cmd"] == "buzzer" && v["rep_count"] == 1
+    });
+    hub.wait_db("door.unlocked", |db| {
+        audit_rows(db, "201") == ["door.granted:k-1", "door.unlocked:k-1"]
+    })
+    .await;
+    assert_eq!(peer.commands("output").len(), 1);
+    let log = hub.log();
+    assert!(!log.contains(PIN), "a PIN in the log");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_pin_drives_no_output_shows_red_and_is_audited() {
+    let broker = Mosquitto::start_with(BrokerOptions::default());
+    let mut peer = Peer::start(&["--key", &key_hex(&KEY_1), "--address", "1"]);
+    let mut hub = secure_hub(&broker, &mut peer, "", "").await;
+    issue(&broker, &mut hub, "201", PIN).await;
+    peer.forget();
+    peer.keys(&typed("111111"));
+    let led = peer.wait("the red LED", Duration::from_secs(3), |v| v["cmd"] == "led");
+    assert_eq!(led["on_color"], 1, "{led}");
+    peer.wait("two beeps", Duration::from_secs(3), |v| {
+        v["cmd"] == "buzzer" && v["rep_count"] == 2
+    });
+    hub.wait_db("the denial", |db| {
+        audit_rows(db, "201") == ["door.denied/unknown_pin"]
+    })
+    .await;
+    // '*' clears, digits past 12 are bad_format; a card is not a PIN.
+    peer.keys(b"99*12");
+    peer.keys(&typed("1234567890123"));
+    peer.send(serde_json::json!({"card": true}));
+    hub.wait_db("bad_format and the card", |db| {
+        audit_rows(db, "201")
+            == [
+                "door.denied/unknown_pin",
+                "door.denied/bad_format",
+                "door.denied/unsupported_credential",
+            ]
+    })
+    .await;
+    idle(1).await;
+    assert!(peer.commands("output").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_out_reader_stays_locked_out_across_a_hub_restart() {
+    let broker = Mosquitto::start_with(BrokerOptions::default());
+    let mut peer = Peer::start(&["--key", &key_hex(&KEY_1), "--address", "1"]);
+    let mut hub = secure_hub(&broker, &mut peer, "", "lockout_threshold = 3").await;
+    issue(&broker, &mut hub, "201", PIN).await;
+    for (i, wrong) in ["111111", "222222", "333333"].iter().enumerate() {
+        peer.keys(&typed(wrong));
+        hub.wait_db("a denial", |db| audit_rows(db, "201").len() == i + 1)
+            .await;
+    }
+    hub.wait_db("keypad_lockout", |db| {
+        alert_open(db, "keypad_lockout", "201")
+    })
+    .await;
+    hub.sigterm();
+    hub.spawn();
+    hub.wait_db("the reader secure again", |db| {
+        link(db, "r-201") == Some((true, true, false))
+    })
+    .await;
+    // Give the new session its introduction before typing.
+    idle(1).await;
+    peer.forget();
+    peer.keys(&typed(PIN));
+    hub.wait_db("door.locked_out", |db| {
+        audit_rows(db, "201").last().map(String::as_str) == Some("door.locked_out")
+    })
+    .await;
+    let led = peer.wait("the red flashing LED", Duration::from_secs(3), |v| {
+        v["cmd"] == "led"
+    });
+    assert_eq!(
+        (led["on_color"].as_i64(), led["off_color"].as_i64()),
+        (Some(1), Some(0)),
+        "{led}"
+    );
+    idle(1).await;
+    assert!(peer.commands("output").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_door_contact_and_tamper_come_from_the_readers_own_reports() {
+    let broker = Mosquitto::start_with(BrokerOptions::default());
+    let mut peer = Peer::start(&["--key", &key_hex(&KEY_1), "--address", "1", "--inputs", "2"]);
+    let mut hub = secure_hub(&broker, &mut peer, "contact_input = 1", "").await;
+    // Input 1 active: the door opened with no grant.
+    peer.send(serde_json::json!({"status": "input", "mask": 2, "n": 2}));
+    hub.wait_db("door_forced", |db| alert_open(db, "door_forced", "201"))
+        .await;
+    peer.send(serde_json::json!({"status": "input", "mask": 0, "n": 2}));
+    hub.wait_db("door_forced cleared on closing", |db| {
+        !alert_open(db, "door_forced", "201")
+    })
+    .await;
+    peer.send(serde_json::json!({"status": "local", "mask": 1, "n": 2}));
+    hub.wait_db("tamper", |db| alert_open(db, "tamper", "r-201"))
+        .await;
+    assert_eq!(audit_rows(&hub.db(), "201"), ["door.forced"]);
+    assert_eq!(audit_rows(&hub.db(), "r-201"), ["board.tamper"]);
+}

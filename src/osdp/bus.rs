@@ -18,14 +18,23 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinHandle;
 
-use super::cp::{Caps, Event, Fault, Identity, Reader, Security, Timing};
+use std::collections::VecDeque;
+
+use super::cp::{self, Caps, Event, Fault, Identity, Outcome, Reader, Security, Timing};
+use super::door as cmds;
+use super::keypad::{Entry, Submitted};
 use super::packet::Deframer;
-use crate::config::{Config, ReaderDoorConfig};
+use crate::config::{Config, PinKey, Policy, ReaderDoorConfig};
+use crate::door::{Decision, pin_tags};
 use crate::serial::TimeSource;
+use crate::serial::doors::{DOOR_QUEUE_MAX, DoorAlarm, DoorWatch};
 use crate::serial::port::{Backoff, open};
 use crate::store::alerts::{self, Condition};
 use crate::store::audit::AuditKind;
 use crate::store::door::record_door_event;
+use crate::store::door::{
+    DoorEntry, door_entry, record_card_denied, record_storage_failure, record_unlock,
+};
 use crate::store::osdp::{self as db, ReaderIdentity, ReaderLink};
 use crate::store::{Priority, Store, StoreError};
 
@@ -43,6 +52,9 @@ const COUNTERS_EVERY: Duration = Duration::from_secs(5);
 const IDLE_TICK: Duration = Duration::from_millis(20);
 /// Bytes read from the port at once.
 const READ_CHUNK: usize = 256;
+/// Decisions finished and not yet acted on, per bus (at most one in flight
+/// per reader, so this only needs to hold a bus's worth).
+const DECIDED_QUEUE: usize = 32;
 
 /// One reader as the bus task needs it.
 #[derive(Clone)]
@@ -76,6 +88,8 @@ pub struct BusSettings {
 #[derive(Debug, Clone)]
 pub struct OsdpSettings {
     pub buses: Vec<BusSettings>,
+    pub policy: Policy,
+    pub pin_keys: Arc<[PinKey]>,
     pub timing: Timing,
     /// Reopen delays: 100 ms doubling to 5 s, as for serial ports.
     pub backoff_initial: Duration,
@@ -116,6 +130,8 @@ impl OsdpSettings {
             .collect();
         OsdpSettings {
             buses,
+            policy: config.policy,
+            pin_keys: config.secrets.pin_keys.clone().into(),
             timing: Timing::CONTRACT,
             backoff_initial: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
@@ -189,6 +205,13 @@ pub fn spawn(
             HashMap::new()
         }
     };
+    let ctx = Arc::new(DecideCtx {
+        store: store.clone(),
+        pin_keys: settings.pin_keys.clone(),
+        policy: settings.policy,
+        now: now.clone(),
+        wake: outbox_wake.clone(),
+    });
     for bus in settings.buses.clone() {
         let (tx, rx) = mpsc::channel(RECORD_QUEUE);
         tasks.push(tokio::spawn(recorder(
@@ -196,7 +219,7 @@ pub fn spawn(
             rx,
             outbox_wake.clone(),
         )));
-        let task = BusTask::new(bus, &settings, &known, now.clone(), tx);
+        let task = BusTask::new(bus, &settings, &known, ctx.clone(), tx);
         tasks.push(tokio::spawn(task.run(stop_rx.clone())));
     }
     OsdpHandle { stop, tasks }
@@ -215,6 +238,16 @@ struct Slot {
     link_fault_raised: bool,
     tamper: Option<bool>,
     faults: u64,
+    /// The door its keypad opens: the first door configured on it.
+    door: Option<ReaderDoorConfig>,
+    entry: Entry,
+    /// A decision for this reader's door is in flight.
+    deciding: bool,
+    /// Entries typed while one is being decided, in order.
+    waiting: VecDeque<Submitted>,
+    /// osdp_OUT commands awaiting their reply: token -> key id.
+    outputs: HashMap<u64, String>,
+    watch: DoorWatch,
 }
 
 impl Slot {
@@ -238,6 +271,85 @@ struct BusTask {
     records: mpsc::Sender<(String, Job)>,
     deframer: Deframer,
     counters_written: Option<(Instant, u64, u64)>,
+    ctx: Arc<DecideCtx>,
+    decided_tx: mpsc::Sender<(usize, Answer)>,
+    decided_rx: mpsc::Receiver<(usize, Answer)>,
+}
+
+/// What every decision of the driver shares.
+struct DecideCtx {
+    store: Store,
+    pin_keys: Arc<[PinKey]>,
+    policy: Policy,
+    now: TimeSource,
+    wake: Option<Arc<Notify>>,
+}
+
+/// A decided entry, for the bus task to act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Answer {
+    Unlock { key_id: String },
+    Deny,
+    LockedOut,
+}
+
+/// Decides one submitted entry at `door` and commits it (audit row first):
+/// the PIN's tags under every PIN key, then the store's door decision.
+/// A bad-format entry has no tags. If the store refuses, the answer is a
+/// denial and `storage_failure` is raised: no door opens unrecorded.
+async fn decide(ctx: &DecideCtx, door: &str, entry: Submitted) -> Answer {
+    let tags = match &entry {
+        Submitted::Pin(p) => pin_tags(p, &ctx.pin_keys),
+        Submitted::BadFormat => None,
+    };
+    drop(entry);
+    let at = (ctx.now)();
+    let e = DoorEntry {
+        door: door.to_owned(),
+        door_known: true,
+        tags,
+        at,
+    };
+    let policy = ctx.policy;
+    let result = ctx
+        .store
+        .write(Priority::Door, move |c| door_entry(c, &e, &policy))
+        .await;
+    if let Some(w) = &ctx.wake {
+        w.notify_one();
+    }
+    match result {
+        Ok(o) => match o.decision {
+            Decision::Unlock(key) => {
+                tracing::info!(door = %door, key_id = %key.key_id, "granted");
+                Answer::Unlock { key_id: key.key_id }
+            }
+            Decision::Deny { reason, lockout } => {
+                tracing::info!(door = %door, reason = reason.as_str(), lockout_started = lockout.is_some(), "denied");
+                if lockout.is_some() {
+                    Answer::LockedOut
+                } else {
+                    Answer::Deny
+                }
+            }
+            Decision::LockedOut { .. } => {
+                tracing::info!(door = %door, "locked out");
+                Answer::LockedOut
+            }
+        },
+        Err(e) => {
+            tracing::error!(door = %door, error = %e, "cannot record the decision; denied");
+            let d = door.to_owned();
+            if let Err(e) = ctx
+                .store
+                .write(Priority::Door, move |c| record_storage_failure(c, &d, at))
+                .await
+            {
+                tracing::error!(door = %door, error = %e, "cannot record the storage failure");
+            }
+            Answer::Deny
+        }
+    }
 }
 
 impl BusTask {
@@ -245,15 +357,17 @@ impl BusTask {
         bus: BusSettings,
         settings: &OsdpSettings,
         known: &HashMap<String, ReaderIdentity>,
-        now: TimeSource,
+        ctx: Arc<DecideCtx>,
         records: mpsc::Sender<(String, Job)>,
     ) -> Self {
+        let (decided_tx, decided_rx) = mpsc::channel(DECIDED_QUEUE);
         let slots = bus
             .readers
             .into_iter()
             .map(|r| Slot {
                 cp: Reader::new(r.address, r.security.clone(), settings.timing, 0),
                 known: known.get(&r.name).copied(),
+                door: r.doors.first().cloned(),
                 cfg: r,
                 quarantined: false,
                 seen_serial: None,
@@ -262,6 +376,11 @@ impl BusTask {
                 link_fault_raised: false,
                 tamper: None,
                 faults: 0,
+                entry: Entry::new(),
+                deciding: false,
+                waiting: VecDeque::new(),
+                outputs: HashMap::new(),
+                watch: DoorWatch::new(),
             })
             .collect();
         BusTask {
@@ -273,10 +392,13 @@ impl BusTask {
             slots,
             turn: 0,
             epoch: Instant::now(),
-            now,
+            now: ctx.now.clone(),
             records,
             deframer: Deframer::new(),
             counters_written: None,
+            ctx,
+            decided_tx,
+            decided_rx,
         }
     }
 
@@ -407,6 +529,9 @@ impl BusTask {
             if *stop.borrow() {
                 return Ok(());
             }
+            while let Ok((i, answer)) = self.decided_rx.try_recv() {
+                self.on_decided(i, answer);
+            }
             let now = self.ms();
             for i in 0..self.slots.len() {
                 let ev = self.slots[i].cp.tick(now);
@@ -447,8 +572,14 @@ impl BusTask {
         }
     }
 
-    /// Time-based alert endings.
+    /// Time-based alert endings, idle entries, doors held open.
     fn periodic(&mut self, i: usize) {
+        let now = self.ms();
+        let held_open_ms = u64::from(self.ctx.policy.held_open_s) * 1_000;
+        self.slots[i].entry.tick(now);
+        if let Some(alarm) = self.slots[i].watch.poll(now, held_open_ms) {
+            self.on_alarm(i, alarm);
+        }
         let s = &self.slots[i];
         if s.link_fault_raised
             && s.secure_since
@@ -516,21 +647,212 @@ impl BusTask {
                 self.write_link(i);
             }
             Event::Local { tamper, .. } => self.tamper(i, tamper),
-            Event::Inputs(_) => {}
+            Event::Inputs(inputs) => self.inputs(i, &inputs),
             Event::Keys(keys) => {
                 if !self.slots[i].trusted() {
                     tracing::warn!(bus = %self.name, reader = %name, "key presses from an untrusted reader ignored");
                     return;
                 }
-                tracing::debug!(bus = %self.name, reader = %name, count = keys.len(), "key presses");
+                let now = self.ms();
+                let submitted = self.slots[i].entry.keys(&keys, now);
+                for s in submitted {
+                    self.submit(i, s);
+                }
             }
             Event::Card => {
+                let Some(door) = self.slots[i].door.clone() else {
+                    return;
+                };
                 if !self.slots[i].trusted() {
+                    tracing::warn!(bus = %self.name, reader = %name, "card read from an untrusted reader ignored");
                     return;
                 }
-                tracing::debug!(bus = %self.name, reader = %name, "card read");
+                tracing::info!(bus = %self.name, reader = %name, door = %door.name, "card read: denied, PINs only");
+                let at = (self.now)();
+                let d = door.name.clone();
+                self.record(
+                    format!("door.denied/unsupported_credential at {}", door.name),
+                    Box::new(move |c| record_card_denied(c, &d, at).map(drop)),
+                );
+                self.feedback(i, &cmds::denied());
             }
-            Event::Done { .. } => {}
+            Event::Done { token, outcome } => self.output_done(i, token, outcome),
+        }
+    }
+
+    /// A submitted entry: decided now, or queued behind the one in flight.
+    fn submit(&mut self, i: usize, entry: Submitted) {
+        let s = &mut self.slots[i];
+        let Some(door) = &s.door else {
+            tracing::warn!(bus = %self.name, reader = %s.cfg.name, "a PIN at a reader with no door; ignored");
+            return;
+        };
+        tracing::info!(bus = %self.name, reader = %s.cfg.name, door = %door.name, "keypad entry");
+        if !s.deciding {
+            self.start_decision(i, entry);
+        } else if s.waiting.len() < DOOR_QUEUE_MAX {
+            s.waiting.push_back(entry);
+        } else {
+            // Fail closed: only a stuck store gets here.
+            tracing::error!(bus = %self.name, door = %door.name, "too many keypad entries waiting; denied undecided");
+            self.feedback(i, &cmds::denied());
+        }
+    }
+
+    fn start_decision(&mut self, i: usize, entry: Submitted) {
+        let Some(door) = self.slots[i].door.as_ref().map(|d| d.name.clone()) else {
+            return;
+        };
+        self.slots[i].deciding = true;
+        let ctx = self.ctx.clone();
+        let tx = self.decided_tx.clone();
+        let records = self.records.clone();
+        tokio::spawn(async move {
+            let answer = decide(&ctx, &door, entry).await;
+            if let Err(mpsc::error::SendError((_, Answer::Unlock { key_id }))) =
+                tx.send((i, answer)).await
+            {
+                // The bus task is gone: the grant is on record, the output
+                // never went out.
+                let at = (ctx.now)();
+                let job: Job =
+                    Box::new(move |c| record_unlock(c, &door, &key_id, false, at).map(drop));
+                let _ = records.try_send(("door.unlock_unconfirmed".to_owned(), job));
+            }
+        });
+    }
+
+    fn on_decided(&mut self, i: usize, answer: Answer) {
+        let Some(door) = self.slots[i].door.clone() else {
+            return;
+        };
+        match answer {
+            Answer::Unlock { key_id } => {
+                let sent = if self.slots[i].trusted() {
+                    self.slots[i].cp.send(cmds::unlock(&door)).ok()
+                } else {
+                    None
+                };
+                match sent {
+                    Some(token) => {
+                        let now = self.ms();
+                        let s = &mut self.slots[i];
+                        s.outputs.insert(token, key_id);
+                        s.watch.unlock_sent(now, door.unlock_ms);
+                        self.feedback(i, &cmds::granted(&door));
+                    }
+                    None => {
+                        tracing::warn!(bus = %self.name, door = %door.name, "the reader's session ended before the output went out");
+                        self.record_unlock(&door.name, key_id, false);
+                    }
+                }
+            }
+            Answer::Deny => self.feedback(i, &cmds::denied()),
+            Answer::LockedOut => self.feedback(i, &cmds::locked_out()),
+        }
+        let s = &mut self.slots[i];
+        s.deciding = false;
+        if let Some(next) = s.waiting.pop_front() {
+            self.start_decision(i, next);
+        }
+    }
+
+    /// LED and buzzer after the output, best effort: a reader without them
+    /// NAKs and is not faulted.
+    fn feedback(&mut self, i: usize, commands: &[cp::Command]) {
+        for c in commands {
+            if self.slots[i].cp.send(c.clone()).is_err() {
+                break;
+            }
+        }
+    }
+
+    fn output_done(&mut self, i: usize, token: u64, outcome: Outcome) {
+        let Some(key_id) = self.slots[i].outputs.remove(&token) else {
+            return;
+        };
+        let Some(door) = self.slots[i].door.clone() else {
+            return;
+        };
+        let confirmed = match &outcome {
+            Outcome::Ack => true,
+            Outcome::OutputStatus(status) => cmds::output_on(status, door.output),
+            Outcome::Nak(_) | Outcome::Failed => false,
+        };
+        if !confirmed {
+            tracing::warn!(bus = %self.name, door = %door.name, outcome = ?outcome, "osdp_OUT not confirmed");
+        }
+        self.record_unlock(&door.name, key_id, confirmed);
+    }
+
+    fn record_unlock(&self, door: &str, key_id: String, confirmed: bool) {
+        let at = (self.now)();
+        let d = door.to_owned();
+        self.record(
+            format!(
+                "{} at {door}",
+                if confirmed {
+                    "door.unlocked"
+                } else {
+                    "door.unlock_unconfirmed"
+                }
+            ),
+            Box::new(move |c| record_unlock(c, &d, &key_id, confirmed, at).map(drop)),
+        );
+    }
+
+    /// An input report: the door contact, when the door has one.
+    fn inputs(&mut self, i: usize, inputs: &[bool]) {
+        if self.slots[i].quarantined {
+            return;
+        }
+        let Some(door) = self.slots[i].door.clone() else {
+            return;
+        };
+        let Some(open) = cmds::contact_open(&door, inputs) else {
+            return;
+        };
+        let now = self.ms();
+        tracing::info!(bus = %self.name, door = %door.name, open, "door contact");
+        if let Some(alarm) = self.slots[i].watch.sensor(open, now) {
+            self.on_alarm(i, alarm);
+        }
+    }
+
+    fn on_alarm(&mut self, i: usize, alarm: DoorAlarm) {
+        let Some(door) = self.slots[i].door.as_ref().map(|d| d.name.clone()) else {
+            return;
+        };
+        let at = (self.now)();
+        let event = |kind: AuditKind| -> Job {
+            let d = door.clone();
+            Box::new(move |c| record_door_event(c, kind, &d, at).map(drop))
+        };
+        match alarm {
+            DoorAlarm::Forced => {
+                tracing::warn!(bus = %self.name, door = %door, "door forced");
+                self.record(
+                    format!("door.forced at {door}"),
+                    event(AuditKind::DoorForced),
+                );
+            }
+            DoorAlarm::HeldOpen => {
+                tracing::warn!(bus = %self.name, door = %door, "door held open");
+                self.record(
+                    format!("door.held_open at {door}"),
+                    event(AuditKind::DoorHeldOpen),
+                );
+            }
+            DoorAlarm::Closed { forced, held_open } => {
+                for (raised, condition) in [
+                    (forced, Condition::DoorForced),
+                    (held_open, Condition::DoorHeldOpen),
+                ] {
+                    if raised {
+                        self.clear(condition, &door);
+                    }
+                }
+            }
         }
     }
 
