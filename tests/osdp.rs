@@ -412,10 +412,12 @@ async fn two_readers_share_a_bus_and_one_stopping_does_not_stop_the_other() {
         &broker.url(),
         DaemonOptions {
             hub_extra: format!(
-                "{}{}{}",
+                "{}{}{}{}{}",
                 bus("bus-a", &bus_path, 9600),
                 reader("r-201", "bus-a", 1, ""),
                 reader("r-202", "bus-a", 2, ""),
+                reader_door("201", "r-201", 0, ""),
+                reader_door("202", "r-202", 0, ""),
             ),
             secrets_extra: format!(
                 "{}{}",
@@ -443,8 +445,19 @@ async fn two_readers_share_a_bus_and_one_stopping_does_not_stop_the_other() {
     assert!(!alert_open(&db, "board_offline", "r-201"));
     assert_eq!(link(&db, "r-201"), Some((true, true, false)));
     assert_eq!(link(&db, "r-202").map(|l| l.0), Some(false));
-    // r-201 keeps being polled under its channel while r-202 is away.
+    // r-201 keeps opening while r-202 is away.
+    issue(&broker, &mut hub, "201", PIN).await;
     a.forget();
+    a.keys(&typed(PIN));
+    let out = a.wait("osdp_OUT at r-201", Duration::from_secs(3), |v| {
+        v["cmd"] == "output"
+    });
+    assert_eq!(out["output_no"], 0);
+    hub.wait_db("door.unlocked at 201", |db| {
+        audit_rows(db, "201") == ["door.granted:k-1", "door.unlocked:k-1"]
+    })
+    .await;
+    assert!(b.commands("output").is_empty());
     a.send(serde_json::json!({"status": "local", "mask": 1, "n": 2}));
     hub.wait_db("r-201's tamper, reported while r-202 is away", |db| {
         alert_open(db, "tamper", "r-201")
@@ -796,4 +809,25 @@ async fn the_door_contact_and_tamper_come_from_the_readers_own_reports() {
         .await;
     assert_eq!(audit_rows(&hub.db(), "201"), ["door.forced"]);
     assert_eq!(audit_rows(&hub.db(), "r-201"), ["board.tamper"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_without_the_output_or_input_a_door_needs_raises_board_mismatch() {
+    let broker = Mosquitto::start_with(BrokerOptions::default());
+    // The door drives output 1 and reads input 1; this reader has one of each.
+    let mut peer = Peer::start(&[
+        "--key",
+        &key_hex(&KEY_1),
+        "--address",
+        "1",
+        "--outputs",
+        "1",
+        "--inputs",
+        "1",
+    ]);
+    let mut hub = secure_hub(&broker, &mut peer, "contact_input = 1", "").await;
+    hub.wait_db("board_mismatch", |db| {
+        alert_open(db, "board_mismatch", "r-201")
+    })
+    .await;
 }
