@@ -831,3 +831,16 @@ async fn a_reader_without_the_output_or_input_a_door_needs_raises_board_mismatch
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_output_the_reader_refuses_is_recorded_unconfirmed() {
+    let broker = Mosquitto::start_with(BrokerOptions::default());
+    let mut peer = Peer::start(&["--key", &key_hex(&KEY_1), "--address", "1", "--nak-output"]);
+    let mut hub = secure_hub(&broker, &mut peer, "", "").await;
+    issue(&broker, &mut hub, "201", PIN).await;
+    peer.keys(&typed(PIN));
+    hub.wait_db("door.unlock_unconfirmed", |db| {
+        audit_rows(db, "201") == ["door.granted:k-1", "door.unlock_unconfirmed:k-1"]
+    })
+    .await;
+}

@@ -70,6 +70,7 @@ def main():
     ap.add_argument("--outputs", type=int, default=2)
     ap.add_argument("--no-sc", action="store_true", help="a reader without Secure Channel")
     ap.add_argument("--no-enforce", action="store_true", help="accept plain text")
+    ap.add_argument("--nak-output", action="store_true", help="refuse osdp_OUT (NAK)")
     args = ap.parse_args()
 
     master, slave = os.openpty()
@@ -102,6 +103,10 @@ def main():
         id=osdp.PdId(1, 7, args.vendor, args.serial, 0x010203),
     )
     pd = osdp.PeripheralDevice(info, osdp.PDCapabilities(caps), log_level=osdp.LogLevel.Warning)
+    if args.nak_output:
+        pd.set_command_handler(
+            lambda cmd: (-1, None) if cmd.get("command") == osdp.Command.Output else (0, None)
+        )
     pd.start()
     emit({"port": os.ttyname(slave)})
 
