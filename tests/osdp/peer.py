@@ -123,7 +123,8 @@ def main():
         while not stop.is_set():
             cmd = pd.get_command(timeout=0.05)
             if cmd:
-                out = {"cmd": names.get(cmd.get("command"), str(cmd.get("command")))}
+                # "t": when the command reached the reader (monotonic s), for the bench.
+                out = {"cmd": names.get(cmd.get("command"), str(cmd.get("command"))), "t": time.monotonic()}
                 for k, v in cmd.items():
                     if k == "command" or k == "data":
                         continue  # never echo a key
@@ -145,6 +146,7 @@ def main():
         req = json.loads(line)
         if req.get("quit"):
             break
+        t = time.monotonic()
         if "keys" in req:
             pd.submit_event({"event": osdp.Event.KeyPress, "reader_no": 0, "data": bytes(req["keys"])})
         if req.get("card"):
@@ -163,7 +165,7 @@ def main():
             chan.raw(bytes.fromhex(req["raw"]))
         if "pause" in req:
             chan.paused = bool(req["pause"])
-        emit({"ok": True})
+        emit({"ok": True, "t": t})
     stop.set()
     pd.stop()
 
