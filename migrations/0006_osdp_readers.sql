@@ -44,54 +44,24 @@ CREATE TABLE osdp_buses (
     updated_at    INTEGER NOT NULL
 ) WITHOUT ROWID;
 
--- The alert conditions mqtt.md lists today, OSDP's among them
--- (board_mismatch, link_insecure, reader_link_fault, reader_replaced) and
--- the others added with them (keypad_flood, broker_denied). SQLite cannot
--- alter a CHECK, so the table is rebuilt with its rows.
-CREATE TABLE alerts_0006 (
-    condition TEXT NOT NULL CHECK (condition IN (
-                  'keypad_lockout', 'board_offline', 'door_forced', 'door_held_open',
-                  'tamper', 'bad_signature', 'malformed_event', 'event_id_conflict',
-                  'pin_ambiguous', 'clock_untrusted', 'cloud_stale', 'outbox_backlog',
-                  'storage_failure', 'signer_expiring', 'keypad_flood', 'board_mismatch',
-                  'link_insecure', 'reader_link_fault', 'reader_replaced', 'broker_denied')),
-    subject   TEXT NOT NULL,
-    alert_id  TEXT NOT NULL CHECK (length(alert_id) = 36),
-    state     TEXT NOT NULL CHECK (state IN ('raised', 'cleared')),
-    count     INTEGER NOT NULL CHECK (count >= 1),
-    first_at  INTEGER NOT NULL,
-    last_at   INTEGER NOT NULL CHECK (last_at >= first_at),
-    -- When the cloud was last told (repeats are re-published at most once a minute).
-    published_at INTEGER NOT NULL,
-    PRIMARY KEY (condition, subject)
-) WITHOUT ROWID;
-INSERT INTO alerts_0006 (condition, subject, alert_id, state, count, first_at, last_at, published_at)
-    SELECT condition, subject, alert_id, state, count, first_at, last_at, published_at FROM alerts;
-DROP TABLE alerts;
-ALTER TABLE alerts_0006 RENAME TO alerts;
 
 ------------------------------------------------------------------------------
 -- Audit: a card read at an OSDP reader is `door.denied` with reason
 -- `unsupported_credential` (osdp.md, PIN entry). SQLite cannot change a
--- CHECK in place, so the table is rebuilt; the outbox references it, so it
--- is set aside and rebuilt too (foreign keys stay on inside the migration's
--- transaction). Rows keep their seqno and id, and each AUTOINCREMENT
--- high-water mark is carried over.
+-- CHECK in place, so the table is rebuilt as 0003 did (foreign keys are off
+-- while migrations run and checked before the commit; see migrate.rs),
+-- with 0003's `condition` and 0005's `count` and their rules, and every
+-- index and trigger recreated as 0005 left them.
 ------------------------------------------------------------------------------
-CREATE TABLE audit_0006 AS SELECT * FROM audit;
-CREATE TABLE outbox_0006 AS SELECT * FROM outbox;
-CREATE TABLE seq_0006 AS SELECT name, seq FROM sqlite_sequence WHERE name IN ('audit', 'outbox');
-DROP TABLE outbox;
-DROP TABLE audit;
-
-CREATE TABLE audit (
+CREATE TABLE audit_new (
     seqno       INTEGER PRIMARY KEY AUTOINCREMENT,
     audit_id    TEXT NOT NULL UNIQUE CHECK (length(audit_id) = 36),
     at          INTEGER NOT NULL,
     kind        TEXT NOT NULL CHECK (kind IN (
                     'door.granted', 'door.unlocked', 'door.unlock_unconfirmed',
                     'door.denied', 'door.locked_out', 'door.forced', 'door.held_open',
-                    'board.tamper', 'key.activated', 'key.revoked', 'key.expired')),
+                    'board.tamper', 'door.flood', 'alert.cleared',
+                    'key.activated', 'key.revoked', 'key.expired')),
     door        TEXT,
     key_id      TEXT,
     check_in_id TEXT,
@@ -102,10 +72,32 @@ CREATE TABLE audit (
     event_id    TEXT,
     -- Set once, when the broker acknowledged the audit record.
     acked_at    INTEGER,
+    -- The condition an operator cleared (`alert.cleared` only, and always there).
+    condition   TEXT,
+    -- `door.flood` only: the entries past the flood limit this row counts.
+    count       INTEGER CHECK (count IS NULL OR count >= 1),
     CHECK (kind <> 'door.denied' OR reason IN (
         'unknown_pin', 'outside_window', 'bad_format', 'unknown_door',
-        'pin_ambiguous', 'storage_failure', 'unsupported_credential'))
+        'pin_ambiguous', 'storage_failure', 'unsupported_credential')),
+    CHECK ((kind = 'alert.cleared') = (condition IS NOT NULL)),
+    -- An operator's clear always says why.
+    CHECK (kind <> 'alert.cleared' OR (reason IS NOT NULL AND door IS NOT NULL)),
+    CHECK ((kind = 'door.flood') = (count IS NOT NULL)),
+    CHECK (kind <> 'door.flood' OR door IS NOT NULL)
 );
+INSERT INTO audit_new (seqno, audit_id, at, kind, door, key_id, check_in_id, holder_ref,
+                       holder_name, reason, event_id, acked_at, condition, count)
+  SELECT seqno, audit_id, at, kind, door, key_id, check_in_id, holder_ref,
+         holder_name, reason, event_id, acked_at, condition, count
+    FROM audit;
+-- AUTOINCREMENT never reuses a seqno, also one whose row was pruned.
+INSERT INTO sqlite_sequence (name, seq)
+  SELECT 'audit_new', 0 WHERE NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'audit_new');
+UPDATE sqlite_sequence
+   SET seq = max(seq, coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'audit'), 0))
+ WHERE name = 'audit_new';
+DROP TABLE audit;
+ALTER TABLE audit_new RENAME TO audit;
 CREATE INDEX audit_by_door_kind_at ON audit (door, kind, at);
 CREATE INDEX audit_by_holder_ref ON audit (holder_ref) WHERE holder_ref IS NOT NULL;
 
@@ -115,6 +107,7 @@ WHEN NOT (NEW.seqno IS OLD.seqno AND NEW.audit_id IS OLD.audit_id AND NEW.at IS 
           AND NEW.kind IS OLD.kind AND NEW.door IS OLD.door AND NEW.key_id IS OLD.key_id
           AND NEW.check_in_id IS OLD.check_in_id AND NEW.holder_ref IS OLD.holder_ref
           AND NEW.reason IS OLD.reason AND NEW.event_id IS OLD.event_id
+          AND NEW.condition IS OLD.condition AND NEW.count IS OLD.count
           AND (NEW.holder_name IS OLD.holder_name OR NEW.holder_name IS NULL)
           AND (NEW.acked_at IS OLD.acked_at OR (OLD.acked_at IS NULL AND NEW.acked_at IS NOT NULL)))
 BEGIN
@@ -135,49 +128,3 @@ WHEN EXISTS (SELECT 1 FROM audit WHERE audit_id = NEW.audit_id OR seqno = NEW.se
 BEGIN
     SELECT RAISE(ABORT, 'audit rows are immutable');
 END;
-INSERT INTO audit SELECT * FROM audit_0006 ORDER BY seqno;
-
-CREATE TABLE outbox (
-    id         INTEGER PRIMARY KEY AUTOINCREMENT,
-    topic      TEXT NOT NULL CHECK (topic IN ('results', 'audit', 'alerts', 'sync')),
-    -- The body to sign and publish (UTF-8 JSON).
-    body       BLOB NOT NULL,
-    audit_id   TEXT REFERENCES audit (audit_id),
-    created_at INTEGER NOT NULL,
-    sent_at    INTEGER
-);
-CREATE INDEX outbox_unsent ON outbox (id) WHERE sent_at IS NULL;
--- The foreign key's child index: without it every audit delete (retention)
--- scans the whole outbox once per row.
-CREATE INDEX outbox_by_audit_id ON outbox (audit_id);
-
-CREATE TRIGGER outbox_body_immutable BEFORE UPDATE ON outbox
-WHEN NEW.body IS NOT OLD.body OR NEW.topic IS NOT OLD.topic OR NEW.id IS NOT OLD.id
-  OR NEW.audit_id IS NOT OLD.audit_id OR NEW.created_at IS NOT OLD.created_at
-  OR (OLD.sent_at IS NOT NULL AND NEW.sent_at IS NOT OLD.sent_at)
-BEGIN
-    SELECT RAISE(ABORT, 'outbox rows are immutable once written');
-END;
-
--- Unsent rows are never pruned.
-CREATE TRIGGER outbox_keep_unsent BEFORE DELETE ON outbox
-WHEN OLD.sent_at IS NULL
-BEGIN
-    SELECT RAISE(ABORT, 'outbox row not yet sent');
-END;
-
-CREATE TRIGGER outbox_no_overwrite BEFORE INSERT ON outbox
-WHEN EXISTS (SELECT 1 FROM outbox WHERE id = NEW.id)
-BEGIN
-    SELECT RAISE(ABORT, 'outbox rows are immutable once written');
-END;
-INSERT INTO outbox SELECT * FROM outbox_0006 ORDER BY id;
-
-UPDATE sqlite_sequence
-   SET seq = max(seq, (SELECT s.seq FROM seq_0006 s WHERE s.name = sqlite_sequence.name))
- WHERE name IN (SELECT name FROM seq_0006);
-INSERT INTO sqlite_sequence (name, seq)
-SELECT name, seq FROM seq_0006 WHERE name NOT IN (SELECT name FROM sqlite_sequence);
-DROP TABLE seq_0006;
-DROP TABLE outbox_0006;
-DROP TABLE audit_0006;

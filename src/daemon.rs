@@ -50,6 +50,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         store.clone(),
         decider,
         seq,
+        clock.clone(),
     ) {
         Ok(s) => s,
         Err(e) => {
@@ -113,7 +114,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
 
 /// Pets systemd's watchdog only while the writer thread answers: a wedged
 /// writer (no door can be audited, so none can open) becomes a restart
-/// rather than a silent hub.
+/// rather than a silent hub. A writer that answers with an error (a full
+/// disk, another process holding the write lock) is not wedged: a restart
+/// would not mend the storage, and would lose the denials kept in memory
+/// until they can be written (`store::door::StorageFailures`).
 async fn watchdog(store: Store, every: std::time::Duration) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -127,7 +131,8 @@ async fn watchdog(store: Store, every: std::time::Duration) {
                 let _ = notify::watchdog();
             }
             Ok(Err(e)) => {
-                tracing::error!(error = %e, "the store's writer failed; withholding the watchdog")
+                tracing::warn!(error = %e, "the store's writer answers, with an error");
+                let _ = notify::watchdog();
             }
             Err(_) => tracing::error!(
                 "the store's writer did not answer in time; withholding the watchdog"

@@ -18,15 +18,18 @@
 //! | pure decisions | [`verify`] | step 1 of an event: size, envelope, signer, `verify_strict`, ids |
 //! | | [`lifecycle`] | the key state machine and the plan for one grant or revoke |
 //! | | [`door`] | the door decision and the lockout arithmetic |
+//! | | [`watch`] | what a door driver watches besides the decision: the door sensor (forced, held open) and the keypad flood limit |
 //! | | [`clock`] | the effective time (system clock, durable floor, monotonic time) and its trust |
 //! | the mirror | [`store`] | SQLite: migrations, the one writer thread, applying events, door entries, audit, outbox, alerts |
+//! | door drivers' common part | [`entry`] | a keypad entry at any door (board or reader): one decision at a time per door, decided by the store and committed before the driver answers |
 //! | I/O edges | [`sync`] | MQTT: the event loop, verify → apply with in-order acks, the outbox publisher, sync requests |
 //! | | [`serial`] | the lock boards: one task per port, keypad → committed decision → Unlock/Deny, sensors, liveness |
-//! | | [`osdp`] | OSDP readers: one task per bus, Secure Channel, supervision, `lockhub osdp install` |
+//! | | [`osdp`] | OSDP readers: one task per bus, Secure Channel, supervision, keypad → committed decision → osdp_OUT, `lockhub osdp install` |
 //! | | [`maintenance`] | housekeeping: clock trust, time floor, expiry sweep, retention, signer expiry |
-//! | | [`daemon`] | `run(config, shutdown)`: wires the store, sync, serial ports and housekeeping |
+//! | | [`daemon`] | `run(config, shutdown)`: wires the store, sync, serial ports, OSDP buses and housekeeping |
 //! | operators | [`provision`] | `lockhub provision`: writes hub.toml + secrets.toml safely, fresh keys |
 //! | | [`status`] | `lockhub status`: a read-only snapshot for operators |
+//! | | [`alert_clear`] | `lockhub alert clear`: an operator ends a raised alert, audited; safe while the daemon runs |
 //! | | [`notify`] | systemd `sd_notify` (READY, WATCHDOG, STOPPING) without libsystemd |
 //! | | [`logging`] | the tracing subscriber: text or JSON on stderr |
 //! | peers | [`sim`] | a simulated cloud that signs events and a simulated lock board, for tests, the demo, benchmarks |
@@ -37,11 +40,13 @@
 //! `migrations/` holds the schema as append-only SQL files; the invariants of
 //! mqtt.md are enforced there, by SQLite, as the last line of defence.
 
+pub mod alert_clear;
 pub mod clock;
 pub mod config;
 pub mod crypto;
 pub mod daemon;
 pub mod door;
+pub mod entry;
 pub mod event;
 pub mod lifecycle;
 pub mod logging;
@@ -56,3 +61,4 @@ pub mod store;
 pub mod sync;
 pub mod time;
 pub mod verify;
+pub mod watch;

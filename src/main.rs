@@ -43,6 +43,11 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Operator actions on the hub's alerts.
+    Alert {
+        #[command(subcommand)]
+        command: AlertCommand,
+    },
     /// Run the daemon until SIGTERM or SIGINT.
     Run {
         /// Path to hub.toml.
@@ -138,6 +143,24 @@ fn osdp_install(path: &std::path::Path, reader: &str) -> ExitCode {
             })
         }
     }
+}
+
+#[derive(Subcommand)]
+enum AlertCommand {
+    /// Clear a raised alert by hand (how `tamper` ends), audited as
+    /// `alert.cleared` with your reason; safe while the daemon runs.
+    Clear {
+        /// The alert's condition, e.g. `tamper`.
+        condition: String,
+        /// The alert's subject, as `lockhub status` shows it (e.g. `board-a`).
+        subject: String,
+        /// Path to hub.toml.
+        #[arg(long)]
+        config: PathBuf,
+        /// Why it is cleared (published in the audit record; no personal data).
+        #[arg(long)]
+        reason: String,
+    },
 }
 
 fn parse_door_name(s: &str) -> Result<(String, u8), String> {
@@ -285,6 +308,29 @@ fn main() -> ExitCode {
         Command::Osdp {
             command: OsdpCommand::Install { config, reader },
         } => osdp_install(&config, &reader),
+        Command::Alert {
+            command:
+                AlertCommand::Clear {
+                    condition,
+                    subject,
+                    config,
+                    reason,
+                },
+        } => match lockhub::alert_clear::clear(&config, &condition, &subject, &reason) {
+            Ok(c) => {
+                println!(
+                    "cleared {} {} at {}",
+                    c.condition.as_str(),
+                    c.subject,
+                    c.at.to_rfc3339()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("lockhub alert clear: {e}");
+                ExitCode::from(e.exit_code())
+            }
+        },
         Command::CheckConfig { file } => match lockhub::config::load(&file) {
             Ok(_) => {
                 println!("{}: ok", file.display());

@@ -7,6 +7,7 @@
 //! | save the time floor | 60 s | a power cut must not take the effective time back |
 //! | expiry sweep | 30 s | keys past `valid_until` become `expired`, audited (only while trusted) |
 //! | lockout alerts | 5 s | `keypad_lockout` clears when the lockout ends, even with nobody at the door |
+//! | quiet alerts | 10 s | `bad_signature`, `malformed_event`, `event_id_conflict`, `keypad_flood` end after `policy.cloud_stale_s` without a new occurrence |
 //! | retention prune | 1 h | dedupe, final keys, tombstones, sent outbox, acked audit |
 //! | `signer_expiring` | 1 h | 30 days' warning before a trust-ring key stops verifying |
 //!
@@ -29,6 +30,7 @@ const TRUST_EVERY: Duration = Duration::from_secs(10);
 const FLOOR_EVERY: Duration = crate::clock::FLOOR_SAVE_INTERVAL;
 const EXPIRE_EVERY: Duration = Duration::from_secs(30);
 const LOCKOUT_EVERY: Duration = Duration::from_secs(5);
+const QUIET_EVERY: Duration = Duration::from_secs(10);
 const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 const SIGNERS_EVERY: Duration = Duration::from_secs(3600);
 /// One job never loops more than this many batches in a row.
@@ -109,6 +111,24 @@ impl Maintenance {
         Ok(n)
     }
 
+    /// Clears the alerts of occurrences ([`Condition::ends_when_quiet`])
+    /// that have not happened again for `policy.cloud_stale_s`.
+    pub async fn clear_quiet_alerts(&self) -> Result<usize, StoreError> {
+        let now = self.clock.now();
+        let quiet_s = self.policy.cloud_stale_s;
+        let n = self
+            .store
+            .write(Priority::Bulk, move |c| {
+                alerts::clear_quiet(c, quiet_s, now)
+            })
+            .await?;
+        if n > 0 {
+            tracing::info!(alerts = n, "alerts ended after a quiet period");
+            self.outbox_wake.notify_one();
+        }
+        Ok(n)
+    }
+
     /// Deletes what retention allows, in batches.
     pub async fn prune(&self) -> Result<(), StoreError> {
         let policy = self.policy;
@@ -126,7 +146,8 @@ impl Maintenance {
     }
 
     /// Raises `signer_expiring` for each signer within 30 days of its
-    /// `not_after`, and clears it for the others.
+    /// `not_after`, and clears it for the others, also for a signer no
+    /// longer in the trust ring (its alert would otherwise never end).
     pub async fn check_signers(&self) -> Result<(), StoreError> {
         let now = self.clock.now();
         let expiring: Vec<String> = verify::signer_expiring(&self.trust_ring, now)
@@ -145,6 +166,11 @@ impl Maintenance {
                         alerts::clear(c, Condition::SignerExpiring, id, now)?
                     };
                 }
+                for gone in alerts::raised_subjects(c, Condition::SignerExpiring)? {
+                    if !all.contains(&gone) {
+                        changed |= alerts::clear(c, Condition::SignerExpiring, &gone, now)?;
+                    }
+                }
                 Ok(changed)
             })
             .await?;
@@ -160,6 +186,7 @@ impl Maintenance {
         let mut floor = tokio::time::interval(FLOOR_EVERY);
         let mut expire = tokio::time::interval(EXPIRE_EVERY);
         let mut lockouts = tokio::time::interval(LOCKOUT_EVERY);
+        let mut quiet = tokio::time::interval(QUIET_EVERY);
         let mut prune = tokio::time::interval(PRUNE_EVERY);
         let mut signers = tokio::time::interval(SIGNERS_EVERY);
         for i in [
@@ -167,6 +194,7 @@ impl Maintenance {
             &mut floor,
             &mut expire,
             &mut lockouts,
+            &mut quiet,
             &mut prune,
             &mut signers,
         ] {
@@ -179,6 +207,7 @@ impl Maintenance {
                 _ = floor.tick() => self.save_floor().await,
                 _ = expire.tick() => self.expire().await.map(|_| ()),
                 _ = lockouts.tick() => self.clear_lockouts().await.map(|_| ()),
+                _ = quiet.tick() => self.clear_quiet_alerts().await.map(|_| ()),
                 _ = prune.tick() => self.prune().await,
                 _ = signers.tick() => self.check_signers().await,
             };
@@ -294,6 +323,51 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_occurrence_alert_ends_after_cloud_stale_s_without_a_new_one_and_a_state_alert_does_not()
+     {
+        let now = Timestamp::now_system();
+        let (_dir, m) = setup(Timestamp(0));
+        let quiet = i64::from(m.policy.cloud_stale_s);
+        let old = now.saturating_add_secs(-quiet - 5);
+        let recent = now.saturating_add_secs(-quiet + 60);
+        m.store
+            .write(Priority::Bulk, move |c| {
+                alerts::raise(c, Condition::BadSignature, "cloud", 1, old)?;
+                alerts::raise(c, Condition::MalformedEvent, "cloud", 1, old)?;
+                alerts::raise(c, Condition::KeypadFlood, "101", 1, old)?;
+                // A new occurrence keeps this one raised.
+                alerts::raise(c, Condition::EventIdConflict, "e-1", 1, old)?;
+                alerts::raise(c, Condition::EventIdConflict, "e-1", 1, recent)?;
+                // Not an occurrence: it ends when the door closes.
+                alerts::raise(c, Condition::DoorForced, "101", 1, old)?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+        assert_eq!(m.clear_quiet_alerts().await.unwrap(), 3);
+        let mut open: Vec<String> = alerts::open_alerts(&m.store.reader().unwrap())
+            .unwrap()
+            .into_iter()
+            .map(|a| a.condition)
+            .collect();
+        open.sort();
+        assert_eq!(open, ["door_forced", "event_id_conflict"]);
+        let cleared: i64 = m
+            .store
+            .reader()
+            .unwrap()
+            .query_row(
+                "SELECT count(*) FROM outbox WHERE topic = 'alerts'
+                  AND CAST(body AS TEXT) LIKE '%\"state\":\"cleared\"%'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(cleared, 3, "each end is published");
+        assert_eq!(m.clear_quiet_alerts().await.unwrap(), 0);
+    }
+
+    #[tokio::test]
     async fn a_signer_near_its_not_after_raises_signer_expiring_and_a_far_one_clears_it() {
         let (_dir, mut m) = setup(Timestamp(0));
         let key =
@@ -316,6 +390,17 @@ mod tests {
             alerts::open_alerts(&m.store.reader().unwrap())
                 .unwrap()
                 .is_empty()
+        );
+        // A signer taken out of the ring while its alert is raised: it ends.
+        m.trust_ring[0].not_after = Some(soon);
+        m.check_signers().await.unwrap();
+        m.trust_ring.clear();
+        m.check_signers().await.unwrap();
+        assert!(
+            alerts::open_alerts(&m.store.reader().unwrap())
+                .unwrap()
+                .is_empty(),
+            "the alert of a removed signer ends"
         );
     }
 }

@@ -414,3 +414,83 @@ fn the_key_listing_shows_doors_and_windows_but_never_tags_or_names() {
     let tag = lockhub::crypto::b64u_encode(&lockhub::crypto::pin_tag(&[1; 32], b"482913"));
     assert!(!text.contains(&tag) && !text.contains(&tag[..8]), "{text}");
 }
+
+/// The `pin_ambiguous` alert messages queued for the cloud, oldest first.
+fn pin_ambiguous_messages(db: &Db) -> Vec<serde_json::Value> {
+    db.reader()
+        .prepare(
+            "SELECT CAST(body AS TEXT) FROM outbox WHERE topic = 'alerts'
+              AND CAST(body AS TEXT) LIKE '%\"pin_ambiguous\"%' ORDER BY id",
+        )
+        .unwrap()
+        .query_map([], |r| r.get::<_, String>(0))
+        .unwrap()
+        .map(|b| serde_json::from_str(&b.unwrap()).unwrap())
+        .collect()
+}
+
+#[test]
+fn pin_ambiguous_ends_when_one_of_its_keys_expires_and_the_cleared_message_matches_the_raised_one()
+{
+    let db = Db::open();
+    let a = K::active("k-a", "482913", &["101"]);
+    let mut b = K::active("k-b", "482913", &["101"]);
+    b.pin_key = 1;
+    b.until = t(1800);
+    // A key the alert is not about.
+    let c = K::active("k-c", "111111", &["101"]);
+    insert(&db, &[a, b, c]);
+    let o = db.enter("101", "482913", t(0));
+    assert_eq!(denied(&o), Some(DenyReason::PinAmbiguous));
+    db.enter("101", "482913", t(10));
+    db.write(|c| {
+        c.execute(
+            "UPDATE keys SET state = 'revoked', revoke_reason = 'test', updated_at = ?1
+              WHERE key_id = 'k-c'",
+            [t(20).0],
+        )?;
+        Ok(())
+    });
+    assert!(
+        raised(&db, "pin_ambiguous", "101"),
+        "an unrelated key changes nothing"
+    );
+    // The real expiry sweep makes k-b final.
+    let expired = db.write(|c| lockhub::store::sweep::expire_due(c, t(2000), true));
+    assert_eq!(expired, 1);
+    assert!(!raised(&db, "pin_ambiguous", "101"));
+    let msgs = pin_ambiguous_messages(&db);
+    assert_eq!(msgs.len(), 2, "raised once, cleared once: {msgs:?}");
+    let (up, down) = (&msgs[0], &msgs[1]);
+    assert_eq!(up["state"], "raised");
+    assert_eq!(down["state"], "cleared");
+    assert_eq!(down["alert_id"], up["alert_id"]);
+    assert_eq!(down["subject"], "101");
+    assert_eq!(down["count"], 2);
+    assert_eq!(down["first_at"], t(0).to_rfc3339());
+    assert_eq!(down["last_at"], t(2000).to_rfc3339());
+    assert_eq!(
+        db.count("SELECT count(*) FROM alert_keys"),
+        0,
+        "the ended alert forgets its keys"
+    );
+    // A new ambiguity later is a new alert.
+    let mut d = K::active("k-d", "482913", &["101"]);
+    d.pin_key = 1;
+    insert(&db, &[d]);
+    db.enter("101", "482913", t(2100));
+    assert!(raised(&db, "pin_ambiguous", "101"));
+    let msgs = pin_ambiguous_messages(&db);
+    assert_ne!(msgs[2]["alert_id"], msgs[0]["alert_id"]);
+    // Revoking one of them (by any path: here plain SQL) ends it too.
+    db.write(|c| {
+        c.execute(
+            "UPDATE keys SET state = 'revoked', revoke_reason = 'test', updated_at = ?1
+              WHERE key_id = 'k-a'",
+            [t(2200).0],
+        )?;
+        Ok(())
+    });
+    assert!(!raised(&db, "pin_ambiguous", "101"));
+    assert_eq!(pin_ambiguous_messages(&db)[3]["state"], "cleared");
+}

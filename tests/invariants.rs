@@ -562,3 +562,142 @@ fn lockouts_are_never_overwritten() {
     );
     refused(&c, "UPDATE lockouts SET until = 2");
 }
+
+#[test]
+fn an_alert_cleared_audit_row_always_names_its_condition_subject_and_reason_and_keeps_them() {
+    let (_dir, c) = db();
+    let row = |n: u8, cols: &str, vals: &str| {
+        format!(
+            "INSERT INTO audit (audit_id, at, kind{cols}) VALUES ('00000000-0000-7000-8000-0000000000{n:02}', 5, 'alert.cleared'{vals})"
+        )
+    };
+    refused(&c, &row(1, "", ""));
+    refused(&c, &row(2, ", door, reason", ", 'board-a', 'fixed'"));
+    refused(&c, &row(3, ", door, condition", ", 'board-a', 'tamper'"));
+    refused(&c, &row(4, ", reason, condition", ", 'fixed', 'tamper'"));
+    accepted(
+        &c,
+        &row(
+            5,
+            ", door, reason, condition",
+            ", 'board-a', 'fixed', 'tamper'",
+        ),
+    );
+    refused(&c, "UPDATE audit SET condition = 'door_forced'");
+    // Only an operator's clear carries a condition.
+    refused(
+        &c,
+        "INSERT INTO audit (audit_id, at, kind, door, condition)
+         VALUES ('00000000-0000-7000-8000-000000000006', 5, 'board.tamper', 'board-a', 'tamper')",
+    );
+}
+
+#[test]
+fn every_alert_condition_of_the_contract_is_accepted_and_no_other() {
+    let (_dir, c) = db();
+    for (i, cond) in lockhub::store::alerts::Condition::ALL.iter().enumerate() {
+        accepted(
+            &c,
+            &format!(
+                "INSERT INTO alerts VALUES ('{}', 's', '00000000-0000-7000-8000-0000000000{i:02}', 'raised', 1, 1, 1, 1)",
+                cond.as_str()
+            ),
+        );
+    }
+    refused(
+        &c,
+        "INSERT INTO alerts VALUES ('door_sad', 's', '00000000-0000-7000-8000-000000000099', 'raised', 1, 1, 1, 1)",
+    );
+}
+
+#[test]
+fn a_door_flood_row_has_a_door_and_a_count_and_no_other_row_has_a_count() {
+    let (_d, c) = db();
+    let id = |n: u8| format!("00000000-0000-7000-8000-0000000000{n:02}");
+    accepted(
+        &c,
+        &format!(
+            "INSERT INTO audit (audit_id, at, kind, door, count) VALUES ('{}', 1, 'door.flood', '101', 40)",
+            id(1)
+        ),
+    );
+    for (n, sql) in [
+        (2, "'door.flood', '101', NULL"),
+        (3, "'door.flood', NULL, 5"),
+        (4, "'door.flood', '101', 0"),
+        (5, "'door.forced', '101', 1"),
+    ] {
+        refused(
+            &c,
+            &format!(
+                "INSERT INTO audit (audit_id, at, kind, door, count) VALUES ('{}', 1, {sql})",
+                id(n)
+            ),
+        );
+    }
+    // The count is part of the row, which is never rewritten.
+    refused(&c, "UPDATE audit SET count = 1 WHERE kind = 'door.flood'");
+}
+
+#[test]
+fn a_door_state_row_is_open_with_its_opening_time_or_closed_without_alerts() {
+    let (_d, c) = db();
+    accepted(
+        &c,
+        "INSERT INTO door_state VALUES ('101', 1, 5, 1, 1, 5);
+         INSERT INTO door_state VALUES ('102', 0, NULL, 0, 0, 5);",
+    );
+    refused(
+        &c,
+        "INSERT INTO door_state VALUES ('103', 1, NULL, 0, 0, 5)",
+    );
+    refused(&c, "INSERT INTO door_state VALUES ('104', 0, 5, 0, 0, 5)");
+    refused(
+        &c,
+        "INSERT INTO door_state VALUES ('105', 0, NULL, 1, 0, 5)",
+    );
+    refused(&c, "INSERT INTO door_state VALUES ('106', 2, 5, 0, 0, 5)");
+}
+
+#[test]
+fn every_denial_reason_fits_the_audit_table_and_nothing_else_does() {
+    let (_d, c) = db();
+    for (i, r) in lockhub::door::DenyReason::ALL.iter().enumerate() {
+        accepted(
+            &c,
+            &format!(
+                "INSERT INTO audit (audit_id, at, kind, door, reason)
+                 VALUES ('00000000-0000-7000-8000-0000000001{i:02}', 0, 'door.denied', '201', '{}')",
+                r.as_str()
+            ),
+        );
+    }
+    refused(
+        &c,
+        "INSERT INTO audit (audit_id, at, kind, door, reason)
+         VALUES ('00000000-0000-7000-8000-000000000199', 0, 'door.denied', '201', 'card_ok')",
+    );
+    // The rebuild in 0006 kept 0005's guard on `count` and 0003's on `condition`.
+    refused(&c, "UPDATE audit SET count = 2");
+    refused(&c, "UPDATE audit SET condition = 'tamper'");
+}
+
+#[test]
+fn an_osdp_reader_link_is_on_a_real_address_and_secure_only_while_online() {
+    let (_d, c) = db();
+    let row = |address: u8, online: u8, secure: u8| {
+        format!(
+            "INSERT OR REPLACE INTO osdp_links (reader, bus, address, online, secure, quarantined, since)
+             VALUES ('r-1', 'bus-a', {address}, {online}, {secure}, 0, 0)"
+        )
+    };
+    accepted(&c, &row(126, 1, 1));
+    accepted(&c, &row(0, 0, 0));
+    refused(&c, &row(127, 1, 0));
+    refused(&c, &row(1, 0, 1));
+    refused(
+        &c,
+        "INSERT INTO osdp_readers (reader, vendor, model, version, serial, firmware, recorded_at)
+         VALUES ('r-1', 16777216, 0, 0, 0, 0, 0)",
+    );
+}

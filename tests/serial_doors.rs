@@ -450,3 +450,195 @@ async fn when_the_audit_row_cannot_be_written_the_door_is_denied_and_storage_fai
     assert!(db.audit().is_empty());
     hub.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_board_without_a_configured_door_raises_board_mismatch_and_never_confirms_its_unlock() {
+    let db = Db::open(Policy::default());
+    db.add_key("k-2", "482913", &["102"]).await;
+    let pty = Pty::open();
+    let s = settings(
+        vec![port(
+            "board-a",
+            by_id(&db, "board-a", &pty),
+            vec![door("101", 0), door("102", 1)],
+        )],
+        db.policy,
+    );
+    let hub = start(&db, s);
+    // The board says it has one door: 102 (index 1) is not on it.
+    let (mut sim, _keep) = board(pty, 1);
+    until_linked(&mut sim).await;
+    assert!(until_db(&mut sim, &db, |db| db.raised("board_mismatch", "102")).await);
+    assert!(!db.raised("board_mismatch", "101"));
+
+    // A Keypad for index 1, written by hand (the board has no such
+    // keypad): decided, granted, and the board acks the Unlock as it acks
+    // every command; that Ack confirms nothing.
+    let pin = Pin::from_digits("482913").unwrap();
+    let frame = to_frame(&Uplink::Keypad {
+        seq: 900,
+        door: 1,
+        pin,
+    })
+    .unwrap();
+    sim.write_raw(&frame).await.unwrap();
+    assert!(until_db(&mut sim, &db, |db| db.audit().len() == 2).await);
+    assert_eq!(
+        db.audit(),
+        ["door.granted@102", "door.unlock_unconfirmed@102"]
+    );
+    assert!(
+        sim.events()
+            .any(|e| matches!(e, SimEvent::Received(Downlink::Unlock { door: 1, .. }))),
+        "the Unlock went out and was acked"
+    );
+
+    // The board is replaced by one with three doors: its Hello covers 102.
+    let io = sim.into_inner();
+    let mut sim = lockhub::sim::board::SimBoard::new(io, firmware_bridge::BoardConfig::new(2, 3));
+    assert!(until_db(&mut sim, &db, |db| !db.raised("board_mismatch", "102")).await);
+    hub.shutdown().await;
+}
+
+/// The byte size of the database's content (pages in use, WAL included),
+/// as SQLite counts it.
+fn db_bytes(db: &Db) -> i64 {
+    db.count("SELECT page_count * page_size FROM pragma_page_count, pragma_page_size")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_ten_thousand_keypads_writes_a_few_rows_and_the_right_pin_elsewhere_still_opens()
+{
+    let (db, hub, mut sim, _keep) = one_board(Policy::default()).await;
+    db.add_key("k-2", "482913", &["102"]).await;
+    // Let the Hello's bookkeeping land before measuring.
+    sim.run_for(Duration::from_millis(300)).await.unwrap();
+    let before = db_bytes(&db);
+    let rows_before = db.count("SELECT count(*) FROM audit");
+
+    // 10,000 distinct Keypads, half at door 101 (known), half at index 9
+    // (no such door), as fast as the line takes them.
+    const FLOOD: u16 = 10_000;
+    let mut seq = 1000u16;
+    let mut sent = 0u16;
+    let mut typed = false;
+    let mut opened = false;
+    while sent < FLOOD {
+        let mut chunk = Vec::new();
+        for _ in 0..8 {
+            if sent == FLOOD {
+                break;
+            }
+            let door = if sent.is_multiple_of(2) { 0 } else { 9 };
+            let pin = Pin::from_digits("111111").unwrap();
+            chunk.extend_from_slice(&to_frame(&Uplink::Keypad { seq, door, pin }).unwrap());
+            seq = seq.wrapping_add(1).max(1);
+            sent += 1;
+        }
+        sim.write_raw(&chunk).await.unwrap();
+        sim.step().await.unwrap();
+        opened |= sim.take_events().iter().any(relay_opened(1));
+        if !typed && sent >= FLOOD / 2 {
+            // A guest at door 102 in the middle of it.
+            sim.enter_pin(1, "482913");
+            typed = true;
+        }
+    }
+    // The flood's own events would push the relay's out of the board's
+    // bounded event log: watch for it as it happens.
+    let end = tokio::time::Instant::now() + WAIT;
+    while !opened && tokio::time::Instant::now() < end {
+        sim.step().await.unwrap();
+        opened = sim.take_events().iter().any(relay_opened(1));
+    }
+    assert!(
+        opened,
+        "the right PIN at another door opens during the flood"
+    );
+    assert!(
+        until_db(&mut sim, &db, |db| db
+            .audit()
+            .contains(&"door.unlocked@102".to_owned()))
+        .await
+    );
+    assert!(
+        until_db(&mut sim, &db, |db| db.raised("keypad_flood", "101")
+            && db.raised("keypad_flood", "board-a:9"))
+        .await
+    );
+    hub.shutdown().await;
+
+    let grown = db_bytes(&db) - before;
+    let rows = db.count("SELECT count(*) FROM audit") - rows_before;
+    println!("flood of {FLOOD} keypads: {rows} audit rows, database grew by {grown} bytes");
+    // Every acked Keypad ends in a row: decided ones in their own, the rest
+    // counted in door.flood rows (one at the start, the rest at shutdown).
+    let decided = db.count(
+        "SELECT count(*) FROM audit WHERE kind <> 'door.flood' AND door IN ('101', 'board-a:9')",
+    );
+    let flooded = db.count("SELECT coalesce(sum(count), 0) FROM audit WHERE kind = 'door.flood'");
+    assert_eq!(decided + flooded, i64::from(FLOOD));
+    assert!(decided <= 16, "{decided} entries decided during the flood");
+    assert!(
+        db.count("SELECT count(*) FROM audit WHERE kind = 'door.flood'") <= 4,
+        "one row per door per minute, and one at shutdown"
+    );
+    assert!(rows <= 24, "{rows} audit rows");
+    assert!(
+        grown <= 32 * 1024,
+        "the flood grew the database by {grown} bytes"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_storage_stalled_every_acked_keypad_ends_in_an_audit_row_even_when_the_hub_stops() {
+    let policy = Policy {
+        lockout_threshold: 100,
+        ..Policy::default()
+    };
+    let (db, hub, mut sim, _keep) = one_board(policy).await;
+    db.add_key("k-1", "482913", &["101"]).await;
+    sim.run_for(Duration::from_millis(300)).await.unwrap();
+    let rows_before = db.count("SELECT count(*) FROM audit WHERE door = '101'");
+    // Another process holds SQLite's write lock: decisions wait.
+    let blocker = rusqlite::Connection::open(db.dir.path().join("lockhub.db")).unwrap();
+    blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    // Six entries at door 101, 250 ms apart (just within the flood limit):
+    // one in flight, four waiting behind it, the sixth finds the queue
+    // full. All of it well within the 2 s a decision may take. The third
+    // is the right PIN: granted once the lock goes, after the port closed.
+    for i in 0..6 {
+        sim.enter_pin(0, if i == 2 { "482913" } else { "111111" });
+        sim.run_for(Duration::from_millis(250)).await.unwrap();
+    }
+    assert_eq!(
+        denies(&sim, 0, DenyReason::DENIED),
+        1,
+        "the full queue's entry is denied at once"
+    );
+    // The hub stops while they wait; then the lock is released.
+    let stopping = tokio::spawn(hub.shutdown());
+    sim.run_for(Duration::from_millis(150)).await.unwrap();
+    blocker.execute_batch("COMMIT").unwrap();
+    stopping.await.unwrap();
+    let rows = db.count(
+        "SELECT count(*) FROM audit WHERE door = '101' AND kind IN ('door.granted', 'door.denied')",
+    ) - rows_before;
+    assert_eq!(rows, 6, "one row per acked entry: {:?}", db.audit());
+    assert_eq!(
+        db.count("SELECT count(*) FROM audit WHERE door = '101' AND reason = 'storage_failure'"),
+        1
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM audit WHERE door = '101' AND kind = 'door.granted'"),
+        1
+    );
+    assert_eq!(
+        db.count(
+            "SELECT count(*) FROM audit WHERE door = '101' AND kind = 'door.unlock_unconfirmed'"
+        ),
+        1,
+        "the grant that could not reach the board is on record as unconfirmed"
+    );
+    assert_eq!(count(&sim, relay_opened(0)), 0);
+}

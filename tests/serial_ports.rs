@@ -255,3 +255,92 @@ async fn a_port_that_is_missing_at_start_is_opened_once_it_appears() {
     );
     hub.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_door_is_remembered_across_hub_restarts_and_its_alert_ends_when_it_closes() {
+    let db = Db::open(Policy::default());
+    let pty = Pty::open();
+    let s = settings(
+        vec![port(
+            "board-a",
+            by_id(&db, "board-a", &pty),
+            vec![door("101", 0)],
+        )],
+        db.policy,
+    );
+    let hub = start(&db, s.clone());
+    let (mut sim, _keep) = board(pty, 1);
+    until_linked(&mut sim).await;
+    sim.set_door(0, true);
+    assert!(until_db(&mut sim, &db, |db| db.raised("door_forced", "101")).await);
+
+    // The hub restarts while the door stands open: the board re-reports it
+    // after the new Hello, which is the same opening, not a new one.
+    hub.shutdown().await;
+    let hub = start(&db, s.clone());
+    let hellos = |s: &Sim| {
+        count(s, |e| {
+            matches!(e, SimEvent::Received(Downlink::Hello { .. }))
+        })
+    };
+    assert!(sim.run_until(WAIT, |s| hellos(s) == 2).await.unwrap());
+    sim.run_for(Duration::from_millis(500)).await.unwrap();
+    assert_eq!(db.audit(), ["door.forced@101"]);
+    assert!(db.raised("door_forced", "101"));
+    assert_eq!(
+        db.count("SELECT count(*) FROM door_state WHERE door = '101' AND open = 1 AND forced = 1"),
+        1
+    );
+
+    // The hub restarts again, and the door closes while it is away: the
+    // board's report of it is lost with the old session, but the board
+    // reports every door after the new Hello.
+    hub.shutdown().await;
+    sim.set_door(0, false);
+    sim.run_for(Duration::from_millis(300)).await.unwrap();
+    let hub = start(&db, s);
+    assert!(until_db(&mut sim, &db, |db| !db.raised("door_forced", "101")).await);
+    assert_eq!(
+        db.count("SELECT count(*) FROM door_state WHERE door = '101' AND open = 0"),
+        1
+    );
+    assert_eq!(db.audit(), ["door.forced@101"]);
+    hub.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_door_is_remembered_across_a_port_reset_and_its_alert_ends_when_it_closes() {
+    let db = Db::open(Policy::default());
+    let link = db.dir.path().join("board-a");
+    let pty = Pty::open();
+    pty::point(&link, &pty.path);
+    let mut s = settings(
+        vec![port("board-a", link.clone(), vec![door("101", 0)])],
+        db.policy,
+    );
+    s.link = quick_link();
+    let hub = start(&db, s);
+    let (mut sim, keep) = board(pty, 1);
+    until_linked(&mut sim).await;
+    sim.set_door(0, true);
+    assert!(until_db(&mut sim, &db, |db| db.raised("door_forced", "101")).await);
+
+    // The USB adapter resets (the board with it) while the door stands
+    // open; the hub's port session ends and a new one starts.
+    unplug(&link, sim, keep);
+    assert!(until_db_idle(&db, |db| db.raised("board_offline", "board-a")).await);
+    let pty = Pty::open();
+    pty::point(&link, &pty.path);
+    let (mut sim, _keep) = board(pty, 1);
+    sim.set_door(0, true);
+    until_linked(&mut sim).await;
+    sim.run_for(Duration::from_millis(300)).await.unwrap();
+    // The same opening, not a new forced one.
+    assert_eq!(db.audit(), ["door.forced@101"]);
+    assert!(db.raised("door_forced", "101"));
+
+    sim.set_door(0, false);
+    assert!(until_db(&mut sim, &db, |db| !db.raised("door_forced", "101")).await);
+    assert_eq!(db.audit(), ["door.forced@101"]);
+    hub.shutdown().await;
+}

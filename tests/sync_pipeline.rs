@@ -195,6 +195,7 @@ fn start_hub_decider(mqtt: MqttConfig, window: ReceiveWindow, decider: RecordOnc
         store.clone(),
         Arc::new(decider),
         SeqView::default(),
+        lockhub::clock::SharedClock::start(lockhub::time::Timestamp(0)),
     )
     .unwrap();
     Hub {

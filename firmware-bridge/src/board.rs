@@ -115,7 +115,10 @@ struct Door {
     last_key_ms: u64,
     relay_until: Option<u64>,
     deny: Option<(DenyReason, u64)>,
-    sensor_open: Option<bool>,
+    /// The contact's level as the HAL last read it.
+    sensor_level: Option<bool>,
+    /// The level the hub was last told (since its last `Hello`).
+    sensor_reported: Option<bool>,
 }
 
 impl Door {
@@ -202,22 +205,32 @@ impl Board {
         }
     }
 
-    /// Door contact level. Sends `DoorSensor` only when the level changes
-    /// (the first call always sends), so a HAL may call it every loop.
+    /// Door contact level. Sends `DoorSensor` only when the level differs
+    /// from what the hub was last told (the first call always sends, and
+    /// so does the first after the hub's `Hello`), so a HAL may call it
+    /// every loop. A send the link refuses is retried by [`Board::poll`].
     pub fn on_door_sensor(&mut self, door: u8, open: bool, now_ms: u64) {
         let Some(d) = self.door_mut(door) else {
             return;
         };
-        if d.sensor_open == Some(open) {
+        d.sensor_level = Some(open);
+        self.report_sensor(door, now_ms);
+    }
+
+    /// Tells the hub `door`'s level if it has not heard it yet.
+    fn report_sensor(&mut self, door: u8, now_ms: u64) {
+        let Some(d) = self.door(door) else {
             return;
-        }
+        };
+        let Some(open) = d.sensor_level.filter(|l| d.sensor_reported != Some(*l)) else {
+            return;
+        };
         let msg = Uplink::DoorSensor { seq: 0, door, open };
-        // Remember only what was reported, so a refused send is retried on
-        // the next call.
+        // Remember only what was reported, so a refused send is retried.
         if self.send(msg, now_ms).is_ok()
             && let Some(d) = self.door_mut(door)
         {
-            d.sensor_open = Some(open);
+            d.sensor_reported = Some(open);
         }
     }
 
@@ -248,6 +261,9 @@ impl Board {
                 }
                 LinkEvent::Acked(_) | LinkEvent::Up => {}
             }
+        }
+        for door in 0..self.cfg.door_count {
+            self.report_sensor(door, now_ms);
         }
         let timeout = self.cfg.entry_timeout_ms;
         for d in self.doors.iter_mut() {
@@ -334,8 +350,20 @@ impl Board {
                     None => self.count_unknown_door(),
                 }
             }
-            // The link has already forgotten the hub's seqs; answer.
-            Downlink::Hello { .. } => self.send_hello(now_ms),
+            // serial.md: the link has already forgotten the hub's seqs;
+            // drop what still waits for an Ack (a Keypad typed before the
+            // hub's Hello is never decided after it: the guest types
+            // again), answer Hello, then report every door.
+            Downlink::Hello { .. } => {
+                self.link.drop_unacked();
+                self.send_hello(now_ms);
+                for door in 0..self.cfg.door_count {
+                    if let Some(d) = self.door_mut(door) {
+                        d.sensor_reported = None;
+                    }
+                    self.report_sensor(door, now_ms);
+                }
+            }
             // The link answered with Pong / consumed the Ack.
             Downlink::Ping { .. } | Downlink::Ack { .. } => {}
         }
@@ -379,7 +407,9 @@ impl Board {
 }
 
 /// Frames to write, returned by [`Board::poll`]. Encodes lazily from the
-/// link's outbox, so nothing is lost if the caller stops early.
+/// link's outbox, so nothing is lost if the caller stops early. A `Hello`
+/// frame starts with one extra 0x00 (serial.md): whatever half frame a
+/// reset cut short ends there, and cannot swallow the `Hello`.
 pub struct Frames<'a> {
     link: &'a mut BoardLink,
     encode_errors: &'a mut u32,
@@ -391,9 +421,19 @@ impl Iterator for Frames<'_> {
     fn next(&mut self) -> Option<Frame> {
         loop {
             let msg = self.link.pop_tx()?;
-            match to_frame(&msg) {
-                Ok(f) => return Some(f),
-                Err(_) => *self.encode_errors = self.encode_errors.saturating_add(1),
+            let framed = to_frame(&msg).ok().and_then(|f| {
+                if !matches!(msg, Uplink::Hello { .. }) {
+                    return Some(f);
+                }
+                // A Hello frame is a dozen bytes: the lead byte fits.
+                let mut lead = Frame::new();
+                lead.push(0).ok()?;
+                lead.extend_from_slice(&f).ok()?;
+                Some(lead)
+            });
+            match framed {
+                Some(f) => return Some(f),
+                None => *self.encode_errors = self.encode_errors.saturating_add(1),
             }
         }
     }
@@ -409,7 +449,9 @@ mod tests {
     fn frames(board: &mut Board, now: u64) -> heapless::Vec<Uplink, 32> {
         let mut v = heapless::Vec::new();
         for f in board.poll(now) {
-            v.push(decode_frame::<Uplink>(&f).unwrap()).unwrap();
+            // A Hello's lead 0x00 (serial.md) is an empty frame on its own.
+            let f = f.strip_prefix(&[0]).unwrap_or(&f);
+            v.push(decode_frame::<Uplink>(f).unwrap()).unwrap();
         }
         v
     }
@@ -709,5 +751,71 @@ mod tests {
         assert_eq!(b.decoder_stats().frames_ok, 0);
         assert!(b.decoder_stats().dropped() >= 2);
         assert!(!b.link_up(T0));
+    }
+
+    #[test]
+    fn hello_frames_start_with_a_lone_zero_byte_and_others_do_not() {
+        let mut b = Board::new(BoardConfig::new(3, 2), T0);
+        let f: heapless::Vec<Frame, 4> = b.poll(T0).collect();
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0][0], 0x00);
+        assert_eq!(&f[0][1..], to_frame(&hello()).unwrap().as_slice());
+        b.on_tamper(T0).unwrap();
+        let f: heapless::Vec<Frame, 4> = b.poll(T0).collect();
+        assert_ne!(f[0][0], 0x00);
+    }
+
+    #[test]
+    fn the_hubs_hello_drops_an_unacked_keypad_and_is_answered_with_hello_and_every_door() {
+        let mut b = board();
+        b.on_door_sensor(0, true, T0);
+        b.on_door_sensor(1, false, T0);
+        frames(&mut b, T0);
+        type_keys(&mut b, 0, "1234#", T0);
+        frames(&mut b, T0);
+        send(&mut b, &Downlink::Hello { session: 9 }, T0 + 100);
+        let out = frames(&mut b, T0 + 100);
+        assert_eq!(out[0], hello());
+        assert!(
+            !out.iter().any(|m| matches!(m, Uplink::Keypad { .. })),
+            "{out:?}"
+        );
+        let doors: heapless::Vec<(u8, bool), 4> = out
+            .iter()
+            .filter_map(|m| match m {
+                Uplink::DoorSensor { door, open, .. } => Some((*door, *open)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(doors.as_slice(), &[(0, true), (1, false)]);
+        // And the dropped Keypad is never resent.
+        for t in [350, 600, 850, 1100] {
+            assert!(
+                !frames(&mut b, T0 + t)
+                    .iter()
+                    .any(|m| matches!(m, Uplink::Keypad { .. }))
+            );
+        }
+    }
+
+    #[test]
+    fn every_door_is_reported_after_the_hubs_hello_even_past_the_pending_table() {
+        let mut b = Board::new(BoardConfig::new(3, 16), T0);
+        for door in 0..16 {
+            b.on_door_sensor(door, door.is_multiple_of(2), T0);
+        }
+        let mut reported = [false; 16];
+        send(&mut b, &Downlink::Hello { session: 9 }, T0);
+        for step in 0..10u64 {
+            let now = T0 + step * 10;
+            for m in frames(&mut b, now) {
+                if let Uplink::DoorSensor { seq, door, open } = m {
+                    assert_eq!(open, door.is_multiple_of(2));
+                    reported[usize::from(door)] = true;
+                    send(&mut b, &Downlink::Ack { seq }, now);
+                }
+            }
+        }
+        assert_eq!(reported, [true; 16]);
     }
 }

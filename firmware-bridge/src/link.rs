@@ -531,6 +531,24 @@ impl<Tx: Wire, Rx: Wire> Link<Tx, Rx> {
         self.events.pop_front()
     }
 
+    /// Drop every sequenced message of ours still waiting for an Ack, and
+    /// any copy of one not yet written (serial.md: on the hub's `Hello` the
+    /// board drops them, so a Keypad from before it is never decided after
+    /// it). No [`LinkEvent::Failed`] is reported for them. Unsequenced
+    /// messages already queued (Acks, Pongs) still go out.
+    pub fn drop_unacked(&mut self) {
+        self.pending.clear();
+        let queued = self.outbox.len();
+        for _ in 0..queued {
+            if let Some(m) = self.outbox.pop_front()
+                && m.seq().is_none()
+            {
+                // Cannot fail: one was just taken out.
+                let _ = self.outbox.push_back(m);
+            }
+        }
+    }
+
     /// Forget the peer's seqs (done automatically on the peer's `Hello`).
     pub fn forget_peer_seqs(&mut self) {
         self.seen.clear();
@@ -837,6 +855,33 @@ mod tests {
         assert!(b.on_rx(u.clone(), 1).is_none());
         assert!(b.on_rx(Downlink::Hello { session: 9 }, 2).is_some());
         assert!(b.on_rx(u, 3).is_some(), "new hub session's seq 1 is new");
+    }
+
+    #[test]
+    fn dropping_unacked_messages_stops_their_resends_and_unsent_copies_but_keeps_acks() {
+        let mut b = BoardLink::new(LinkConfig::board(), 0);
+        b.send(keypad("1234"), 0).unwrap();
+        b.on_rx(
+            Downlink::Deny {
+                seq: 5,
+                door: 0,
+                reason: DenyReason::DENIED,
+            },
+            0,
+        );
+        b.drop_unacked();
+        assert_eq!(b.pending_len(), 0);
+        assert_eq!(drain_tx(&mut b).as_slice(), [Uplink::Ack { seq: 5 }]);
+        b.poll(10_000);
+        assert!(
+            drain_tx(&mut b).iter().all(|m| m.seq().is_none()),
+            "no resend"
+        );
+        assert!(
+            !drain_events(&mut b)
+                .iter()
+                .any(|e| matches!(e, LinkEvent::Failed(_)))
+        );
     }
 
     #[test]

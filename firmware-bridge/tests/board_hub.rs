@@ -261,3 +261,110 @@ fn pings_keep_the_link_up_and_a_dead_line_takes_both_sides_down() {
     assert!(!s.board.link_up(s.now));
     assert!(s.hub.events.contains(&LinkEvent::Down));
 }
+
+#[test]
+fn a_keypad_unacked_when_the_hub_says_hello_is_dropped_and_never_decided_after_it() {
+    let mut s = Sim::new();
+    s.run_for(100);
+    // The line loses the entry, so it waits for an Ack...
+    s.drop_up = Box::new(|_, m| matches!(m, Uplink::Keypad { .. }));
+    assert_eq!(s.type_keys(0, "1234#"), KeyAction::Submitted(1));
+    s.run_for(100);
+    // ...when the hub restarts: a fresh link, its Hello on the wire.
+    s.hub = Hub::new(s.now);
+    let hellos_before = s
+        .board_saw
+        .iter()
+        .filter(|m| matches!(m, Downlink::Hello { .. }))
+        .count();
+    while s
+        .board_saw
+        .iter()
+        .filter(|m| matches!(m, Downlink::Hello { .. }))
+        .count()
+        == hellos_before
+    {
+        s.step();
+    }
+    // From the hub's Hello on, the line loses nothing.
+    s.drop_up = Box::new(|_, _| false);
+    s.run_for(2_000);
+    assert!(s.hub.link.ready());
+    assert!(
+        s.hub.decided.is_empty(),
+        "the entry from before the Hello was decided after it: {:?}",
+        s.hub.decided
+    );
+    assert!(!s.board.relay_open(0, s.now));
+    // The guest types again, and that entry is decided.
+    s.type_keys(0, "1234#");
+    s.run_for(100);
+    assert_eq!(s.hub.decided.len(), 1);
+    assert!(s.board.relay_open(0, s.now));
+}
+
+#[test]
+fn a_hello_after_a_frame_cut_short_by_a_reset_still_reaches_the_hub() {
+    // A Keypad frame cut off halfway (the board reset mid-write)...
+    let keypad = to_frame(&Uplink::Keypad {
+        seq: 9,
+        door: 0,
+        pin: firmware_bridge::Pin::from_digits("123456").unwrap(),
+    })
+    .unwrap();
+    let mut wire = keypad[..keypad.len() / 2].to_vec();
+    // ...then what the restarted board writes first.
+    let mut board = Board::new(BoardConfig::new(4, 2), 0);
+    for f in board.poll(0) {
+        wire.extend_from_slice(&f);
+    }
+    let mut dec: FrameDecoder<Uplink> = FrameDecoder::new();
+    let got: Vec<Uplink> = dec.feed(&wire).filter_map(Result::ok).collect();
+    assert_eq!(
+        got,
+        [Uplink::Hello {
+            board_id: 4,
+            fw_major: 1,
+            fw_minor: 0,
+            door_count: 2
+        }]
+    );
+}
+
+#[test]
+fn after_the_hubs_hello_the_board_reports_every_door() {
+    let mut s = Sim::new();
+    s.board.on_door_sensor(0, true, 0);
+    s.board.on_door_sensor(1, false, 0);
+    s.run_for(100);
+    s.hub = Hub::new(s.now);
+    // A hub that remembers door sensor reports after its Hello.
+    let mut seen = Vec::new();
+    for _ in 0..20 {
+        let up: Vec<Vec<u8>> = s.board.poll(s.now).map(|f| f.to_vec()).collect();
+        for f in up {
+            let msgs: Vec<Uplink> = s.hub.dec.feed(&f).filter_map(Result::ok).collect();
+            for m in msgs {
+                if let Some(m) = s.hub.link.on_rx(m, s.now) {
+                    seen.push(m);
+                }
+            }
+        }
+        for f in s.hub.poll(s.now) {
+            s.board.on_frame_bytes(&f, s.now);
+        }
+        s.now += 10;
+    }
+    let hello = seen
+        .iter()
+        .position(|m| matches!(m, Uplink::Hello { .. }))
+        .expect("the board answers the hub's Hello");
+    let sensors: Vec<(u8, bool)> = seen[hello..]
+        .iter()
+        .filter_map(|m| match m {
+            Uplink::DoorSensor { door, open, .. } => Some((*door, *open)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sensors, [(0, true), (1, false)]);
+}

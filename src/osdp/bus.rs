@@ -18,25 +18,24 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinHandle;
 
-use std::collections::VecDeque;
-
 use super::cp::{self, Caps, Event, Fault, Identity, Outcome, Reader, Security, Timing};
 use super::door as cmds;
 use super::keypad::{Entry, Submitted};
 use super::packet::Deframer;
 use crate::config::{Config, PinKey, Policy, ReaderDoorConfig};
-use crate::door::{Decision, pin_tags};
+use crate::entry::{self, Answer, DecisionQueue, Queued};
 use crate::serial::TimeSource;
-use crate::serial::doors::{DOOR_QUEUE_MAX, DoorAlarm, DoorWatch};
 use crate::serial::port::{Backoff, open};
 use crate::store::alerts::{self, Condition};
 use crate::store::audit::AuditKind;
 use crate::store::door::record_door_event;
 use crate::store::door::{
-    DoorEntry, door_entry, record_card_denied, record_storage_failure, record_unlock,
+    door_states, record_card_denied, record_flood, record_sensor, record_storage_failure,
+    record_unlock,
 };
 use crate::store::osdp::{self as db, ReaderIdentity, ReaderLink};
 use crate::store::{Priority, Store, StoreError};
+use crate::watch::{Admit, DoorAlarm, DoorState, DoorWatch, FloodLimit};
 
 /// How long [`OsdpHandle::shutdown`] waits for a bus task.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(3);
@@ -241,10 +240,6 @@ struct Slot {
     /// The door its keypad opens: the first door configured on it.
     door: Option<ReaderDoorConfig>,
     entry: Entry,
-    /// A decision for this reader's door is in flight.
-    deciding: bool,
-    /// Entries typed while one is being decided, in order.
-    waiting: VecDeque<Submitted>,
     /// osdp_OUT commands awaiting their reply: token -> key id.
     outputs: HashMap<u64, String>,
     watch: DoorWatch,
@@ -274,6 +269,9 @@ struct BusTask {
     ctx: Arc<DecideCtx>,
     decided_tx: mpsc::Sender<(usize, Answer)>,
     decided_rx: mpsc::Receiver<(usize, Answer)>,
+    /// One decision at a time per reader's door (keyed by slot index).
+    queue: DecisionQueue<(Submitted, Instant)>,
+    flood: FloodLimit<u8>,
 }
 
 /// What every decision of the driver shares.
@@ -283,73 +281,6 @@ struct DecideCtx {
     policy: Policy,
     now: TimeSource,
     wake: Option<Arc<Notify>>,
-}
-
-/// A decided entry, for the bus task to act on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Answer {
-    Unlock { key_id: String },
-    Deny,
-    LockedOut,
-}
-
-/// Decides one submitted entry at `door` and commits it (audit row first):
-/// the PIN's tags under every PIN key, then the store's door decision.
-/// A bad-format entry has no tags. If the store refuses, the answer is a
-/// denial and `storage_failure` is raised: no door opens unrecorded.
-async fn decide(ctx: &DecideCtx, door: &str, entry: Submitted) -> Answer {
-    let tags = match &entry {
-        Submitted::Pin(p) => pin_tags(p, &ctx.pin_keys),
-        Submitted::BadFormat => None,
-    };
-    drop(entry);
-    let at = (ctx.now)();
-    let e = DoorEntry {
-        door: door.to_owned(),
-        door_known: true,
-        tags,
-        at,
-    };
-    let policy = ctx.policy;
-    let result = ctx
-        .store
-        .write(Priority::Door, move |c| door_entry(c, &e, &policy))
-        .await;
-    if let Some(w) = &ctx.wake {
-        w.notify_one();
-    }
-    match result {
-        Ok(o) => match o.decision {
-            Decision::Unlock(key) => {
-                tracing::info!(door = %door, key_id = %key.key_id, "granted");
-                Answer::Unlock { key_id: key.key_id }
-            }
-            Decision::Deny { reason, lockout } => {
-                tracing::info!(door = %door, reason = reason.as_str(), lockout_started = lockout.is_some(), "denied");
-                if lockout.is_some() {
-                    Answer::LockedOut
-                } else {
-                    Answer::Deny
-                }
-            }
-            Decision::LockedOut { .. } => {
-                tracing::info!(door = %door, "locked out");
-                Answer::LockedOut
-            }
-        },
-        Err(e) => {
-            tracing::error!(door = %door, error = %e, "cannot record the decision; denied");
-            let d = door.to_owned();
-            if let Err(e) = ctx
-                .store
-                .write(Priority::Door, move |c| record_storage_failure(c, &d, at))
-                .await
-            {
-                tracing::error!(door = %door, error = %e, "cannot record the storage failure");
-            }
-            Answer::Deny
-        }
-    }
 }
 
 impl BusTask {
@@ -377,8 +308,6 @@ impl BusTask {
                 tamper: None,
                 faults: 0,
                 entry: Entry::new(),
-                deciding: false,
-                waiting: VecDeque::new(),
                 outputs: HashMap::new(),
                 watch: DoorWatch::new(),
             })
@@ -399,6 +328,8 @@ impl BusTask {
             ctx,
             decided_tx,
             decided_rx,
+            queue: DecisionQueue::new(),
+            flood: FloodLimit::new(),
         }
     }
 
@@ -475,6 +406,7 @@ impl BusTask {
         for i in 0..self.slots.len() {
             self.write_link(i);
         }
+        self.restore_doors().await;
         loop {
             if *stop.borrow() {
                 break;
@@ -515,8 +447,94 @@ impl BusTask {
                 _ = stop.changed() => break,
             }
         }
+        self.finish().await;
         self.write_counters(true);
         tracing::info!(bus = %self.name, "osdp bus task stopped");
+    }
+
+    /// Each door's last reported state, as the previous run left it (read
+    /// on a reader connection, so a stalled writer does not hold the bus).
+    async fn restore_doors(&mut self) {
+        let names: Vec<String> = self
+            .slots
+            .iter()
+            .filter_map(|s| s.door.as_ref().map(|d| d.name.clone()))
+            .collect();
+        let store = self.ctx.store.clone();
+        let loaded = tokio::task::spawn_blocking(move || {
+            let conn = store.reader()?;
+            door_states(&conn, &names)
+        })
+        .await;
+        match loaded {
+            Ok(Ok(states)) => {
+                let (now_ms, now) = (self.ms(), (self.now)());
+                for (name, state) in states {
+                    if let Some(s) = self
+                        .slots
+                        .iter_mut()
+                        .find(|s| s.door.as_ref().is_some_and(|d| d.name == name))
+                    {
+                        s.watch = DoorWatch::restore(state, now_ms, now);
+                    }
+                }
+            }
+            Ok(Err(e)) => {
+                tracing::error!(bus = %self.name, error = %e, "cannot read the doors' last states")
+            }
+            Err(e) => {
+                tracing::error!(bus = %self.name, error = %e, "cannot read the doors' last states")
+            }
+        }
+    }
+
+    /// The task is stopping: every entry still waiting is decided and on
+    /// record (a grant that can no longer reach the reader is recorded
+    /// unconfirmed), and the flood counts are written.
+    async fn finish(&mut self) {
+        let now = self.ms();
+        for (key, count) in self.flood.drain(now) {
+            if let Some(door) = self
+                .slots
+                .get(usize::from(key))
+                .and_then(|s| s.door.clone())
+            {
+                self.flood_row(&door.name, count);
+            }
+        }
+        for (key, waiting) in self.queue.take_waiting() {
+            let Some(door) = self
+                .slots
+                .get(usize::from(key))
+                .and_then(|s| s.door.clone())
+            else {
+                continue;
+            };
+            for (entry, received) in waiting {
+                let pin: &[u8] = match &entry {
+                    Submitted::Pin(p) => p,
+                    Submitted::BadFormat => &[],
+                };
+                let answer = entry::decide(
+                    &self.ctx.store,
+                    &self.ctx.pin_keys,
+                    self.ctx.policy,
+                    entry::Entry {
+                        driver: &self.name,
+                        door: &door.name,
+                        known: true,
+                        pin,
+                        at: (self.now)(),
+                        received,
+                    },
+                    self.ctx.wake.as_deref(),
+                )
+                .await;
+                if let Answer::Unlock { key_id } = answer {
+                    self.record_unlock(&door.name, key_id, false);
+                }
+            }
+        }
     }
 
     /// One opening of the port: poll until it fails or `stop`.
@@ -578,7 +596,21 @@ impl BusTask {
         let held_open_ms = u64::from(self.ctx.policy.held_open_s) * 1_000;
         self.slots[i].entry.tick(now);
         if let Some(alarm) = self.slots[i].watch.poll(now, held_open_ms) {
-            self.on_alarm(i, alarm);
+            let state = self.slots[i].watch.state();
+            if let Some(door) = self.slots[i].door.as_ref().map(|d| d.name.clone()) {
+                self.on_alarm(&door, state, Some(alarm));
+            }
+        }
+        if i == 0 {
+            for (key, count) in self.flood.poll(now) {
+                if let Some(door) = self
+                    .slots
+                    .get(usize::from(key))
+                    .and_then(|s| s.door.clone())
+                {
+                    self.flood_row(&door.name, count);
+                }
+            }
         }
         let s = &self.slots[i];
         if s.link_fault_raised
@@ -680,35 +712,81 @@ impl BusTask {
         }
     }
 
-    /// A submitted entry: decided now, or queued behind the one in flight.
+    /// A submitted entry: past the flood limit it is denied undecided;
+    /// otherwise decided now, or queued behind the one in flight.
     fn submit(&mut self, i: usize, entry: Submitted) {
-        let s = &mut self.slots[i];
-        let Some(door) = &s.door else {
-            tracing::warn!(bus = %self.name, reader = %s.cfg.name, "a PIN at a reader with no door; ignored");
+        let Some(door) = self.slots[i].door.clone() else {
+            tracing::warn!(bus = %self.name, reader = %self.slots[i].cfg.name, "a PIN at a reader with no door; ignored");
             return;
         };
-        tracing::info!(bus = %self.name, reader = %s.cfg.name, door = %door.name, "keypad entry");
-        if !s.deciding {
-            self.start_decision(i, entry);
-        } else if s.waiting.len() < DOOR_QUEUE_MAX {
-            s.waiting.push_back(entry);
-        } else {
-            // Fail closed: only a stuck store gets here.
-            tracing::error!(bus = %self.name, door = %door.name, "too many keypad entries waiting; denied undecided");
+        let key = i as u8;
+        let now = self.ms();
+        if let Admit::Flood { row } = self.flood.admit(key, now) {
+            drop(entry);
+            if let Some(count) = row {
+                tracing::warn!(bus = %self.name, door = %door.name, count, "keypad flood");
+                self.flood_row(&door.name, count);
+            }
             self.feedback(i, &cmds::denied());
+            return;
+        }
+        tracing::info!(bus = %self.name, reader = %self.slots[i].cfg.name, door = %door.name, "keypad entry");
+        match self.queue.push(key, (entry, Instant::now())) {
+            Queued::Start(e) => self.start_decision(i, e),
+            Queued::Waiting => {}
+            Queued::Full(_) => {
+                // Fail closed: only a stuck store gets here. Still on record.
+                tracing::error!(bus = %self.name, door = %door.name, "too many keypad entries waiting; denied undecided");
+                let at = (self.now)();
+                let d = door.name.clone();
+                self.record(
+                    format!("door.denied/storage_failure at {}", door.name),
+                    Box::new(move |c| record_storage_failure(c, &d, at).map(drop)),
+                );
+                self.feedback(i, &cmds::denied());
+            }
         }
     }
 
-    fn start_decision(&mut self, i: usize, entry: Submitted) {
+    fn flood_row(&self, door: &str, count: u64) {
+        let at = (self.now)();
+        let d = door.to_owned();
+        self.record(
+            format!("door.flood x{count} at {door}"),
+            Box::new(move |c| record_flood(c, &d, count, at).map(drop)),
+        );
+    }
+
+    fn start_decision(&mut self, i: usize, (entry, received): (Submitted, Instant)) {
         let Some(door) = self.slots[i].door.as_ref().map(|d| d.name.clone()) else {
             return;
         };
-        self.slots[i].deciding = true;
         let ctx = self.ctx.clone();
         let tx = self.decided_tx.clone();
         let records = self.records.clone();
+        let bus = self.name.clone();
         tokio::spawn(async move {
-            let answer = decide(&ctx, &door, entry).await;
+            let pin: &[u8] = match &entry {
+                Submitted::Pin(p) => p,
+                // Not 4..=12 digits: the decision's own bad_format.
+                Submitted::BadFormat => &[],
+            };
+            let answer = entry::decide(
+                &ctx.store,
+                &ctx.pin_keys,
+                ctx.policy,
+                entry::Entry {
+                    driver: &bus,
+                    door: &door,
+                    known: true,
+                    pin,
+                    at: (ctx.now)(),
+                    received,
+                },
+                ctx.wake.as_deref(),
+            )
+            .await;
+            drop(entry);
             if let Err(mpsc::error::SendError((_, Answer::Unlock { key_id }))) =
                 tx.send((i, answer)).await
             {
@@ -750,9 +828,7 @@ impl BusTask {
             Answer::Deny => self.feedback(i, &cmds::denied()),
             Answer::LockedOut => self.feedback(i, &cmds::locked_out()),
         }
-        let s = &mut self.slots[i];
-        s.deciding = false;
-        if let Some(next) = s.waiting.pop_front() {
+        if let Some(next) = self.queue.done(i as u8) {
             self.start_decision(i, next);
         }
     }
@@ -813,47 +889,44 @@ impl BusTask {
             return;
         };
         let now = self.ms();
+        let at = (self.now)();
+        let watch = &mut self.slots[i].watch;
+        let before = watch.state();
+        let mut alarm = watch.sensor(open, now, at);
+        let state = watch.state();
         tracing::info!(bus = %self.name, door = %door.name, open, "door contact");
-        if let Some(alarm) = self.slots[i].watch.sensor(open, now) {
-            self.on_alarm(i, alarm);
+        if !open && alarm.is_none() {
+            // Closed, and closed as far as the hub knows (every session
+            // starts with a full input report): clear any door alert left
+            // over from a state the hub never saw end.
+            alarm = Some(DoorAlarm::Closed {
+                forced: true,
+                held_open: true,
+            });
+        } else if alarm.is_none() && state == before {
+            return;
         }
+        self.on_alarm(&door.name, state, alarm);
     }
 
-    fn on_alarm(&mut self, i: usize, alarm: DoorAlarm) {
-        let Some(door) = self.slots[i].door.as_ref().map(|d| d.name.clone()) else {
-            return;
-        };
-        let at = (self.now)();
-        let event = |kind: AuditKind| -> Job {
-            let d = door.clone();
-            Box::new(move |c| record_door_event(c, kind, &d, at).map(drop))
-        };
+    /// The door's new state and what it means, in one transaction
+    /// (`door_state` keeps it for the next run).
+    fn on_alarm(&self, door: &str, state: DoorState, alarm: Option<DoorAlarm>) {
         match alarm {
-            DoorAlarm::Forced => {
-                tracing::warn!(bus = %self.name, door = %door, "door forced");
-                self.record(
-                    format!("door.forced at {door}"),
-                    event(AuditKind::DoorForced),
-                );
+            Some(DoorAlarm::Forced) => {
+                tracing::warn!(bus = %self.name, door = %door, "door forced")
             }
-            DoorAlarm::HeldOpen => {
-                tracing::warn!(bus = %self.name, door = %door, "door held open");
-                self.record(
-                    format!("door.held_open at {door}"),
-                    event(AuditKind::DoorHeldOpen),
-                );
+            Some(DoorAlarm::HeldOpen) => {
+                tracing::warn!(bus = %self.name, door = %door, "door held open")
             }
-            DoorAlarm::Closed { forced, held_open } => {
-                for (raised, condition) in [
-                    (forced, Condition::DoorForced),
-                    (held_open, Condition::DoorHeldOpen),
-                ] {
-                    if raised {
-                        self.clear(condition, &door);
-                    }
-                }
-            }
+            _ => {}
         }
+        let at = (self.now)();
+        let d = door.to_owned();
+        self.record(
+            format!("door {door} contact ({alarm:?})"),
+            Box::new(move |c| record_sensor(c, &d, &state, alarm, at)),
+        );
     }
 
     fn identity(&mut self, i: usize, id: Identity) {

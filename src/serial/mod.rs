@@ -3,9 +3,11 @@
 //!
 //! - [`port`]: open and reopen the port with backoff; the read/write loop
 //!   around a fresh [`firmware_bridge::HubLink`] per opening.
-//! - [`doors`]: keypad entry -> decision -> `Unlock`/`Deny`, one decision at
-//!   a time per door; the door sensor (forced, held open) as a state
-//!   machine.
+//! - [`doors`]: a decided keypad entry -> `Unlock`/`Deny`. Which entry is
+//!   decided when, and deciding it, are [`crate::entry`]'s, shared with the
+//!   OSDP driver. The door sensor (forced, held open, kept durably) and
+//!   the keypad flood limit are [`crate::watch`]'s, shared with other door
+//!   drivers; the port applies them to its board's door indexes.
 //! - `record`: audit rows and alerts nobody waits for, written in order by
 //!   one task per port so the loop never waits on the disk.
 //!
@@ -27,14 +29,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use firmware_bridge::LinkConfig;
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 use crate::config::{Config, PinKey, Policy};
 use crate::store::Store;
 use crate::time::Timestamp;
 use port::DoorTarget;
-use record::Record;
+use record::{Record, RecordQueue};
 
 /// The effective time for audit rows and decisions (mqtt.md 'Time'): the
 /// daemon passes its clock here, tests a plain function.
@@ -134,7 +136,7 @@ pub(crate) struct PortShared {
     pub store: Store,
     now: TimeSource,
     outbox_wake: Option<Arc<Notify>>,
-    recorder: mpsc::Sender<Record>,
+    recorder: Arc<RecordQueue>,
 }
 
 impl PortShared {
@@ -146,12 +148,10 @@ impl PortShared {
         DoorTarget::for_index(&self.port.name, &self.port.doors, index)
     }
 
-    /// Queues a record without waiting (see `record`).
+    /// Queues a record without waiting (see `record` for what a full queue
+    /// drops).
     pub fn record(&self, rec: Record) {
-        if let Err(e) = self.recorder.try_send(rec) {
-            let rec = match e {
-                mpsc::error::TrySendError::Full(r) | mpsc::error::TrySendError::Closed(r) => r,
-            };
+        if let Err(rec) = self.recorder.push(rec) {
             tracing::error!(serial = %self.port.name, record = ?rec, "record queue full; dropped");
         }
     }
@@ -160,6 +160,14 @@ impl PortShared {
         if let Some(w) = &self.outbox_wake {
             w.notify_one();
         }
+    }
+}
+
+impl Drop for PortShared {
+    /// The port task and every decision task are done: the recorder writes
+    /// what is queued, then ends.
+    fn drop(&mut self) {
+        self.recorder.close();
     }
 }
 
@@ -201,10 +209,10 @@ pub fn spawn(
     let mut ports = Vec::new();
     let mut others = Vec::new();
     for port in settings.ports {
-        let (rec_tx, rec_rx) = mpsc::channel(record::RECORD_QUEUE);
+        let recorder = Arc::new(RecordQueue::default());
         others.push(tokio::spawn(record::run(
             store.clone(),
-            rec_rx,
+            recorder.clone(),
             outbox_wake.clone(),
         )));
         let shared = Arc::new(PortShared {
@@ -217,7 +225,7 @@ pub fn spawn(
             store: store.clone(),
             now: now.clone(),
             outbox_wake: outbox_wake.clone(),
-            recorder: rec_tx,
+            recorder,
         });
         ports.push(tokio::spawn(port::run_port(shared, stop_rx.clone())));
     }

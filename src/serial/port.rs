@@ -7,7 +7,7 @@
 //! board, a finished door decision, a 20 ms tick (resends, pings, liveness,
 //! held-open doors), or shutdown; then it writes whatever the link queued.
 //! Nothing in that loop waits on the store: decisions run in their own
-//! tasks (one at a time per door, see [`DecisionQueue`]) and audit writes
+//! tasks (one at a time per door, see [`crate::entry::DecisionQueue`]) and audit writes
 //! that need no answer go through the port's recorder. So a keypad at one
 //! door never delays frames from another, and a slow disk never stops the
 //! acks, pings and other ports.
@@ -18,23 +18,36 @@
 //! same. Either ends the session: the port is closed and opened again by
 //! path, with [`Backoff`], so a board that comes back under the same path
 //! (`/dev/serial/by-id/...` is a symlink the kernel re-points) is picked up.
+//!
+//! ## Doors across openings
+//! The link is per opening; the doors are not. The sensor watches and the
+//! flood limit (`PortDoors`) carry over from one session to the next, and
+//! each door's last reported state is also kept in `door_state`, read once
+//! when the port task starts, so neither a port reset nor a hub restart
+//! forgets an open or forced door. (The board reports levels only on
+//! change, and every door again after the hub's Hello.) A session that ends
+//! still finishes every decision it acked (see `Session::finish`).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
+use firmware_bridge::link::PENDING_MAX;
 use firmware_bridge::{Downlink, FrameDecoder, HubLink, LinkError, LinkEvent, Uplink, to_frame};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
+use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_serial::{SerialPortBuilderExt, SerialStream};
 
-use super::doors::{DecisionQueue, DoorAlarm, DoorWatch, Queued};
+use super::doors::Reply;
 use super::record::Record;
 use super::{DoorSettings, PortShared, SerialError};
+use crate::entry::{DecisionQueue, Queued};
 use crate::store::alerts::Condition;
 use crate::store::audit::AuditKind;
 use crate::store::links::LinkState;
+use crate::watch::{Admit, DoorAlarm, DoorWatch, FloodLimit};
 
 /// How often the loop advances timers when the line is quiet. Well under
 /// the link's 250 ms resend period, so resends go out on time.
@@ -49,6 +62,11 @@ const DEFER_MAX_MS: u64 = 1_000;
 const DEFER_QUEUE_MAX: usize = 32;
 /// Finished decisions waiting for the loop; decision tasks wait past it.
 const DECIDED_QUEUE: usize = 32;
+/// Link slots awaiting an Ack that a flood's `Deny` answers may not take,
+/// so the decisions at other doors (an Unlock among them) always find room.
+const FLOOD_SPARE_SLOTS: usize = PENDING_MAX / 2;
+/// Door indexes a board can have (serial.md: 0..=15).
+const BOARD_DOORS: u8 = 16;
 
 /// Reopen delays: `initial`, doubling up to `max`.
 ///
@@ -140,6 +158,9 @@ pub(crate) async fn run_port(shared: Arc<PortShared>, mut stop: watch::Receiver<
         last_frame_recorded: None,
     };
     let mut reported_absent = false;
+    let mut doors = Some(PortDoors::load(&shared).await);
+    // Sessions still finishing their decisions (see `Session::finish`).
+    let mut finishing: Vec<JoinHandle<()>> = Vec::new();
     loop {
         if *stop.borrow() {
             break;
@@ -148,12 +169,16 @@ pub(crate) async fn run_port(shared: Arc<PortShared>, mut stop: watch::Receiver<
             Ok(stream) => {
                 reported_absent = false;
                 tracing::info!(serial = %serial, path = %shared.port.path.display(), "serial port open");
-                let mut session = Session::new(shared.clone());
+                let carried = doors.take().unwrap_or_else(PortDoors::new);
+                let mut session = Session::new(shared.clone(), carried);
                 let end = session.run(stream, &mut stop, &mut presence).await;
                 if session.heard_board {
                     backoff.reset();
                 }
-                session.finish();
+                let (carried, rest) = session.finish();
+                doors = Some(carried);
+                finishing.retain(|t| !t.is_finished());
+                finishing.push(rest);
                 match end {
                     Ok(()) => break,
                     Err(e) => {
@@ -192,7 +217,68 @@ pub(crate) async fn run_port(shared: Arc<PortShared>, mut stop: watch::Receiver<
             _ = stop.changed() => break,
         }
     }
+    for task in finishing {
+        let _ = task.await;
+    }
     tracing::info!(serial = %serial, "serial port task stopped");
+}
+
+/// What the port knows of its doors across openings: the sensor watches
+/// (durable through `door_state`, so a restart does not forget an open or
+/// forced door) and the flood limit, on one monotonic clock.
+struct PortDoors {
+    t0: Instant,
+    watches: HashMap<u8, DoorWatch>,
+    flood: FloodLimit<u8>,
+}
+
+impl PortDoors {
+    fn new() -> Self {
+        Self {
+            t0: Instant::now(),
+            watches: HashMap::new(),
+            flood: FloodLimit::new(),
+        }
+    }
+
+    /// Every door index's last reported state, as the previous run left it.
+    /// Read on a reader connection (WAL: it never waits on the writer), so
+    /// a stalled store does not keep the port closed; if it fails, the
+    /// doors start unknown, as before the table existed.
+    async fn load(shared: &PortShared) -> Self {
+        let mut doors = Self::new();
+        let names: Vec<String> = (0..BOARD_DOORS).map(|i| shared.door(i).name).collect();
+        let store = shared.store.clone();
+        let wanted = names.clone();
+        let loaded = tokio::task::spawn_blocking(move || {
+            let conn = store.reader()?;
+            crate::store::door::door_states(&conn, &wanted)
+        })
+        .await;
+        match loaded {
+            Ok(Ok(states)) => {
+                let now = shared.now();
+                for (name, state) in states {
+                    if let Some(i) = names.iter().position(|n| *n == name)
+                        && let Ok(i) = u8::try_from(i)
+                    {
+                        doors.watches.insert(i, DoorWatch::restore(state, 0, now));
+                    }
+                }
+            }
+            Ok(Err(e)) => {
+                tracing::error!(serial = %shared.port.name, error = %e, "cannot read the doors' last states")
+            }
+            Err(e) => {
+                tracing::error!(serial = %shared.port.name, error = %e, "cannot read the doors' last states")
+            }
+        }
+        doors
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.t0.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
 }
 
 /// A decided command waiting for the link to take it.
@@ -209,52 +295,64 @@ pub(crate) struct Decided {
     pub reply: super::doors::Reply,
 }
 
-/// One opening of the port: a fresh link, decoder and door state.
+/// One opening of the port: a fresh link and decoder; the doors carried
+/// over from the previous opening.
 struct Session {
     shared: Arc<PortShared>,
-    t0: Instant,
     link: HubLink,
     decoder: FrameDecoder<Uplink>,
-    queue: DecisionQueue<firmware_bridge::Pin>,
+    /// Encoded frames to write, moved out of the link after every message
+    /// so a burst of frames never overflows the link's outbox.
+    out: Vec<u8>,
+    /// Each entry with the moment it was acked: its 3 s answer bound
+    /// (serial.md 'Door decisions') counts from there, not from when its
+    /// turn at the door comes.
+    queue: DecisionQueue<(firmware_bridge::Pin, std::time::Instant)>,
+    /// The decision in flight at each door.
+    inflight: HashMap<u8, JoinHandle<()>>,
     decided_tx: mpsc::Sender<Decided>,
     decided_rx: mpsc::Receiver<Decided>,
-    /// Unlocks awaiting the board's Ack: seq -> (door name, key id).
-    unlocks: HashMap<u16, (String, String)>,
+    /// Unlocks awaiting the board's Ack: seq -> (door index, door name, key id).
+    unlocks: HashMap<u16, (u8, String, String)>,
     deferred: VecDeque<Deferred>,
-    watches: HashMap<u8, DoorWatch>,
+    doors: PortDoors,
+    /// The `door_count` of this opening's board Hello, once it came.
+    board_doors: Option<u8>,
     /// A valid frame arrived during this session.
     heard_board: bool,
 }
 
 impl Session {
-    fn new(shared: Arc<PortShared>) -> Self {
-        let t0 = Instant::now();
-        let mut link = HubLink::new(shared.link, 0);
+    fn new(shared: Arc<PortShared>, doors: PortDoors) -> Self {
+        let now = doors.now_ms();
+        let mut link = HubLink::new(shared.link, now);
         // A fresh session id per opening: the board forgets our old seqs.
         link.open_session(
             Downlink::Hello {
                 session: rand::random::<u32>(),
             },
-            0,
+            now,
         );
         let (decided_tx, decided_rx) = mpsc::channel(DECIDED_QUEUE);
         Self {
             shared,
-            t0,
             link,
             decoder: FrameDecoder::new(),
+            out: Vec::new(),
             queue: DecisionQueue::new(),
+            inflight: HashMap::new(),
             decided_tx,
             decided_rx,
             unlocks: HashMap::new(),
             deferred: VecDeque::new(),
-            watches: HashMap::new(),
+            doors,
+            board_doors: None,
             heard_board: false,
         }
     }
 
     fn now_ms(&self) -> u64 {
-        u64::try_from(self.t0.elapsed().as_millis()).unwrap_or(u64::MAX)
+        self.doors.now_ms()
     }
 
     fn serial(&self) -> &str {
@@ -288,17 +386,22 @@ impl Session {
         }
     }
 
-    /// Encodes and writes everything the link queued.
-    async fn flush(&mut self, stream: &mut SerialStream) -> Result<(), SerialError> {
-        let mut out = Vec::new();
+    /// Encodes what the link queued into `out`.
+    fn take_tx(&mut self) {
         while let Some(msg) = self.link.pop_tx() {
             match to_frame(&msg) {
-                Ok(f) => out.extend_from_slice(&f),
+                Ok(f) => self.out.extend_from_slice(&f),
                 Err(e) => {
                     tracing::error!(serial = %self.serial(), error = e.as_str(), "cannot encode a command")
                 }
             }
         }
+    }
+
+    /// Encodes and writes everything queued.
+    async fn flush(&mut self, stream: &mut SerialStream) -> Result<(), SerialError> {
+        self.take_tx();
+        let out = std::mem::take(&mut self.out);
         if out.is_empty() {
             return Ok(());
         }
@@ -326,6 +429,7 @@ impl Session {
             if let Some(m) = self.link.on_rx(m, now) {
                 self.on_uplink(m, now);
             }
+            self.take_tx();
         }
     }
 
@@ -345,16 +449,10 @@ impl Session {
                     fw: (fw_major, fw_minor),
                     at: self.shared.now(),
                 });
+                self.on_door_count(door_count);
             }
-            Uplink::Keypad { door, pin, .. } => self.on_keypad(door, pin),
-            Uplink::DoorSensor { door, open, .. } => {
-                let target = self.shared.door(door);
-                let alarm = self.watches.entry(door).or_default().sensor(open, now);
-                tracing::info!(serial = %self.serial(), door = %target.name, open, "door sensor");
-                if let Some(a) = alarm {
-                    self.on_alarm(&target.name, a);
-                }
-            }
+            Uplink::Keypad { door, pin, .. } => self.on_keypad(door, pin, now),
+            Uplink::DoorSensor { door, open, .. } => self.on_sensor(door, open, now),
             Uplink::Tamper { .. } => {
                 tracing::warn!(serial = %self.serial(), "board tamper");
                 self.shared.record(Record::DoorEvent {
@@ -367,16 +465,78 @@ impl Session {
         }
     }
 
-    fn on_keypad(&mut self, door: u8, pin: firmware_bridge::Pin) {
+    /// serial.md: a configured door at or past the board's `door_count` is
+    /// a `board_mismatch`; a Hello that covers it clears it (always, as the
+    /// alert may be left over from before a restart).
+    fn on_door_count(&mut self, door_count: u8) {
+        self.board_doors = Some(door_count);
+        let at = self.shared.now();
+        for d in &self.shared.port.doors {
+            let subject = d.name.clone();
+            if d.index >= door_count {
+                tracing::error!(serial = %self.serial(), door = %d.name, index = d.index, door_count, "the board does not have this door");
+                self.shared.record(Record::RaiseAlert {
+                    condition: Condition::BoardMismatch,
+                    subject,
+                    at,
+                });
+            } else {
+                self.shared.record(Record::ClearAlert {
+                    condition: Condition::BoardMismatch,
+                    subject,
+                    at,
+                });
+            }
+        }
+    }
+
+    /// Whether this opening's board said it has door `index`.
+    fn board_has(&self, index: u8) -> bool {
+        self.board_doors.is_some_and(|n| index < n)
+    }
+
+    fn on_sensor(&mut self, door: u8, open: bool, now: u64) {
         let target = self.shared.door(door);
+        let at = self.shared.now();
+        let watch = self.doors.watches.entry(door).or_default();
+        let before = watch.state();
+        let mut alarm = watch.sensor(open, now, at);
+        let state = watch.state();
+        tracing::info!(serial = %self.serial(), door = %target.name, open, "door sensor");
+        if !open && alarm.is_none() {
+            // Reported closed, and closed as far as the hub knows (the
+            // board re-reports every door after each Hello): clear any
+            // door alert left over from a state the hub never saw end.
+            alarm = Some(DoorAlarm::Closed {
+                forced: true,
+                held_open: true,
+            });
+        } else if alarm.is_none() && state == before {
+            return;
+        }
+        self.on_alarm(&target.name, state, alarm);
+    }
+
+    fn on_keypad(&mut self, door: u8, pin: firmware_bridge::Pin, now: u64) {
+        let target = self.shared.door(door);
+        if let Admit::Flood { row } = self.doors.flood.admit(door, now) {
+            drop(pin);
+            self.on_flood(door, &target.name, row);
+            return;
+        }
         tracing::info!(serial = %self.serial(), door = %target.name, known = target.known, "keypad entry");
-        match self.queue.push(door, pin) {
-            Queued::Start(pin) => self.start_decision(door, pin),
+        match self.queue.push(door, (pin, std::time::Instant::now())) {
+            Queued::Start(entry) => self.start_decision(door, entry),
             Queued::Waiting => {}
             Queued::Full(_) => {
                 // Fail closed: the entry is answered Deny without a
-                // decision. Only a stuck store gets here.
+                // decision, and audited as the storage failure it is: only
+                // a store that is not keeping up gets here.
                 tracing::error!(serial = %self.serial(), door = %target.name, "too many keypad entries waiting; denied undecided");
+                self.shared.record(Record::Undecided {
+                    door: target.name.clone(),
+                    at: self.shared.now(),
+                });
                 self.command(
                     Downlink::Deny {
                         seq: 0,
@@ -389,15 +549,48 @@ impl Session {
         }
     }
 
-    fn start_decision(&mut self, door: u8, pin: firmware_bridge::Pin) {
+    /// A Keypad past the flood limit: `Deny` without a lookup if the link
+    /// has room to spare (a flood never takes the slots other doors'
+    /// answers need; the entry was acked either way), counted toward the
+    /// door's next `door.flood` row.
+    fn on_flood(&mut self, door: u8, name: &str, row: Option<u64>) {
+        if let Some(count) = row {
+            tracing::warn!(serial = %self.serial(), door = %name, count, "keypad flood");
+            self.flood_row(name, count);
+        }
+        if self.deferred.is_empty() && self.link.pending_len() < PENDING_MAX - FLOOD_SPARE_SLOTS {
+            let _ = self.link.send(
+                Downlink::Deny {
+                    seq: 0,
+                    door,
+                    reason: firmware_bridge::DenyReason::DENIED,
+                },
+                self.now_ms(),
+            );
+        }
+    }
+
+    fn flood_row(&self, door: &str, count: u64) {
+        self.shared.record(Record::Flood {
+            door: door.to_owned(),
+            count,
+            at: self.shared.now(),
+        });
+    }
+
+    fn start_decision(
+        &mut self,
+        door: u8,
+        (pin, received): (firmware_bridge::Pin, std::time::Instant),
+    ) {
         let shared = self.shared.clone();
         let target = self.shared.door(door);
         let tx = self.decided_tx.clone();
-        tokio::spawn(async move {
-            let reply = super::doors::decide(&shared, &target, pin).await;
+        let task = tokio::spawn(async move {
+            let reply = super::doors::decide(&shared, &target, pin, received).await;
             let unlocked = match &reply {
-                super::doors::Reply::Unlock { key_id } => Some(key_id.clone()),
-                super::doors::Reply::Deny { .. } => None,
+                Reply::Unlock { key_id } => Some(key_id.clone()),
+                Reply::Deny { .. } => None,
             };
             if tx.send(Decided { door, reply }).await.is_err()
                 && let Some(key_id) = unlocked
@@ -412,12 +605,13 @@ impl Session {
                 });
             }
         });
+        self.inflight.insert(door, task);
     }
 
     fn on_decided(&mut self, d: Decided) {
         let target = self.shared.door(d.door);
         match d.reply {
-            super::doors::Reply::Unlock { key_id } => {
+            Reply::Unlock { key_id } => {
                 let msg = Downlink::Unlock {
                     seq: 0,
                     door: d.door,
@@ -425,7 +619,7 @@ impl Session {
                 };
                 self.command(msg, Some((target.name.clone(), key_id)));
             }
-            super::doors::Reply::Deny { reason } => {
+            Reply::Deny { reason } => {
                 self.command(
                     Downlink::Deny {
                         seq: 0,
@@ -436,8 +630,9 @@ impl Session {
                 );
             }
         }
-        if let Some(pin) = self.queue.done(d.door) {
-            self.start_decision(d.door, pin);
+        self.inflight.remove(&d.door);
+        if let Some(entry) = self.queue.done(d.door) {
+            self.start_decision(d.door, entry);
         }
     }
 
@@ -474,8 +669,12 @@ impl Session {
             (&msg, seq, unlock)
         {
             tracing::info!(serial = %self.serial(), door = %name, key_id = %key_id, "unlock sent");
-            self.watches.entry(*door).or_default().unlock_sent(now, *ms);
-            self.unlocks.insert(seq, (name, key_id));
+            self.doors
+                .watches
+                .entry(*door)
+                .or_default()
+                .unlock_sent(now, *ms);
+            self.unlocks.insert(seq, (*door, name, key_id));
         }
     }
 
@@ -518,14 +717,19 @@ impl Session {
 
         let held_ms = u64::from(self.shared.policy.held_open_s).saturating_mul(1000);
         let mut alarms = Vec::new();
-        for (door, w) in &mut self.watches {
+        for (door, w) in &mut self.doors.watches {
             if let Some(a) = w.poll(now, held_ms) {
-                alarms.push((*door, a));
+                alarms.push((*door, w.state(), a));
             }
         }
-        for (door, a) in alarms {
+        for (door, state, a) in alarms {
             let name = self.shared.door(door).name;
-            self.on_alarm(&name, a);
+            self.on_alarm(&name, state, Some(a));
+        }
+
+        for (door, count) in self.doors.flood.poll(now) {
+            let name = self.shared.door(door).name;
+            self.flood_row(&name, count);
         }
     }
 
@@ -533,18 +737,26 @@ impl Session {
         let at = self.shared.now();
         match ev {
             LinkEvent::Acked(Downlink::Unlock { seq, .. }) => {
-                if let Some((door, key_id)) = self.unlocks.remove(&seq) {
-                    tracing::info!(serial = %self.serial(), door = %door, key_id = %key_id, "unlock confirmed");
+                if let Some((index, door, key_id)) = self.unlocks.remove(&seq) {
+                    // A board acks every command, also for a door it does
+                    // not have (serial.md 'board_mismatch'): that Ack
+                    // confirms nothing.
+                    let confirmed = self.board_has(index);
+                    if confirmed {
+                        tracing::info!(serial = %self.serial(), door = %door, key_id = %key_id, "unlock confirmed");
+                    } else {
+                        tracing::warn!(serial = %self.serial(), door = %door, key_id = %key_id, "unlock acked by a board without this door; unconfirmed");
+                    }
                     self.shared.record(Record::Unlock {
                         door,
                         key_id,
-                        confirmed: true,
+                        confirmed,
                         at,
                     });
                 }
             }
             LinkEvent::Failed(Downlink::Unlock { seq, .. }) => {
-                if let Some((door, key_id)) = self.unlocks.remove(&seq) {
+                if let Some((_, door, key_id)) = self.unlocks.remove(&seq) {
                     tracing::warn!(serial = %self.serial(), door = %door, key_id = %key_id, "unlock unconfirmed");
                     self.shared.record(Record::Unlock {
                         door,
@@ -592,52 +804,98 @@ impl Session {
         }
     }
 
-    fn on_alarm(&self, door: &str, alarm: DoorAlarm) {
-        let at = self.shared.now();
+    /// A door's new state, with what it means, for the recorder: the state
+    /// and its audit row and alerts land in one transaction.
+    fn on_alarm(&self, door: &str, state: crate::watch::DoorState, alarm: Option<DoorAlarm>) {
         match alarm {
-            DoorAlarm::Forced => {
-                tracing::warn!(serial = %self.serial(), door = %door, "door forced");
-                self.shared.record(Record::DoorEvent {
-                    kind: AuditKind::DoorForced,
-                    door: door.to_owned(),
-                    at,
-                });
+            Some(DoorAlarm::Forced) => {
+                tracing::warn!(serial = %self.serial(), door = %door, "door forced")
             }
-            DoorAlarm::HeldOpen => {
-                tracing::warn!(serial = %self.serial(), door = %door, "door held open");
-                self.shared.record(Record::DoorEvent {
-                    kind: AuditKind::DoorHeldOpen,
-                    door: door.to_owned(),
-                    at,
-                });
+            Some(DoorAlarm::HeldOpen) => {
+                tracing::warn!(serial = %self.serial(), door = %door, "door held open")
             }
-            DoorAlarm::Closed { forced, held_open } => {
-                for (raised, condition) in [
-                    (forced, Condition::DoorForced),
-                    (held_open, Condition::DoorHeldOpen),
-                ] {
-                    if raised {
-                        self.shared.record(Record::ClearAlert {
-                            condition,
-                            subject: door.to_owned(),
-                            at,
-                        });
-                    }
-                }
-            }
+            _ => {}
         }
+        self.shared.record(Record::Sensor {
+            door: door.to_owned(),
+            state,
+            alarm,
+            at: self.shared.now(),
+        });
     }
 
-    /// The session is over: Unlocks still awaiting an Ack, or never sent,
-    /// are recorded unconfirmed.
-    fn finish(&mut self) {
+    /// The session is over, and every acked Keypad still ends in an audit
+    /// row (serial.md 'Door decisions'): the decisions in flight finish,
+    /// the entries waiting behind them are decided in order, and the flood
+    /// counts are written. A grant that can no longer reach the board, and
+    /// every Unlock awaiting an Ack, is recorded unconfirmed. Returns the
+    /// doors for the next opening, and the task finishing the decisions:
+    /// the port reopens without waiting for it (a slow store must not keep
+    /// the doors off the line), and the port task awaits it before it stops.
+    fn finish(mut self) -> (PortDoors, JoinHandle<()>) {
         let pending: Vec<_> = self.unlocks.drain().map(|(_, v)| v).collect();
-        for u in pending {
-            self.give_up(Some(u));
+        for (_, door, key_id) in pending {
+            self.give_up(Some((door, key_id)));
         }
         for d in std::mem::take(&mut self.deferred) {
             self.give_up(d.unlock);
         }
+        let now = self.now_ms();
+        for (door, count) in self.doors.flood.drain(now) {
+            let name = self.shared.door(door).name;
+            self.flood_row(&name, count);
+        }
+
+        let mut inflight = std::mem::take(&mut self.inflight);
+        let mut doors = JoinSet::new();
+        for (door, waiting) in self.queue.take_waiting() {
+            let shared = self.shared.clone();
+            let before = inflight.remove(&door);
+            doors.spawn(async move {
+                if let Some(task) = before {
+                    let _ = task.await;
+                }
+                let target = shared.door(door);
+                for (pin, received) in waiting {
+                    if let Reply::Unlock { key_id } =
+                        super::doors::decide(&shared, &target, pin, received).await
+                    {
+                        tracing::warn!(serial = %shared.port.name, door = %target.name, key_id = %key_id, "granted after the port closed; unlock never sent");
+                        shared.record(Record::Unlock {
+                            door: target.name.clone(),
+                            key_id,
+                            confirmed: false,
+                            at: shared.now(),
+                        });
+                    }
+                }
+            });
+        }
+        let shared = self.shared.clone();
+        let mut decided_rx = self.decided_rx;
+        drop(self.decided_tx);
+        let rest = tokio::spawn(async move {
+            for (_, task) in inflight {
+                let _ = task.await;
+            }
+            while doors.join_next().await.is_some() {}
+            // Decided, but the loop never took them: the grants are on
+            // record, their Unlocks never went out.
+            decided_rx.close();
+            while let Ok(d) = decided_rx.try_recv() {
+                if let Reply::Unlock { key_id } = d.reply {
+                    let door = shared.door(d.door).name;
+                    tracing::warn!(serial = %shared.port.name, door = %door, key_id = %key_id, "unlock never sent");
+                    shared.record(Record::Unlock {
+                        door,
+                        key_id,
+                        confirmed: false,
+                        at: shared.now(),
+                    });
+                }
+            }
+        });
+        (self.doors, rest)
     }
 }
 

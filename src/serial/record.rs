@@ -3,24 +3,39 @@
 //! Why a queue and a task of its own: the port loop must never wait on the
 //! disk (acks, pings and other doors would stall behind an fsync), yet
 //! these records must land in the order they happened (an alert raised
-//! before it is cleared). One task per port drains a bounded queue in
-//! order; when the queue is full the loop drops the record with an error
-//! log rather than block (only a store that has stopped answering gets
-//! there).
+//! before it is cleared). One task per port drains a [`RecordQueue`] in
+//! order.
+//!
+//! Why the queue never turns away an audit row or an alert below
+//! [`KEEP_MAX`]: each is the only trace of something at a door (an Unlock
+//! the board confirmed, a forced door, a flood). Past [`RECORD_QUEUE`]
+//! records (the store has stopped answering for a while) only the link
+//! bookkeeping for `lockhub status` is dropped, which the next frame or
+//! state change writes again. [`KEEP_MAX`] bounds memory if the store never
+//! comes back: doors are rate-limited (serial.md's flood limit), so it holds
+//! minutes of a busy building's records.
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::Notify;
 
 use crate::store::alerts::{self, Condition};
 use crate::store::audit::AuditKind;
-use crate::store::door::{record_door_event, record_unlock};
+use crate::store::door::{
+    record_door_event, record_flood, record_sensor, record_storage_failure, record_unlock,
+};
 use crate::store::links::{self, LinkState};
 use crate::store::{Priority, Store};
 use crate::time::Timestamp;
+use crate::watch::{DoorAlarm, DoorState};
 
-/// Records waiting for the store, per port.
+/// Records waiting for the store, per port, past which link bookkeeping is
+/// dropped.
 pub(crate) const RECORD_QUEUE: usize = 64;
+/// Records waiting for the store, per port, past which even audit rows and
+/// alerts are dropped (logged as errors).
+pub(crate) const KEEP_MAX: usize = 4096;
 
 /// Something to write, in the order it happened.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,7 +47,25 @@ pub(crate) enum Record {
         confirmed: bool,
         at: Timestamp,
     },
-    /// `door.forced`, `door.held_open` or `board.tamper`, with its alert.
+    /// A door sensor report that changed the door's durable state, and
+    /// what it means (see [`record_sensor`]).
+    Sensor {
+        door: String,
+        state: DoorState,
+        alarm: Option<DoorAlarm>,
+        at: Timestamp,
+    },
+    /// `door.flood` with its count, and `keypad_flood`.
+    Flood {
+        door: String,
+        count: u64,
+        at: Timestamp,
+    },
+    /// A keypad entry answered `Deny` undecided because the door's queue
+    /// was full (the store is not keeping up): `door.denied`
+    /// `storage_failure` and its alert.
+    Undecided { door: String, at: Timestamp },
+    /// `board.tamper` with its alert.
     DoorEvent {
         kind: AuditKind,
         door: String,
@@ -74,6 +107,14 @@ impl Record {
                 confirmed,
                 at,
             } => record_unlock(conn, &door, &key_id, confirmed, at).map(drop),
+            Record::Sensor {
+                door,
+                state,
+                alarm,
+                at,
+            } => record_sensor(conn, &door, &state, alarm, at),
+            Record::Flood { door, count, at } => record_flood(conn, &door, count, at).map(drop),
+            Record::Undecided { door, at } => record_storage_failure(conn, &door, at).map(drop),
             Record::DoorEvent { kind, door, at } => {
                 record_door_event(conn, kind, &door, at).map(drop)
             }
@@ -111,6 +152,9 @@ impl Record {
                     "door.unlock_unconfirmed"
                 }
             ),
+            Record::Sensor { door, alarm, .. } => format!("door {door} sensor ({alarm:?})"),
+            Record::Flood { door, count, .. } => format!("door.flood x{count} at {door}"),
+            Record::Undecided { door, .. } => format!("undecided entry at {door}"),
             Record::DoorEvent { kind, door, .. } => format!("{} at {door}", kind.as_str()),
             Record::RaiseAlert {
                 condition, subject, ..
@@ -123,15 +167,71 @@ impl Record {
             Record::FrameSeen { serial, .. } => format!("frame seen on {serial}"),
         }
     }
+
+    /// Link bookkeeping that the next frame or state change writes again.
+    fn droppable(&self) -> bool {
+        matches!(
+            self,
+            Record::Link { .. } | Record::Hello { .. } | Record::FrameSeen { .. }
+        )
+    }
 }
 
-/// Writes records in order until every sender is gone.
-pub(crate) async fn run(
-    store: Store,
-    mut rx: mpsc::Receiver<Record>,
-    outbox_wake: Option<Arc<Notify>>,
-) {
-    while let Some(rec) = rx.recv().await {
+/// The port's records in order, between the port's tasks (many pushers)
+/// and its recorder (one popper). See the module docs for its bounds.
+#[derive(Default)]
+pub(crate) struct RecordQueue {
+    inner: Mutex<Inner>,
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct Inner {
+    records: VecDeque<Record>,
+    closed: bool,
+}
+
+impl RecordQueue {
+    /// Queues `rec` without waiting; hands it back if it must be dropped.
+    pub(crate) fn push(&self, rec: Record) -> Result<(), Record> {
+        {
+            let mut q = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let len = q.records.len();
+            if len >= KEEP_MAX || (len >= RECORD_QUEUE && rec.droppable()) {
+                return Err(rec);
+            }
+            q.records.push_back(rec);
+        }
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    /// No more records will come: the recorder ends once it wrote the rest.
+    pub(crate) fn close(&self) {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
+        self.wake.notify_one();
+    }
+
+    async fn pop(&self) -> Option<Record> {
+        loop {
+            {
+                let mut q = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(r) = q.records.pop_front() {
+                    return Some(r);
+                }
+                if q.closed {
+                    return None;
+                }
+            }
+            // A push between the unlock and here left a permit: no wake is lost.
+            self.wake.notified().await;
+        }
+    }
+}
+
+/// Writes records in order until the queue is closed and empty.
+pub(crate) async fn run(store: Store, queue: Arc<RecordQueue>, outbox_wake: Option<Arc<Notify>>) {
+    while let Some(rec) = queue.pop().await {
         let what = rec.what();
         match store.write(Priority::Bulk, move |c| rec.apply(c)).await {
             Ok(()) => {
@@ -141,5 +241,51 @@ pub(crate) async fn run(
             }
             Err(e) => tracing::error!(record = %what, error = %e, "cannot record"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame_seen() -> Record {
+        Record::FrameSeen {
+            serial: "a".into(),
+            at: Timestamp(0),
+        }
+    }
+
+    fn unlock() -> Record {
+        Record::Unlock {
+            door: "101".into(),
+            key_id: "k".into(),
+            confirmed: true,
+            at: Timestamp(0),
+        }
+    }
+
+    #[test]
+    fn a_full_queue_drops_link_bookkeeping_but_keeps_audit_rows() {
+        let q = RecordQueue::default();
+        for _ in 0..RECORD_QUEUE {
+            q.push(frame_seen()).unwrap();
+        }
+        assert!(q.push(frame_seen()).is_err());
+        assert!(q.push(unlock()).is_ok());
+        for _ in RECORD_QUEUE + 1..KEEP_MAX {
+            q.push(unlock()).unwrap();
+        }
+        assert!(q.push(unlock()).is_err(), "memory stays bounded");
+    }
+
+    #[tokio::test]
+    async fn records_come_out_in_order_and_the_end_after_the_last() {
+        let q = RecordQueue::default();
+        q.push(frame_seen()).unwrap();
+        q.push(unlock()).unwrap();
+        q.close();
+        assert_eq!(q.pop().await, Some(frame_seen()));
+        assert_eq!(q.pop().await, Some(unlock()));
+        assert_eq!(q.pop().await, None);
     }
 }

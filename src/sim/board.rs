@@ -105,6 +105,9 @@ pub struct SimBoard<Io> {
     partial: Vec<u8>,
     relays: [bool; MAX_DOORS],
     denied: [Option<DenyReason>; MAX_DOORS],
+    /// The door contacts, read every step as a firmware's HAL reads its
+    /// inputs every loop: closed until a test or `open DOOR` says not.
+    contacts: [bool; MAX_DOORS],
     link_up: bool,
     events: VecDeque<SimEvent>,
     lose_up: Option<Filter<Uplink>>,
@@ -122,6 +125,7 @@ impl<Io: AsyncRead + AsyncWrite + Unpin> SimBoard<Io> {
             partial: Vec::new(),
             relays: [false; MAX_DOORS],
             denied: [None; MAX_DOORS],
+            contacts: [false; MAX_DOORS],
             link_up: false,
             events: VecDeque::new(),
             lose_up: None,
@@ -150,8 +154,11 @@ impl<Io: AsyncRead + AsyncWrite + Unpin> SimBoard<Io> {
         self.press(door, "#");
     }
 
-    /// The door contact at `door` reads `open`.
+    /// The door contact at `door` reads `open` from now on.
     pub fn set_door(&mut self, door: u8, open: bool) {
+        if let Some(c) = self.contacts.get_mut(usize::from(door)) {
+            *c = open;
+        }
         let now = self.now_ms();
         self.board.on_door_sensor(door, open, now);
     }
@@ -209,9 +216,20 @@ impl<Io: AsyncRead + AsyncWrite + Unpin> SimBoard<Io> {
             Ok(Err(e)) => return Err(e.into()),
         }
         let now = self.now_ms();
+        let doors = self.board.config().door_count.min(MAX_DOORS as u8);
+        for door in 0..doors {
+            let open = self
+                .contacts
+                .get(usize::from(door))
+                .copied()
+                .unwrap_or(false);
+            self.board.on_door_sensor(door, open, now);
+        }
         let frames: Vec<_> = self.board.poll(now).collect();
         let mut out = Vec::new();
         for f in frames {
+            // A Hello's lead 0x00 (serial.md) is skipped by the decoder and
+            // written with the frame.
             let Ok(msg) = decode_frame::<Uplink>(&f) else {
                 continue;
             };

@@ -6,6 +6,7 @@
 //! `cleared` message. The row and its outbox message share a transaction.
 
 use super::StoreError;
+use super::audit::{self, AuditKind, AuditRecord};
 use super::outbox::{self, Topic};
 use crate::time::Timestamp;
 use rusqlite::{Connection, OptionalExtension, params};
@@ -29,10 +30,14 @@ pub enum Condition {
     OutboxBacklog,
     StorageFailure,
     SignerExpiring,
+    /// Keypad entries past the flood limit at a door (subject: the door).
+    KeypadFlood,
+    /// The board's Hello does not cover a configured door (subject: the door).
     BoardMismatch,
     LinkInsecure,
     ReaderLinkFault,
     ReaderReplaced,
+    BrokerDenied,
 }
 
 impl Condition {
@@ -52,11 +57,55 @@ impl Condition {
             Condition::OutboxBacklog => "outbox_backlog",
             Condition::StorageFailure => "storage_failure",
             Condition::SignerExpiring => "signer_expiring",
+            Condition::KeypadFlood => "keypad_flood",
             Condition::BoardMismatch => "board_mismatch",
             Condition::LinkInsecure => "link_insecure",
             Condition::ReaderLinkFault => "reader_link_fault",
             Condition::ReaderReplaced => "reader_replaced",
+            Condition::BrokerDenied => "broker_denied",
         }
+    }
+
+    /// Every condition of mqtt.md 'Alerts' (the schema's list too).
+    pub const ALL: [Condition; 20] = [
+        Condition::KeypadLockout,
+        Condition::BoardOffline,
+        Condition::DoorForced,
+        Condition::DoorHeldOpen,
+        Condition::Tamper,
+        Condition::BadSignature,
+        Condition::MalformedEvent,
+        Condition::EventIdConflict,
+        Condition::PinAmbiguous,
+        Condition::ClockUntrusted,
+        Condition::CloudStale,
+        Condition::OutboxBacklog,
+        Condition::StorageFailure,
+        Condition::SignerExpiring,
+        Condition::KeypadFlood,
+        Condition::BoardMismatch,
+        Condition::LinkInsecure,
+        Condition::ReaderLinkFault,
+        Condition::ReaderReplaced,
+        Condition::BrokerDenied,
+    ];
+
+    /// The condition named `s` in the contract's spelling.
+    pub fn parse(s: &str) -> Option<Condition> {
+        Condition::ALL.into_iter().find(|c| c.as_str() == s)
+    }
+
+    /// Conditions that are occurrences rather than states: nothing reports
+    /// their end, so they end after `policy.cloud_stale_s` without a new
+    /// occurrence (mqtt.md 'Every alert ends'; [`clear_quiet`]).
+    pub fn ends_when_quiet(self) -> bool {
+        matches!(
+            self,
+            Condition::BadSignature
+                | Condition::MalformedEvent
+                | Condition::EventIdConflict
+                | Condition::KeypadFlood
+        )
     }
 }
 
@@ -206,6 +255,89 @@ pub fn clear(
         }
         _ => Ok(false),
     }
+}
+
+/// Clears every raised alert of `condition`, whatever its subject. Returns
+/// how many it cleared.
+pub fn clear_all(
+    conn: &Connection,
+    condition: Condition,
+    now: Timestamp,
+) -> Result<usize, StoreError> {
+    let subjects = raised_subjects(conn, condition)?;
+    for subject in &subjects {
+        clear(conn, condition, subject, now)?;
+    }
+    Ok(subjects.len())
+}
+
+/// The subjects of every raised alert of `condition`.
+pub fn raised_subjects(conn: &Connection, condition: Condition) -> Result<Vec<String>, StoreError> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT subject FROM alerts WHERE condition = ?1 AND state = 'raised' ORDER BY subject",
+        )?
+        .query_map([condition.as_str()], |r| r.get(0))?
+        .collect::<Result<_, _>>()?)
+}
+
+/// Clears the alerts of [`Condition::ends_when_quiet`] conditions whose last
+/// occurrence is `quiet_s` or more before `now`. Returns how many it cleared.
+pub fn clear_quiet(conn: &Connection, quiet_s: u32, now: Timestamp) -> Result<usize, StoreError> {
+    let before = now.saturating_add_secs(-i64::from(quiet_s));
+    let mut cleared = 0;
+    for condition in Condition::ALL.into_iter().filter(|c| c.ends_when_quiet()) {
+        let subjects: Vec<String> = conn
+            .prepare_cached(
+                "SELECT subject FROM alerts
+                  WHERE condition = ?1 AND state = 'raised' AND last_at <= ?2 ORDER BY subject",
+            )?
+            .query_map(params![condition.as_str(), before.0], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
+        for subject in &subjects {
+            clear(conn, condition, subject, now)?;
+        }
+        cleared += subjects.len();
+    }
+    Ok(cleared)
+}
+
+/// Remembers which keys a raised alert is about, so that the schema ends it
+/// when one of them stops being live (`pin_ambiguous`; migration 0003).
+pub fn remember_keys(
+    conn: &Connection,
+    condition: Condition,
+    subject: &str,
+    key_ids: &[&str],
+) -> Result<(), StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "INSERT OR IGNORE INTO alert_keys (condition, subject, key_id) VALUES (?1, ?2, ?3)",
+    )?;
+    for key_id in key_ids {
+        stmt.execute(params![condition.as_str(), subject, key_id])?;
+    }
+    Ok(())
+}
+
+/// An operator cleared an alert by hand: clears it and writes the
+/// `alert.cleared` audit row with their reason, in one transaction. Returns
+/// `false`, changing nothing, when the alert is not raised.
+pub fn clear_by_hand(
+    conn: &Connection,
+    condition: Condition,
+    subject: &str,
+    reason: &str,
+    now: Timestamp,
+) -> Result<bool, StoreError> {
+    if !clear(conn, condition, subject, now)? {
+        return Ok(false);
+    }
+    let mut rec = AuditRecord::new(AuditKind::AlertCleared, now);
+    rec.door = Some(subject.to_owned());
+    rec.reason = Some(reason.to_owned());
+    rec.condition = Some(condition.as_str());
+    audit::record(conn, &rec)?;
+    Ok(true)
 }
 
 /// Every raised alert.

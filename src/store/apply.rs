@@ -926,6 +926,8 @@ fn record_key_audit(
             holder_name,
             reason: reason.map(str::to_owned),
             event_id: Uuid::parse_str(event_id).ok(),
+            condition: None,
+            count: None,
         },
     )?;
     Ok(())

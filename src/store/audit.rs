@@ -22,6 +22,11 @@ pub enum AuditKind {
     DoorForced,
     DoorHeldOpen,
     BoardTamper,
+    /// An operator cleared an alert by hand (`lockhub alert clear`).
+    AlertCleared,
+    /// Keypad entries past the flood limit, one row per door per minute
+    /// with their `count` (serial.md 'Door decisions').
+    DoorFlood,
     KeyActivated,
     KeyRevoked,
     KeyExpired,
@@ -38,6 +43,8 @@ impl AuditKind {
             AuditKind::DoorForced => "door.forced",
             AuditKind::DoorHeldOpen => "door.held_open",
             AuditKind::BoardTamper => "board.tamper",
+            AuditKind::AlertCleared => "alert.cleared",
+            AuditKind::DoorFlood => "door.flood",
             AuditKind::KeyActivated => "key.activated",
             AuditKind::KeyRevoked => "key.revoked",
             AuditKind::KeyExpired => "key.expired",
@@ -58,6 +65,10 @@ pub struct AuditRecord {
     pub holder_name: Option<String>,
     pub reason: Option<String>,
     pub event_id: Option<Uuid>,
+    /// The condition of an `alert.cleared` row (its subject is in `door`).
+    pub condition: Option<&'static str>,
+    /// `door.flood` only: how many entries the row counts.
+    pub count: Option<i64>,
 }
 
 impl AuditRecord {
@@ -73,6 +84,8 @@ impl AuditRecord {
             holder_name: None,
             reason: None,
             event_id: None,
+            condition: None,
+            count: None,
         }
     }
 }
@@ -88,6 +101,13 @@ struct AuditBody<'a> {
     holder_ref: Option<&'a str>,
     reason: Option<&'a str>,
     event_id: Option<String>,
+    /// Only on `alert.cleared` (mqtt.md is silent on where the condition
+    /// goes; receivers ignore fields they do not know).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    condition: Option<&'static str>,
+    // Only `door.flood` has one; other bodies stay as mqtt.md shows them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    count: Option<i64>,
 }
 
 /// Writes an audit row and queues it for the cloud; returns its `audit_id`
@@ -97,8 +117,8 @@ pub fn record(conn: &Connection, rec: &AuditRecord) -> Result<Uuid, StoreError> 
     let id = audit_id.to_string();
     let event_id = rec.event_id.map(|e| e.to_string());
     conn.prepare_cached(
-        "INSERT INTO audit (audit_id, at, kind, door, key_id, check_in_id, holder_ref, holder_name, reason, event_id)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+        "INSERT INTO audit (audit_id, at, kind, door, key_id, check_in_id, holder_ref, holder_name, reason, event_id, condition, count)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
     )?
     .execute(params![
         id,
@@ -110,7 +130,9 @@ pub fn record(conn: &Connection, rec: &AuditRecord) -> Result<Uuid, StoreError> 
         rec.holder_ref,
         rec.holder_name,
         rec.reason,
-        event_id
+        event_id,
+        rec.condition,
+        rec.count
     ])?;
     let body = AuditBody {
         audit_id: &id,
@@ -122,6 +144,8 @@ pub fn record(conn: &Connection, rec: &AuditRecord) -> Result<Uuid, StoreError> 
         holder_ref: rec.holder_ref.as_deref(),
         reason: rec.reason.as_deref(),
         event_id,
+        condition: rec.condition,
+        count: rec.count,
     };
     let json = serde_json::to_vec(&body).map_err(|e| StoreError::Invalid(e.to_string()))?;
     outbox::enqueue(conn, Topic::Audit, &json, Some(&id), rec.at)?;

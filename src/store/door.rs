@@ -1,15 +1,20 @@
 //! The door decision's durable side: gather the facts, call
 //! [`crate::door::decide`], and record the outcome in the same transaction.
 //!
-//! Run [`door_entry`] on the writer with [`super::Priority::Door`]; send the
-//! board `Unlock` or `Deny` only after the write has committed, so no door
-//! opens unrecorded (mqtt.md 'Audit'). If the write fails, deny (reason 1)
-//! and call [`record_storage_failure`] (which may fail too; then log it).
+//! A driver (serial today, OSDP later) calls [`decide_entry`]: it runs
+//! [`door_entry`] as a door job that commits within [`COMMIT_WITHIN`] of the
+//! keypad entry or not at all, and answers within [`ANSWER_WITHIN`]. Send
+//! `Unlock` only for an `Ok` unlock, after the commit, so no door opens
+//! unrecorded (mqtt.md 'Audit'); on any error send `Deny` (reason 1). The
+//! denial that could not be written is kept ([`StorageFailures`]) and
+//! written with its `storage_failure` alert as soon as storage works; the
+//! next decision that commits ends the alert.
 //!
 //! The lockout needs no state of its own beyond the `lockouts` rows: the
 //! denials that count are the `door.denied` audit rows, so a restart or a
 //! power cut forgives nothing.
 
+use super::Store;
 use super::StoreError;
 use super::alerts::{self, Condition};
 use super::audit::{self, AuditKind, AuditRecord};
@@ -17,9 +22,27 @@ use super::floor;
 use crate::config::Policy;
 use crate::door::{self, Candidate, Decision, DenyReason, DoorInput, Lockout, LockoutFacts};
 use crate::time::Timestamp;
+use crate::watch::{DoorAlarm, DoorState};
 use rusqlite::{Connection, OptionalExtension, params};
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 use uuid::Uuid;
+
+/// A door decision that has not committed this long after its keypad entry
+/// arrived is denied, and never commits later (serial.md 'Door decisions').
+pub const COMMIT_WITHIN: Duration = Duration::from_secs(2);
+/// The caller stops waiting for the store this long after the entry
+/// arrived, whatever the store does (a commit stuck in fsync), and denies:
+/// the answer is on the wire within the contract's 3 s.
+pub const ANSWER_WITHIN: Duration = Duration::from_millis(2_700);
+/// Denials kept in memory while they cannot be written; beyond it only
+/// their count is kept (for the alert).
+pub const MISSED_MAX: usize = 1024;
+/// How often the missed denials are tried again while storage fails.
+const RETRY_EVERY: Duration = Duration::from_millis(500);
 
 /// One keypad entry, as the serial driver hands it over.
 #[derive(Clone, PartialEq, Eq)]
@@ -185,6 +208,14 @@ pub fn door_entry(
     if let Decision::Deny { reason, lockout } = &decision {
         if *reason == DenyReason::PinAmbiguous {
             alerts::raise(conn, Condition::PinAmbiguous, &entry.door, 1, entry.at)?;
+            // The alert ends when one of these keys stops being live (a
+            // trigger on `keys` does it).
+            let found = match &entry.tags {
+                Some(tags) => candidates(conn, &entry.door, tags)?,
+                None => Vec::new(),
+            };
+            let ids: Vec<&str> = found.iter().map(|c| c.key_id.as_str()).collect();
+            alerts::remember_keys(conn, Condition::PinAmbiguous, &entry.door, &ids)?;
         }
         if let Some(l) = lockout {
             start_lockout(conn, &entry.door, l)?;
@@ -312,6 +343,98 @@ pub fn record_door_event(
     Ok(id)
 }
 
+/// A door's sensor report changed what the hub knows of it: keeps the new
+/// [`DoorState`] and records what the change means (the `door.forced` or
+/// `door.held_open` row with its alert, or the end of those alerts) in one
+/// transaction, so a restart finds the state and the alerts agreeing. A
+/// report that changes nothing (a closed door re-reported after a Hello,
+/// no alert left to clear) writes nothing, so it costs no fsync.
+pub fn record_sensor(
+    conn: &Connection,
+    door: &str,
+    state: &DoorState,
+    alarm: Option<DoorAlarm>,
+    at: Timestamp,
+) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO door_state (door, open, opened_at, forced, held_open, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+         ON CONFLICT (door) DO UPDATE SET open = excluded.open, opened_at = excluded.opened_at,
+           forced = excluded.forced, held_open = excluded.held_open, updated_at = excluded.updated_at
+         WHERE (open, opened_at, forced, held_open)
+               IS NOT (excluded.open, excluded.opened_at, excluded.forced, excluded.held_open)",
+    )?
+    .execute(params![
+        door,
+        state.is_open(),
+        state.opened_at.map(|t| t.0),
+        state.forced,
+        state.held_open,
+        at.0
+    ])?;
+    match alarm {
+        Some(DoorAlarm::Forced) => {
+            record_door_event(conn, AuditKind::DoorForced, door, at)?;
+        }
+        Some(DoorAlarm::HeldOpen) => {
+            record_door_event(conn, AuditKind::DoorHeldOpen, door, at)?;
+        }
+        Some(DoorAlarm::Closed { forced, held_open }) => {
+            if forced {
+                alerts::clear(conn, Condition::DoorForced, door, at)?;
+            }
+            if held_open {
+                alerts::clear(conn, Condition::DoorHeldOpen, door, at)?;
+            }
+        }
+        None => {}
+    }
+    Ok(())
+}
+
+/// The last reported state of each of `doors` that has one.
+pub fn door_states(
+    conn: &Connection,
+    doors: &[String],
+) -> Result<Vec<(String, DoorState)>, StoreError> {
+    let mut stmt =
+        conn.prepare_cached("SELECT opened_at, forced, held_open FROM door_state WHERE door = ?1")?;
+    let mut out = Vec::new();
+    for door in doors {
+        if let Some(state) = stmt
+            .query_row([door], |r| {
+                Ok(DoorState {
+                    opened_at: r.get::<_, Option<i64>>(0)?.map(Timestamp),
+                    forced: r.get(1)?,
+                    held_open: r.get(2)?,
+                })
+            })
+            .optional()?
+        {
+            out.push((door.clone(), state));
+        }
+    }
+    Ok(out)
+}
+
+/// Keypad entries past the flood limit at `door` (serial.md): one
+/// `door.flood` row with their `count`, and `keypad_flood` raised (bumped)
+/// by as many.
+pub fn record_flood(
+    conn: &Connection,
+    door: &str,
+    count: u64,
+    at: Timestamp,
+) -> Result<Uuid, StoreError> {
+    let count = i64::try_from(count).unwrap_or(i64::MAX).max(1);
+    let mut rec = AuditRecord::new(AuditKind::DoorFlood, at);
+    rec.door = Some(door.to_owned());
+    rec.count = Some(count);
+    let id = audit::record(conn, &rec)?;
+    alerts::raise(conn, Condition::KeypadFlood, door, count, at)?;
+    Ok(id)
+}
+
 /// A card read at an OSDP reader's door: `door.denied` with reason
 /// `unsupported_credential`. Not a decision (the hub knows PINs only) and
 /// not counted toward a lockout.
@@ -342,6 +465,183 @@ pub fn record_storage_failure(
     Ok(id)
 }
 
+/// Keypad entries denied because the store failed, kept in memory until they
+/// can be written: each becomes its `door.denied` (`storage_failure`) audit
+/// row and counts in the door's `storage_failure` alert, as soon as storage
+/// takes writes again (mqtt.md 'Alerts'). One per [`Store`].
+#[derive(Debug, Default)]
+pub struct StorageFailures {
+    missed: Mutex<Missed>,
+    retrying: AtomicBool,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Missed {
+    /// (door, effective time of the entry), oldest first.
+    entries: VecDeque<(String, Timestamp)>,
+    /// Denials past [`MISSED_MAX`], per door: counted, not audited.
+    overflow: BTreeMap<String, (i64, Timestamp)>,
+}
+
+impl Missed {
+    fn is_empty(&self) -> bool {
+        self.entries.is_empty() && self.overflow.is_empty()
+    }
+}
+
+impl StorageFailures {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Missed> {
+        self.missed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A denial at `door` at `at` could not be recorded.
+    pub fn note(&self, door: &str, at: Timestamp) {
+        let mut m = self.lock();
+        if m.entries.len() < MISSED_MAX {
+            m.entries.push_back((door.to_owned(), at));
+        } else {
+            let e = m.overflow.entry(door.to_owned()).or_insert((0, at));
+            e.0 += 1;
+            e.1 = e.1.max(at);
+        }
+    }
+
+    /// How many denials wait to be written.
+    pub fn pending(&self) -> usize {
+        let m = self.lock();
+        m.entries.len() + m.overflow.values().map(|(n, _)| *n as usize).sum::<usize>()
+    }
+
+    fn take(&self) -> Missed {
+        std::mem::take(&mut *self.lock())
+    }
+
+    /// Puts back what a failed write took, ahead of what was noted since.
+    fn restore(&self, mut taken: Missed) {
+        let mut m = self.lock();
+        let newer = std::mem::take(&mut m.entries);
+        taken.entries.extend(newer);
+        while taken.entries.len() > MISSED_MAX {
+            if let Some((door, at)) = taken.entries.pop_back() {
+                let e = taken.overflow.entry(door).or_insert((0, at));
+                e.0 += 1;
+                e.1 = e.1.max(at);
+            }
+        }
+        for (door, (n, at)) in std::mem::take(&mut m.overflow) {
+            let e = taken.overflow.entry(door).or_insert((0, at));
+            e.0 += n;
+            e.1 = e.1.max(at);
+        }
+        *m = taken;
+    }
+}
+
+/// Writes the missed denials: each its audit row and a bump of its door's
+/// `storage_failure` alert. A row the audit table refuses (while the alerts
+/// table still takes writes) is counted in the alert alone.
+fn write_missed(conn: &Connection, missed: &Missed) -> Result<(), StoreError> {
+    for (door, at) in &missed.entries {
+        conn.execute_batch("SAVEPOINT missed")?;
+        match record_storage_failure(conn, door, *at) {
+            Ok(_) => conn.execute_batch("RELEASE missed")?,
+            Err(e) => {
+                conn.execute_batch("ROLLBACK TO missed; RELEASE missed")?;
+                tracing::error!(door = %door, error = %e, "a missed denial cannot be audited; counted in its alert alone");
+                alerts::raise(conn, Condition::StorageFailure, door, 1, *at)?;
+            }
+        }
+    }
+    for (door, (n, at)) in &missed.overflow {
+        alerts::raise(conn, Condition::StorageFailure, door, *n, *at)?;
+    }
+    Ok(())
+}
+
+/// The door decision for any driver (serial today, OSDP later): decides
+/// `entry`, which arrived at `received`, and commits it with the missed
+/// denials before it, within [`COMMIT_WITHIN`] of `received` or not at all.
+/// A decision that commits ends every `storage_failure` alert: storage
+/// works again.
+///
+/// On any error the caller answers Deny (reason 1): the entry is kept as a
+/// missed denial and written, with its alert, as soon as the store takes
+/// writes ([`StorageFailures`]); nothing of the failed decision was or will
+/// be committed (a commit already stuck inside fsync past
+/// [`ANSWER_WITHIN`] aside: no software can take that back).
+pub async fn decide_entry(
+    store: &Store,
+    entry: DoorEntry,
+    policy: Policy,
+    received: Instant,
+) -> Result<DoorOutcome, StoreError> {
+    let failures = store.storage_failures();
+    let (door, at) = (entry.door.clone(), entry.at);
+    let missed = failures.take();
+    let job_missed = missed.clone();
+    let write = store.write_door(received + COMMIT_WITHIN, move |c| {
+        write_missed(c, &job_missed)?;
+        let outcome = door_entry(c, &entry, &policy)?;
+        alerts::clear_all(c, Condition::StorageFailure, entry.at)?;
+        Ok(outcome)
+    });
+    let result = tokio::time::timeout_at((received + ANSWER_WITHIN).into(), write)
+        .await
+        .unwrap_or(Err(StoreError::Deadline));
+    if result.is_err() {
+        failures.restore(missed);
+        failures.note(&door, at);
+        retry_missed(store);
+    }
+    result
+}
+
+/// Tries the missed denials again every [`RETRY_EVERY`] until they are
+/// written (one task per store at a time; a door decision that commits
+/// writes them too).
+fn retry_missed(store: &Store) {
+    let failures = store.storage_failures();
+    if failures.retrying.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let store = store.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(RETRY_EVERY).await;
+            let missed = failures.take();
+            if missed.is_empty() {
+                break;
+            }
+            let job_missed = missed.clone();
+            match store
+                .write(super::Priority::Bulk, move |c| write_missed(c, &job_missed))
+                .await
+            {
+                Ok(()) => {
+                    tracing::warn!(
+                        denials = missed.entries.len(),
+                        "storage takes writes again; missed denials recorded"
+                    );
+                }
+                Err(StoreError::Closed) => {
+                    failures.restore(missed);
+                    break;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "missed denials still cannot be written");
+                    failures.restore(missed);
+                }
+            }
+        }
+        failures.retrying.store(false, Ordering::Release);
+        // A denial noted between the last take and the flag going down
+        // starts its own retry.
+        if failures.pending() > 0 {
+            retry_missed(&store);
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -359,6 +659,25 @@ mod tests {
     }
 
     #[test]
+    fn missed_denials_past_the_limit_are_counted_and_a_restore_keeps_the_order() {
+        let f = StorageFailures::default();
+        for i in 0..MISSED_MAX + 3 {
+            f.note("101", Timestamp(i as i64));
+        }
+        assert_eq!(f.pending(), MISSED_MAX + 3);
+        let taken = f.take();
+        assert_eq!(f.pending(), 0);
+        f.note("102", Timestamp(9_999));
+        f.restore(taken);
+        let m = f.take();
+        assert_eq!(m.entries.len(), MISSED_MAX);
+        assert_eq!(m.entries[0], ("101".to_owned(), Timestamp(0)));
+        // The newest entry did not fit behind the restored ones: counted.
+        assert_eq!(m.overflow["101"].0, 3);
+        assert_eq!(m.overflow["102"].0, 1);
+    }
+
+    #[test]
     fn a_door_entry_debug_never_shows_tags() {
         let e = DoorEntry {
             door: "101".into(),
@@ -371,5 +690,45 @@ mod tests {
             !s.contains("171") && !s.to_lowercase().contains("ab, "),
             "{s}"
         );
+    }
+
+    #[test]
+    fn a_sensor_record_keeps_the_door_state_and_its_alerts_agreeing() {
+        use crate::store::{Priority, Store};
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db"), &Policy::default()).unwrap();
+        let t = Timestamp::from_secs(1_800_000_000);
+        let open = DoorState {
+            opened_at: Some(t),
+            forced: true,
+            held_open: false,
+        };
+        let (states, raised, cleared, unchanged) = store
+            .write_blocking(Priority::Bulk, move |c| {
+                record_sensor(c, "101", &open, Some(DoorAlarm::Forced), t)?;
+                let states = door_states(c, &["101".into(), "102".into()])?;
+                let raised: i64 = c.query_row(
+                    "SELECT count(*) FROM alerts WHERE condition = 'door_forced' AND state = 'raised'",
+                    [],
+                    |r| r.get(0),
+                )?;
+                let closed = DoorAlarm::Closed {
+                    forced: true,
+                    held_open: true,
+                };
+                record_sensor(c, "101", &DoorState::default(), Some(closed), t)?;
+                let cleared: i64 = c.query_row(
+                    "SELECT count(*) FROM alerts WHERE condition = 'door_forced' AND state = 'cleared'",
+                    [],
+                    |r| r.get(0),
+                )?;
+                let before = c.total_changes();
+                record_sensor(c, "101", &DoorState::default(), Some(closed), t)?;
+                Ok((states, raised, cleared, c.total_changes() - before))
+            })
+            .unwrap();
+        assert_eq!(states, [("101".to_owned(), open)]);
+        assert_eq!((raised, cleared), (1, 1));
+        assert_eq!(unchanged, 0, "a report that changes nothing writes nothing");
     }
 }

@@ -18,6 +18,14 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         include_str!("../../migrations/0002_link_state.sql"),
     ),
     (
+        "0003_alerts_end",
+        include_str!("../../migrations/0003_alerts_end.sql"),
+    ),
+    (
+        "0005_door_state_and_flood",
+        include_str!("../../migrations/0005_door_state_and_flood.sql"),
+    ),
+    (
         "0006_osdp_readers",
         include_str!("../../migrations/0006_osdp_readers.sql"),
     ),
@@ -41,10 +49,29 @@ pub(super) fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreErr
     if found == known {
         return Ok(());
     }
+    // Foreign keys are off while the steps run, as SQLite's procedure for
+    // rebuilding a table asks (a referenced table is dropped and renamed
+    // back into place), and checked whole before the commit. The pragma is a
+    // no-op inside a transaction, so it is set around it.
+    conn.pragma_update(None, "foreign_keys", false)?;
+    let result = run_steps(conn, found, known);
+    conn.pragma_update(None, "foreign_keys", true)?;
+    result
+}
+
+fn run_steps(conn: &mut Connection, found: i64, known: i64) -> Result<(), StoreError> {
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     for (name, sql) in &MIGRATIONS[found as usize..] {
         tx.execute_batch(sql)
             .map_err(|source| StoreError::Migration { name, source })?;
+    }
+    let broken: i64 = tx.query_row("SELECT count(*) FROM pragma_foreign_key_check", [], |r| {
+        r.get(0)
+    })?;
+    if broken > 0 {
+        return Err(StoreError::Invalid(format!(
+            "the migrations leave {broken} rows with a broken foreign key"
+        )));
     }
     tx.pragma_update(None, "user_version", known)?;
     tx.commit()?;
@@ -71,6 +98,65 @@ mod tests {
     }
 
     #[test]
+    fn a_version_2_database_keeps_its_audit_outbox_and_alerts_through_the_rebuild_of_0003() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.db");
+        let mut c = Connection::open(&path).unwrap();
+        c.pragma_update(None, "foreign_keys", true).unwrap();
+        for (_, sql) in &MIGRATIONS[..2] {
+            c.execute_batch(sql).unwrap();
+        }
+        c.pragma_update(None, "user_version", 2).unwrap();
+        let id = "0190f000-0000-7000-8000-000000000001";
+        c.execute_batch(&format!(
+            "INSERT INTO audit (audit_id, at, kind, door, reason) VALUES ('{id}', 5, 'door.denied', '101', 'unknown_pin');
+             INSERT INTO outbox (topic, body, audit_id, created_at) VALUES ('audit', x'7b7d', '{id}', 5);
+             INSERT INTO alerts VALUES ('tamper', 'board-a', '{id}', 'raised', 1, 5, 5, 5);
+             UPDATE sqlite_sequence SET seq = 41 WHERE name = 'audit';"
+        ))
+        .unwrap();
+        migrate(&mut c, &path).unwrap();
+        assert_eq!(schema_version(&c).unwrap(), MIGRATIONS.len() as i64);
+        let fk: bool = c
+            .pragma_query_value(None, "foreign_keys", |r| r.get(0))
+            .unwrap();
+        assert!(fk, "foreign keys are back on");
+        let kept: (i64, i64, i64) = c
+            .query_row(
+                "SELECT (SELECT count(*) FROM audit WHERE audit_id = ?1 AND reason = 'unknown_pin'),
+                        (SELECT count(*) FROM outbox WHERE audit_id = ?1),
+                        (SELECT count(*) FROM alerts WHERE condition = 'tamper' AND state = 'raised')",
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .unwrap();
+        assert_eq!(kept, (1, 1, 1));
+        // The new kinds and conditions fit; seqnos are never reused.
+        c.execute(
+            "INSERT INTO audit (audit_id, at, kind, door, reason, condition)
+             VALUES ('0190f000-0000-7000-8000-000000000002', 6, 'alert.cleared', 'board-a', 'fixed', 'tamper')",
+            [],
+        )
+        .unwrap();
+        let seqno: i64 = c
+            .query_row("SELECT max(seqno) FROM audit", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(seqno, 42);
+        c.execute(
+            "INSERT INTO alerts VALUES ('keypad_flood', '101', ?1, 'raised', 1, 5, 5, 5)",
+            [id],
+        )
+        .unwrap();
+        // The rebuilt audit table is as immutable as before.
+        assert!(c.execute("UPDATE audit SET reason = 'x'", []).is_err());
+        assert!(
+            c.execute("INSERT INTO outbox (topic, body, audit_id, created_at) VALUES ('audit', x'00', 'nope', 1)", [])
+                .is_err(),
+            "the outbox still refers to the audit table"
+        );
+    }
+
+    #[test]
     fn a_failing_step_leaves_the_database_at_its_old_version() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("x.db");
@@ -87,5 +173,90 @@ mod tests {
             )
             .unwrap();
         assert_eq!(policy, 0, "nothing of the failed step stays");
+    }
+
+    #[test]
+    fn rebuilding_audit_and_outbox_keeps_every_row_its_ids_and_the_id_high_water_mark() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.db");
+        let mut c = Connection::open(&path).unwrap();
+        c.pragma_update(None, "foreign_keys", true).unwrap();
+        // A hub at version 2 with an audit row, its outbox entry, a pruned
+        // newer outbox entry and a raised alert.
+        let at_v2 = MIGRATIONS
+            .iter()
+            .position(|(n, _)| *n == "0002_link_state")
+            .unwrap()
+            + 1;
+        for (_, sql) in &MIGRATIONS[..at_v2] {
+            c.execute_batch(sql).unwrap();
+        }
+        c.pragma_update(None, "user_version", at_v2 as i64).unwrap();
+        c.execute_batch(
+            "INSERT INTO audit (audit_id, at, kind, door) VALUES ('00000000-0000-7000-8000-000000000001', 1, 'door.forced', '101');
+             INSERT INTO outbox (topic, body, audit_id, created_at) VALUES ('audit', x'7b7d', '00000000-0000-7000-8000-000000000001', 1);
+             INSERT INTO outbox (topic, body, created_at, sent_at) VALUES ('alerts', x'7b7d', 2, 3);
+             DELETE FROM outbox WHERE id = 2;
+             INSERT INTO alerts VALUES ('door_forced', '101', '00000000-0000-4000-8000-000000000001', 'raised', 1, 1, 1, 1);",
+        )
+        .unwrap();
+        migrate(&mut c, &path).unwrap();
+        let n = |sql: &str| c.query_row(sql, [], |r| r.get::<_, i64>(0)).unwrap();
+        assert_eq!(
+            n("SELECT count(*) FROM audit WHERE seqno = 1 AND kind = 'door.forced'"),
+            1
+        );
+        assert_eq!(
+            n("SELECT count(*) FROM outbox WHERE id = 1 AND audit_id IS NOT NULL"),
+            1
+        );
+        assert_eq!(n("SELECT count(*) FROM alerts WHERE state = 'raised'"), 1);
+        assert_eq!(
+            n("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'"),
+            2
+        );
+        assert_eq!(
+            n("SELECT count(*) FROM pragma_foreign_key_check"),
+            0,
+            "no dangling reference"
+        );
+        // The rules came back with the tables.
+        assert!(c.execute("UPDATE audit SET door = 'x'", []).is_err());
+        assert!(c.execute("DELETE FROM outbox WHERE id = 1", []).is_err());
+        assert!(
+            c.execute(
+                "INSERT INTO outbox (topic, body, audit_id, created_at) VALUES ('audit', x'00', 'nope', 1)",
+                []
+            )
+            .is_err(),
+            "the foreign key holds"
+        );
+        c.execute(
+            "INSERT INTO outbox (topic, body, created_at) VALUES ('alerts', x'00', 4)",
+            [],
+        )
+        .unwrap();
+        assert_eq!(
+            n("SELECT max(id) FROM outbox"),
+            3,
+            "a pruned id is never reused"
+        );
+        // The new kind carries its count, and only it.
+        c.execute_batch(
+            "INSERT INTO audit (audit_id, at, kind, door, count) VALUES ('00000000-0000-7000-8000-000000000002', 2, 'door.flood', '101', 9);",
+        )
+        .unwrap();
+        assert!(
+            c.execute(
+                "INSERT INTO audit (audit_id, at, kind, door) VALUES ('00000000-0000-7000-8000-000000000003', 2, 'door.flood', '101')",
+                []
+            )
+            .is_err()
+        );
+        c.execute(
+            "INSERT INTO alerts VALUES ('keypad_flood', '101', '00000000-0000-4000-8000-000000000002', 'raised', 9, 1, 1, 1)",
+            [],
+        )
+        .unwrap();
     }
 }

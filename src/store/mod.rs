@@ -18,6 +18,14 @@
 //!   commit as soon as they have run; a waiting door job is visible to bulk
 //!   jobs ([`Store::door_signal`]), which stop early for it. A keypad entry
 //!   waits for one event of the flood, not the whole of it.
+//! - **A door job has a deadline** ([`Store::write_door`]): it commits by
+//!   then or not at all, so the door is answered within 3 s whatever the
+//!   storage does, and a denied door never leaves a committed grant. While
+//!   another process holds the write lock, a bulk group waiting for it
+//!   steps aside the moment a door job waits, and the door job waits for
+//!   the lock only until its own deadline (`Patience`, the writer's busy
+//!   handler). What the door side does on failure lives in [`door`]
+//!   (`decide_entry`, `StorageFailures`).
 //! - **Checkpoints beside the writer.** A second connection on its own thread
 //!   copies the WAL into the database file, so the writer only appends.
 //! - **Journals in memory.** Savepoint journals never go to temp files, which
@@ -107,6 +115,10 @@ pub enum StoreError {
     Sqlite(#[from] rusqlite::Error),
     #[error("the store is closed")]
     Closed,
+    /// A door job that could not commit before its deadline; nothing of it
+    /// was (or will be) committed.
+    #[error("the write could not commit before the door's deadline")]
+    Deadline,
     #[error("no database at {0} (has the daemon run with this config?)")]
     NoDatabase(PathBuf),
     #[error("{0}")]
@@ -139,13 +151,19 @@ pub enum Priority {
 /// What a job gives back to the writer: did it succeed (keep its savepoint),
 /// and how to answer its caller once the group's commit is known.
 type Finish = Box<dyn FnOnce(Result<(), &StoreError>) + Send>;
-type JobFn = Box<dyn FnOnce(&Connection) -> (bool, Finish) + Send>;
+/// Runs the job on the connection, or, given an error instead, answers it
+/// with that error without running it (a transaction that could not begin,
+/// a deadline that passed while it waited).
+type JobFn = Box<dyn FnOnce(Result<&Connection, StoreError>) -> (bool, Finish) + Send>;
 
 struct Job {
     priority: Priority,
     /// Runs between transactions (for `wal_checkpoint`, which cannot run
     /// inside one) instead of inside the group transaction.
     outside: bool,
+    /// A door job must have committed by then, or not at all
+    /// ([`Store::write_door`]).
+    deadline: Option<Instant>,
     run: JobFn,
 }
 
@@ -162,6 +180,7 @@ struct Inner {
     thread: Mutex<Option<JoinHandle<()>>>,
     checkpointer: Mutex<Option<Checkpointer>>,
     doors: DoorSignal,
+    failures: Arc<door::StorageFailures>,
 }
 
 /// Tells long bulk jobs that a door job is waiting for the writer, so they
@@ -375,6 +394,35 @@ pub fn open_read_only(path: &Path) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
+/// A read-write connection for an operator's command (`lockhub alert
+/// clear`) beside a running daemon: the database must exist at exactly
+/// this binary's schema (nothing is created or migrated), writes are
+/// `synchronous=FULL` and wait for the daemon's writer with the usual
+/// busy timeout. Keep its transactions short: door jobs wait for them.
+pub fn open_operator(path: &Path) -> Result<Connection, StoreError> {
+    if !path.exists() {
+        return Err(StoreError::NoDatabase(path.to_owned()));
+    }
+    let conn = connect(path, OpenFlags::SQLITE_OPEN_READ_WRITE)?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    let found = schema_version(&conn)?;
+    let known = MIGRATIONS.len() as i64;
+    if found > known {
+        return Err(StoreError::TooNew {
+            path: path.to_owned(),
+            found,
+            known,
+        });
+    }
+    if found < known {
+        return Err(StoreError::Invalid(format!(
+            "database {} has schema version {found}; start the daemon once to upgrade it to {known}",
+            path.display()
+        )));
+    }
+    Ok(conn)
+}
+
 impl Store {
     /// Opens (creating if needed) the database at `path`, migrates it, writes
     /// the retention policy the triggers use, and starts the writer thread.
@@ -398,9 +446,13 @@ impl Store {
         let checkpointer = Checkpointer::start(path)?;
 
         let (tx, rx) = mpsc::channel::<Job>(QUEUE_DEPTH);
+        let doors = DoorSignal::default();
+        let patience = Arc::new(Patience::new(doors.clone()));
+        let waits = patience.clone();
+        conn.busy_handler(Some(move |n| waits.busy(n)))?;
         let thread = std::thread::Builder::new()
             .name("lockhub-writer".into())
-            .spawn(move || writer_loop(conn, rx))
+            .spawn(move || writer_loop(conn, rx, &patience))
             .map_err(|e| StoreError::Invalid(format!("cannot start the writer thread: {e}")))?;
         Ok(Store {
             inner: Arc::new(Inner {
@@ -408,7 +460,8 @@ impl Store {
                 tx: Mutex::new(Some(tx)),
                 thread: Mutex::new(Some(thread)),
                 checkpointer: Mutex::new(Some(checkpointer)),
-                doors: DoorSignal::default(),
+                doors,
+                failures: Arc::default(),
             }),
         })
     }
@@ -416,6 +469,12 @@ impl Store {
     /// Whether a door job waits for the writer (see [`DoorSignal`]).
     pub fn door_signal(&self) -> DoorSignal {
         self.inner.doors.clone()
+    }
+
+    /// Door entries denied because this store failed, kept in memory until
+    /// they can be written ([`door::decide_entry`]).
+    pub fn storage_failures(&self) -> Arc<door::StorageFailures> {
+        self.inner.failures.clone()
     }
 
     /// Wraps a door job so that it counts as waiting until it starts.
@@ -459,6 +518,7 @@ impl Store {
     fn job<T, F>(
         priority: Priority,
         outside: bool,
+        deadline: Option<Instant>,
         f: F,
     ) -> (Job, oneshot::Receiver<Result<T, StoreError>>)
     where
@@ -467,11 +527,12 @@ impl Store {
     {
         let (reply, rx) = oneshot::channel();
         let run: JobFn = Box::new(move |conn| {
-            let result = f(conn);
+            let result = conn.and_then(f);
             let ok = result.is_ok();
             let finish: Finish = Box::new(move |commit| {
                 let out = match (result, commit) {
                     (Ok(v), Ok(())) => Ok(v),
+                    (Ok(_), Err(StoreError::Deadline)) => Err(StoreError::Deadline),
                     (Ok(_), Err(e)) => Err(StoreError::Invalid(format!("commit failed: {e}"))),
                     (Err(e), _) => Err(e),
                 };
@@ -483,6 +544,7 @@ impl Store {
             Job {
                 priority,
                 outside,
+                deadline,
                 run,
             },
             rx,
@@ -497,7 +559,35 @@ impl Store {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
-        let (job, rx) = Self::job(priority, false, self.with_ticket(priority, f));
+        let (job, rx) = Self::job(priority, false, None, self.with_ticket(priority, f));
+        self.sender()?
+            .send(job)
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        rx.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// A door job: [`Store::write`] with [`Priority::Door`] that commits by
+    /// `deadline` or not at all, and then fails with [`StoreError::Deadline`].
+    /// It is refused unrun if it reaches the writer after the deadline, it
+    /// waits for another process's write lock only until the deadline (and
+    /// never behind a bulk job's wait for it), and it is rolled back if it
+    /// finishes after the deadline. So a caller that denies on any error
+    /// never leaves a committed grant behind a denial. (A commit that has
+    /// begun cannot be stopped: a disk that hangs inside fsync holds the
+    /// answer; bound the wait with [`door::decide_entry`]'s timeout.)
+    pub async fn write_door<T, F>(&self, deadline: Instant, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let priority = Priority::Door;
+        let (job, rx) = Self::job(
+            priority,
+            false,
+            Some(deadline),
+            self.with_ticket(priority, f),
+        );
         self.sender()?
             .send(job)
             .await
@@ -511,7 +601,7 @@ impl Store {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
-        let (job, rx) = Self::job(priority, false, self.with_ticket(priority, f));
+        let (job, rx) = Self::job(priority, false, None, self.with_ticket(priority, f));
         self.sender()?
             .blocking_send(job)
             .map_err(|_| StoreError::Closed)?;
@@ -523,7 +613,7 @@ impl Store {
     /// WAL still holds the pages from before the erasure, and `secure_delete`
     /// only reaches the main file.
     pub async fn scrub_wal(&self) -> Result<(), StoreError> {
-        let (job, rx) = Self::job(Priority::Bulk, true, checkpoint_truncate);
+        let (job, rx) = Self::job(Priority::Bulk, true, None, checkpoint_truncate);
         self.sender()?
             .send(job)
             .await
@@ -533,7 +623,7 @@ impl Store {
 
     /// [`Store::scrub_wal`] for threads outside the async runtime.
     pub fn scrub_wal_blocking(&self) -> Result<(), StoreError> {
-        let (job, rx) = Self::job(Priority::Bulk, true, checkpoint_truncate);
+        let (job, rx) = Self::job(Priority::Bulk, true, None, checkpoint_truncate);
         self.sender()?
             .blocking_send(job)
             .map_err(|_| StoreError::Closed)?;
@@ -559,8 +649,66 @@ fn checkpoint_truncate(conn: &Connection) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// How long the writer waits for another process's write lock: the
+/// writer's busy handler.
+///
+/// Why not a plain `busy_timeout`: a bulk group waiting 5 s for the lock
+/// (an operator's `lockhub alert clear`, a stuck second process) would hold
+/// a door job behind it, and a door job must give up at its own deadline.
+/// So a bulk group gives up as soon as a door job waits (and is tried again
+/// after it), and a door group gives up at its deadline.
+struct Patience {
+    base: Instant,
+    /// Give up at this many µs after `base`.
+    until_us: std::sync::atomic::AtomicU64,
+    /// Give up as soon as a door job waits.
+    yield_to_doors: std::sync::atomic::AtomicBool,
+    doors: DoorSignal,
+}
+
+impl Patience {
+    fn new(doors: DoorSignal) -> Self {
+        Patience {
+            base: Instant::now(),
+            until_us: std::sync::atomic::AtomicU64::new(0),
+            yield_to_doors: std::sync::atomic::AtomicBool::new(false),
+            doors,
+        }
+    }
+
+    fn set(&self, until: Instant, yield_to_doors: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let us = until.saturating_duration_since(self.base).as_micros();
+        self.until_us
+            .store(u64::try_from(us).unwrap_or(u64::MAX), Relaxed);
+        self.yield_to_doors.store(yield_to_doors, Relaxed);
+    }
+
+    fn elapsed_us(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    fn yields(&self) -> bool {
+        self.yield_to_doors
+            .load(std::sync::atomic::Ordering::Relaxed)
+            && self.doors.waiting()
+    }
+
+    /// SQLite's busy callback: sleep a little and try again, or give up.
+    fn busy(&self, attempt: i32) -> bool {
+        let until = self.until_us.load(std::sync::atomic::Ordering::Relaxed);
+        let left = until.saturating_sub(self.elapsed_us());
+        if left == 0 || self.yields() {
+            return false;
+        }
+        let step = if attempt < 10 { 1_000 } else { 5_000 };
+        std::thread::sleep(Duration::from_micros(step.min(left)));
+        self.elapsed_us() < until && !self.yields()
+    }
+}
+
 /// The writer thread: group jobs into transactions until every sender is gone.
-fn writer_loop(conn: Connection, mut rx: mpsc::Receiver<Job>) {
+fn writer_loop(conn: Connection, mut rx: mpsc::Receiver<Job>, patience: &Patience) {
     let mut pending: VecDeque<Job> = VecDeque::new();
     loop {
         if pending.is_empty() {
@@ -572,14 +720,16 @@ fn writer_loop(conn: Connection, mut rx: mpsc::Receiver<Job>) {
         take_waiting(&mut rx, &mut pending);
         if pending.front().is_some_and(|j| j.outside) {
             if let Some(job) = pending.pop_front() {
-                let (_, finish) = (job.run)(&conn);
+                patience.set(Instant::now() + BUSY_TIMEOUT, false);
+                let (_, finish) = (job.run)(Ok(&conn));
                 finish(Ok(()));
             }
             continue;
         }
-        run_group(&conn, &mut pending, &mut rx);
+        run_group(&conn, &mut pending, &mut rx, patience);
     }
     // Dropping the connection checkpoints the WAL when it is the last one.
+    patience.set(Instant::now() + BUSY_TIMEOUT, false);
     drop(conn);
 }
 
@@ -601,19 +751,60 @@ fn take_waiting(rx: &mut mpsc::Receiver<Job>, pending: &mut VecDeque<Job>) {
     }
 }
 
+/// Whether a job's deadline has passed.
+fn late(job_deadline: Option<Instant>) -> bool {
+    job_deadline.is_some_and(|d| Instant::now() >= d)
+}
+
 /// Runs jobs from the front of `pending` in one transaction and commits.
 /// Between jobs it looks at the channel again, so a door job that arrives
 /// mid-group runs next and shares this group's commit, even past the budget;
 /// once a door job has run, the group commits without taking more bulk
-/// work, so the door's answer waits for nothing else.
-fn run_group(conn: &Connection, pending: &mut VecDeque<Job>, rx: &mut mpsc::Receiver<Job>) {
-    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
-        let err = StoreError::Sqlite(e);
-        // Nothing ran; fail just the first job so a persistent error cannot
-        // spin, and let the rest try again.
+/// work, so the door's answer waits for nothing else. A door job past its
+/// deadline is answered [`StoreError::Deadline`] and leaves nothing behind.
+fn run_group(
+    conn: &Connection,
+    pending: &mut VecDeque<Job>,
+    rx: &mut mpsc::Receiver<Job>,
+    patience: &Patience,
+) {
+    // Door jobs whose deadline passed while they queued are refused unrun.
+    while pending.front().is_some_and(|j| late(j.deadline)) {
         if let Some(job) = pending.pop_front() {
-            let (_, finish) = (job.run)(conn);
-            finish(Err(&err));
+            let (_, finish) = (job.run)(Err(StoreError::Deadline));
+            finish(Ok(()));
+        }
+    }
+    let Some(front) = pending.front() else {
+        return;
+    };
+    let door_deadline = front.deadline;
+    // Only a bulk group steps aside: a door job counts as waiting until it
+    // starts, so a door group would step aside for itself.
+    let bulk = front.priority == Priority::Bulk;
+    let wait_until = Instant::now() + BUSY_TIMEOUT;
+    patience.set(
+        door_deadline.map_or(wait_until, |d| d.min(wait_until)),
+        bulk,
+    );
+    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        if bulk && patience.doors.waiting() {
+            // Another process holds the write lock and a door job waits:
+            // it goes first (`take_waiting`), with its own deadline; this
+            // group is tried again after it.
+            std::thread::yield_now();
+            return;
+        }
+        let err = if late(door_deadline) {
+            StoreError::Deadline
+        } else {
+            StoreError::Sqlite(e)
+        };
+        // Nothing ran; fail just the first job, unrun, so a persistent
+        // error cannot spin, and let the rest try again.
+        if let Some(job) = pending.pop_front() {
+            let (_, finish) = (job.run)(Err(err));
+            finish(Ok(()));
         }
         return;
     }
@@ -624,6 +815,11 @@ fn run_group(conn: &Connection, pending: &mut VecDeque<Job>, rx: &mut mpsc::Rece
         if job.outside {
             pending.push_front(job);
             break;
+        }
+        if late(job.deadline) {
+            let (_, finish) = (job.run)(Err(StoreError::Deadline));
+            finish(Ok(()));
+            continue;
         }
         // The first job of a group runs without a savepoint of its own: if
         // it fails, the transaction holds nothing else and is rolled back
@@ -637,21 +833,33 @@ fn run_group(conn: &Connection, pending: &mut VecDeque<Job>, rx: &mut mpsc::Rece
             break;
         }
         door_waits |= job.priority == Priority::Door;
-        let (ok, finish) = (job.run)(conn);
-        if first && !ok {
+        let deadline = job.deadline;
+        let (ok, finish) = (job.run)(Ok(conn));
+        // A door job that finished after its deadline is undone: its
+        // caller has denied already.
+        let overdue = ok && late(deadline);
+        if first && (!ok || overdue) {
             let _ = conn.execute_batch("ROLLBACK");
             // The job reports its own error; nothing was committed.
-            finish(Ok(()));
+            finish(if overdue {
+                Err(&StoreError::Deadline)
+            } else {
+                Ok(())
+            });
             return;
         }
         let closed = if first {
             Ok(())
-        } else if ok {
+        } else if ok && !overdue {
             conn.execute_batch("RELEASE job")
         } else {
             conn.execute_batch("ROLLBACK TO job; RELEASE job")
         };
-        finishes.push(finish);
+        if overdue {
+            finish(Err(&StoreError::Deadline));
+        } else {
+            finishes.push(finish);
+        }
         if closed.is_err() {
             break;
         }
@@ -894,6 +1102,93 @@ mod tests {
         blocker.join().unwrap().unwrap();
         queued.into_iter().for_each(|t| t.join().unwrap().unwrap());
         assert_eq!(*order.lock().unwrap(), ["first", "door", "bulk", "bulk"]);
+    }
+
+    fn floor(store: &Store) -> i64 {
+        store
+            .reader()
+            .unwrap()
+            .query_row("SELECT floor FROM time_floor", [], |r| r.get(0))
+            .unwrap()
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_door_job_that_reaches_the_writer_after_its_deadline_is_refused_unrun() {
+        let (_dir, store) = open_temp();
+        let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let r = ran.clone();
+        let past = Instant::now() - Duration::from_millis(1);
+        let res = runtime().block_on(store.write_door(past, move |c| {
+            r.store(true, std::sync::atomic::Ordering::Relaxed);
+            c.execute("UPDATE time_floor SET floor = 7 WHERE id = 1", [])?;
+            Ok(())
+        }));
+        assert!(matches!(res, Err(StoreError::Deadline)), "{res:?}");
+        assert!(!ran.load(std::sync::atomic::Ordering::Relaxed));
+        assert_eq!(floor(&store), 0);
+    }
+
+    #[test]
+    fn a_door_job_that_finishes_after_its_deadline_is_rolled_back() {
+        let (_dir, store) = open_temp();
+        let deadline = Instant::now() + Duration::from_millis(50);
+        let res = runtime().block_on(store.write_door(deadline, move |c| {
+            c.execute("UPDATE time_floor SET floor = 7 WHERE id = 1", [])?;
+            std::thread::sleep(Duration::from_millis(100));
+            Ok(())
+        }));
+        assert!(matches!(res, Err(StoreError::Deadline)), "{res:?}");
+        assert_eq!(floor(&store), 0, "nothing of a late door job commits");
+        // The writer goes on.
+        store
+            .write_blocking(Priority::Bulk, |c| {
+                c.execute("UPDATE time_floor SET floor = 8 WHERE id = 1", [])?;
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(floor(&store), 8);
+    }
+
+    #[test]
+    fn with_the_write_lock_held_elsewhere_a_door_job_gives_up_at_its_deadline_ahead_of_a_waiting_bulk_job()
+     {
+        let (_dir, store) = open_temp();
+        let other = Connection::open(store.path()).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        // A bulk job starts waiting for the lock (up to the busy timeout)...
+        let bulk = {
+            let s = store.clone();
+            std::thread::spawn(move || {
+                s.write_blocking(Priority::Bulk, |c| {
+                    c.execute("UPDATE time_floor SET floor = 3 WHERE id = 1", [])?;
+                    Ok(())
+                })
+            })
+        };
+        std::thread::sleep(Duration::from_millis(100));
+        // ...and a door job arriving behind it is answered by its deadline,
+        // not after the bulk job's wait.
+        let deadline = Instant::now() + Duration::from_millis(300);
+        let res = runtime().block_on(store.write_door(deadline, |c| {
+            c.execute("UPDATE time_floor SET floor = 9 WHERE id = 1", [])?;
+            Ok(())
+        }));
+        assert!(matches!(res, Err(StoreError::Deadline)), "{res:?}");
+        assert!(
+            Instant::now() < deadline + BUSY_TIMEOUT,
+            "the door job waited for the bulk job's busy timeout"
+        );
+        other.execute_batch("ROLLBACK").unwrap();
+        // The bulk job, tried again after the door, commits once the lock is free.
+        bulk.join().unwrap().unwrap();
+        assert_eq!(floor(&store), 3);
     }
 
     #[test]

@@ -36,6 +36,7 @@ pub mod publisher;
 pub mod ratelimit;
 pub mod window;
 
+use crate::clock::SharedClock;
 use crate::config::MqttConfig;
 use crate::store::alerts::{self, Condition};
 use crate::store::outbox::{self, Topic};
@@ -113,16 +114,19 @@ pub struct SyncHandle {
 }
 
 /// Starts the sync tasks on the current runtime. `seq` is the durable seq
-/// state at start-up (`store::apply::seq_status`).
+/// state at start-up (`store::apply::seq_status`); `clock` is the hub's
+/// effective time, which every time the layer writes (alerts, outbox
+/// marks, sync requests) is read from (mqtt.md 'Time').
 pub fn start<D: Decide>(
     settings: SyncSettings,
     store: Store,
     decider: Arc<D>,
     seq: SeqView,
+    clock: SharedClock,
 ) -> Result<SyncHandle, SyncError> {
     let status_topic = format!("{}status", settings.topic_base);
     let events_topic = format!("{}events", settings.topic_base);
-    let offline = client::status_payload(&settings.hub_id, false, Timestamp::now_system());
+    let offline = client::status_payload(&settings.hub_id, false, clock.now());
     let options = client::mqtt_options(&settings.mqtt, &status_topic, offline)?;
     let (mqtt, eventloop) = rumqttc::AsyncClient::new(options, client::REQUEST_CAPACITY);
     let gate = Gate::new(mqtt);
@@ -145,6 +149,7 @@ pub fn start<D: Decide>(
         },
         store.clone(),
         gate.clone(),
+        clock.clone(),
     )?;
     let stale_raised = alerts::open_alerts(&store.reader()?)?
         .iter()
@@ -178,9 +183,10 @@ pub fn start<D: Decide>(
         tokio::spawn(publisher.run(link_rx, outbox_wake.clone(), cmd_rx)),
         tokio::spawn(control(
             store,
+            clock,
             seq,
-            settings.cloud_stale,
-            stale_raised,
+            // Its clock starts with the control task (Duration::ZERO there).
+            StaleTracker::new(settings.cloud_stale, Duration::ZERO, stale_raised),
             session_rx,
             decided_rx,
             outbox_wake.clone(),
@@ -250,9 +256,9 @@ impl SyncHandle {
 /// The control task: sync requests and `cloud_stale`.
 async fn control(
     store: Store,
+    clock: SharedClock,
     seq: SeqView,
-    stale_after: Duration,
-    stale_raised: bool,
+    mut stale: StaleTracker,
     mut session_rx: mpsc::Receiver<LinkEvent>,
     mut decided_rx: mpsc::Receiver<Decided>,
     outbox_wake: Arc<Notify>,
@@ -260,7 +266,6 @@ async fn control(
     let origin = Instant::now();
     let now = || origin.elapsed();
     let mut planner = SyncPlanner::new(seq);
-    let mut stale = StaleTracker::new(stale_after, now(), stale_raised);
     let mut connected = false;
     let (mut session_open, mut decided_open) = (true, true);
     while session_open || decided_open {
@@ -274,9 +279,10 @@ async fn control(
                     "sync request"
                 );
                 let body = req.to_json();
+                let at = clock.now();
                 let res = store
                     .write(Priority::Bulk, move |c| {
-                        outbox::enqueue(c, Topic::Sync, &body, None, Timestamp::now_system())
+                        outbox::enqueue(c, Topic::Sync, &body, None, at)
                     })
                     .await;
                 match res {
@@ -286,7 +292,7 @@ async fn control(
             }
         }
         if let Some(change) = stale.poll(now()) {
-            stale_alert(&store, change, &outbox_wake).await;
+            stale_alert(&store, change, &outbox_wake, clock.now()).await;
         }
         let deadline = [
             connected.then(|| planner.next_deadline()).flatten(),
@@ -318,7 +324,7 @@ async fn control(
                     if d.sign_of_life
                         && let Some(change) = stale.on_life(now())
                     {
-                        stale_alert(&store, change, &outbox_wake).await;
+                        stale_alert(&store, change, &outbox_wake, clock.now()).await;
                     }
                 }
                 None => decided_open = false,
@@ -328,9 +334,8 @@ async fn control(
     }
 }
 
-async fn stale_alert(store: &Store, change: AlertChange, outbox_wake: &Notify) {
+async fn stale_alert(store: &Store, change: AlertChange, outbox_wake: &Notify, now: Timestamp) {
     tracing::warn!(?change, "cloud_stale");
-    let now = Timestamp::now_system();
     let res = store
         .write(Priority::Bulk, move |c| match change {
             AlertChange::Raise => {

@@ -26,11 +26,11 @@
 
 use super::client::{Gate, GateRefusal, LinkEvent, status_payload};
 use super::plan::{AlertChange, BacklogLimits, BacklogMonitor};
+use crate::clock::SharedClock;
 use crate::crypto;
 use crate::store::alerts::{self, Condition};
 use crate::store::outbox;
 use crate::store::{Priority, Store, StoreError};
-use crate::time::Timestamp;
 use ed25519_dalek::SigningKey;
 use rusqlite::Connection;
 use std::collections::{HashMap, VecDeque};
@@ -103,6 +103,8 @@ impl Link {
 pub struct Publisher {
     cfg: PublisherConfig,
     store: Store,
+    /// The hub's effective time: outbox marks, alert times, status `at`.
+    clock: SharedClock,
     reader: Connection,
     gate: Arc<Gate>,
     link: Option<Link>,
@@ -113,7 +115,12 @@ pub struct Publisher {
 }
 
 impl Publisher {
-    pub fn new(cfg: PublisherConfig, store: Store, gate: Arc<Gate>) -> Result<Self, StoreError> {
+    pub fn new(
+        cfg: PublisherConfig,
+        store: Store,
+        gate: Arc<Gate>,
+        clock: SharedClock,
+    ) -> Result<Self, StoreError> {
         let reader = store.reader()?;
         let raised = alerts::open_alerts(&reader)?
             .iter()
@@ -122,6 +129,7 @@ impl Publisher {
             backlog: BacklogMonitor::new(cfg.limits, raised),
             cfg,
             store,
+            clock,
             reader,
             gate,
             link: None,
@@ -247,7 +255,7 @@ impl Publisher {
         };
         let epoch = link.epoch;
         if link.status_due {
-            let payload = status_payload(&self.cfg.hub_id, true, Timestamp::now_system());
+            let payload = status_payload(&self.cfg.hub_id, true, self.clock.now());
             let topic = format!("{}status", self.cfg.topic_base);
             match self.gate.publish(epoch, &topic, true, payload) {
                 Ok(()) => {
@@ -298,11 +306,10 @@ impl Publisher {
         }
         let ids = std::mem::take(&mut self.acked);
         let n = ids.len();
+        let now = self.clock.now();
         let res = self
             .store
-            .write(Priority::Bulk, move |c| {
-                outbox::mark_sent(c, &ids, Timestamp::now_system())
-            })
+            .write(Priority::Bulk, move |c| outbox::mark_sent(c, &ids, now))
             .await;
         match res {
             Ok(()) => tracing::trace!(rows = n, "outbox rows acknowledged"),
@@ -317,7 +324,7 @@ impl Publisher {
         let (Ok(depth), Ok(oldest)) = (depth, oldest) else {
             return;
         };
-        let now = Timestamp::now_system();
+        let now = self.clock.now();
         let age = oldest.map(|t| Duration::from_micros(now.0.saturating_sub(t.0).max(0) as u64));
         let change = self.backlog.observe(depth, age);
         let Some(change) = change else { return };
@@ -343,7 +350,7 @@ impl Publisher {
         let Some(epoch) = self.link.as_ref().map(|l| l.epoch) else {
             return;
         };
-        let payload = status_payload(&self.cfg.hub_id, false, Timestamp::now_system());
+        let payload = status_payload(&self.cfg.hub_id, false, self.clock.now());
         let topic = self.topic("status");
         let deadline = tokio::time::Instant::now() + OFFLINE_ACK_TIMEOUT;
         loop {
