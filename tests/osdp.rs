@@ -844,3 +844,65 @@ async fn an_output_the_reader_refuses_is_recorded_unconfirmed() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_entries_past_the_flood_limit_is_denied_undecided_and_counted() {
+    let broker = Mosquitto::start_with(BrokerOptions::default());
+    let mut peer = Peer::start(&["--key", &key_hex(&KEY_1), "--address", "1"]);
+    let mut hub = secure_hub(&broker, &mut peer, "", "lockout_threshold = 100").await;
+    // Six entries in one burst: four are decided, the rest are flood.
+    let mut burst = Vec::new();
+    for p in ["111111", "222222", "333333", "444444", "555555", "666666"] {
+        burst.extend(typed(p));
+    }
+    peer.keys(&burst);
+    let denied = |db: &Connection| {
+        audit_rows(db, "201")
+            .iter()
+            .filter(|r| r.starts_with("door.denied"))
+            .count()
+    };
+    hub.wait_db(
+        "keypad_flood, its door.flood row and four decisions",
+        |db| {
+            alert_open(db, "keypad_flood", "201")
+                && audit_rows(db, "201").iter().any(|r| r == "door.flood")
+                && denied(db) >= 4
+        },
+    )
+    .await;
+    idle(1).await;
+    let rows = audit_rows(&hub.db(), "201");
+    let decided = rows.iter().filter(|r| r.starts_with("door.denied")).count();
+    assert_eq!(decided, 4, "{rows:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_door_is_remembered_across_a_restart_and_cleared_when_it_closes() {
+    let broker = Mosquitto::start_with(BrokerOptions::default());
+    let mut peer = Peer::start(&["--key", &key_hex(&KEY_1), "--address", "1"]);
+    let mut hub = secure_hub(&broker, &mut peer, "contact_input = 0", "").await;
+    peer.send(serde_json::json!({"status": "input", "mask": 1, "n": 2}));
+    hub.wait_db("door_forced", |db| alert_open(db, "door_forced", "201"))
+        .await;
+    hub.sigterm();
+    let open: i64 = hub
+        .db()
+        .query_row("SELECT open FROM door_state WHERE door = '201'", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(open, 1, "the open door is kept durably");
+    hub.spawn();
+    hub.wait_db("the reader secure again", |db| {
+        link(db, "r-201") == Some((true, true, false))
+    })
+    .await;
+    assert!(alert_open(&hub.db(), "door_forced", "201"));
+    peer.send(serde_json::json!({"status": "input", "mask": 0, "n": 2}));
+    hub.wait_db("door_forced cleared", |db| {
+        !alert_open(db, "door_forced", "201")
+    })
+    .await;
+    assert_eq!(audit_rows(&hub.db(), "201"), ["door.forced"]);
+}
