@@ -11,15 +11,22 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// The Python with `osdp` installed.
-pub fn python() -> PathBuf {
+/// Where the Python with `osdp` is expected: `LOCKHUB_OSDP_PYTHON`, else
+/// the virtual environment scripts/test makes in the build folder.
+pub fn python_path() -> PathBuf {
     if let Ok(p) = std::env::var("LOCKHUB_OSDP_PYTHON") {
         return PathBuf::from(p);
     }
     let target = option_env!("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"));
-    let p = target.join("osdp-venv/bin/python");
+    target.join("osdp-venv/bin/python")
+}
+
+/// The Python with `osdp` installed; a test without it fails, saying how
+/// to get it.
+pub fn python() -> PathBuf {
+    let p = python_path();
     assert!(
         p.exists(),
         "no OSDP test peer: run scripts/test (it installs PyPI libosdp into {}) or set LOCKHUB_OSDP_PYTHON",
