@@ -233,8 +233,10 @@ async fn demo(opts: Options) -> Result<(), Failure> {
         &cloud,
         &cloud_key,
         &pin_key,
-        &link,
-        reader.as_ref().map(|r| (r.port.as_path(), &reader_key)),
+        Wiring {
+            serial: &link,
+            reader: reader.as_ref().map(|r| (r.port.as_path(), &reader_key)),
+        },
     )?;
     let config = lockhub::config::load(&hub_toml)
         .map_err(|e| Failure(format!("the demo's own config does not load:\n{e}")))?;
@@ -1237,6 +1239,13 @@ fn write_private(path: &Path, contents: &str) -> Result<(), Failure> {
 
 /// Writes hub.toml, secrets.toml, the MQTT password and the simulated
 /// cloud's signing key; returns hub.toml's path.
+/// Where the doors are: the board's pty link and, for step 8, the OSDP
+/// reader's pty and its Secure Channel key.
+struct Wiring<'a> {
+    serial: &'a Path,
+    reader: Option<(&'a Path, &'a [u8; 16])>,
+}
+
 fn write_files(
     dir: &Path,
     port: u16,
@@ -1244,9 +1253,9 @@ fn write_files(
     cloud: &Cloud,
     cloud_key: &SigningKey,
     pin_key: &[u8; 32],
-    serial: &Path,
-    reader: Option<(&Path, &[u8; 16])>,
+    doors: Wiring<'_>,
 ) -> Result<PathBuf, Failure> {
+    let Wiring { serial, reader } = doors;
     let hub_key: [u8; 32] = rand::random();
     let password = crypto::b64u_encode(&rand::random::<[u8; 18]>());
     write_private(
