@@ -1,13 +1,21 @@
 //! One task per `[[osdp]]` bus: it owns the port, polls its readers in
 //! turn (one command on the wire at a time, as RS-485 half duplex needs),
-//! and turns each reader's [`cp::Event`]s into alerts, identity checks and
-//! link state. A bus that disappears is reopened with backoff; a reader
-//! that is silent only costs the others its probe every 5 s.
+//! and turns each reader's [`cp::Event`]s into alerts, identity checks,
+//! link state and door actions. A bus that disappears is reopened with
+//! backoff; a reader that is silent only costs the others its probe every
+//! 5 s.
 //!
-//! Trust: a reader's key presses and card reads are believed only from a
-//! session that is up (Secure Channel, or plain text where the config
-//! allows it) and from a reader that is not quarantined; outputs are only
-//! driven under the same conditions (phase 2 of issue 13, doors).
+//! Doors: a reader's keypad opens the first door configured on it. A
+//! submitted entry goes through the flood limit ([`crate::watch`]) and the
+//! per-door decision queue and decision ([`crate::entry`]), exactly as a
+//! lock board's Keypad does; a grant, committed, becomes an osdp_OUT, then
+//! LED and buzzer feedback. The door contact is the reader's input, kept
+//! durably like a board's door sensor (`door_state`).
+//!
+//! Trust: a reader's key presses, card reads and inputs are believed only
+//! from a session that is up (Secure Channel, or plain text where the
+//! config allows it) and from a reader that is not quarantined; outputs are
+//! only driven under the same conditions.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
