@@ -1,6 +1,6 @@
 //! `lockhub run`: the daemon's lifetime in one function.
 //!
-//! Open the store, start the sync layer and the serial tasks, wait for
+//! Open the store, start the sync layer, the serial tasks and the OSDP buses, wait for
 //! shutdown, then stop in the reverse order: the doors first, then the
 //! offline status is published and the connection closed cleanly, and the store's
 //! writer finishes its queue and is joined, so the database is closed.
@@ -9,6 +9,7 @@ use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::maintenance::Maintenance;
 use crate::notify;
+use crate::osdp::{self, bus::OsdpSettings};
 use crate::serial::{self, SerialSettings};
 use crate::store::{Store, StoreError, floor};
 use crate::sync::{self, SyncError, SyncSettings, decide};
@@ -77,6 +78,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let serial = serial::spawn(
         SerialSettings::from_config(&config),
         store.clone(),
+        now.clone(),
+        Some(sync.outbox_notify()),
+    );
+    let readers = osdp::bus::spawn(
+        OsdpSettings::from_config(&config),
+        store.clone(),
         now,
         Some(sync.outbox_notify()),
     );
@@ -95,6 +102,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         w.abort();
     }
     // Doors first: no decision is taken while the cloud link closes.
+    readers.shutdown().await;
     serial.shutdown().await;
     let _ = stop_tx.send(true);
     let _ = housekeeping.await;

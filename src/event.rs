@@ -327,7 +327,7 @@ impl SchemaContext {
     /// The door names and PIN key ids of a loaded config (never its secrets).
     pub fn from_config(config: &crate::config::Config) -> Self {
         Self::new(
-            config.doors.iter().map(|d| d.name.clone()),
+            config.door_names().map(str::to_owned),
             config.secrets.pin_keys.iter().map(|k| k.id.clone()),
         )
     }

@@ -45,6 +45,7 @@ pub mod floor;
 pub mod keys;
 pub mod links;
 mod migrate;
+pub mod osdp;
 pub mod outbox;
 pub mod runtime;
 pub mod sweep;

@@ -49,7 +49,7 @@ impl HubDecider {
             site_id: config.hub.site_id,
             hub_id: config.hub.hub_id.clone(),
             schema: SchemaContext::new(
-                config.doors.iter().map(|d| d.name.clone()),
+                config.door_names().map(str::to_owned),
                 config.secrets.pin_keys.iter().map(|k| k.id.clone()),
             ),
             apply: ApplyContext {
