@@ -283,6 +283,40 @@ pub struct SchemaError {
     pub item: Option<usize>,
 }
 
+/// What one authenticated event shows about the cloud (mqtt.md 'Seq, gaps,
+/// staleness'), as the store saw it before counting the event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Evidence {
+    /// A duplicate or a conflict: the id was seen before. A broker can
+    /// replay these forever while dropping everything new.
+    SeenBefore,
+    /// A first-seen event with a seq. `highest_before` is the highest seq
+    /// seen before it (the watermark, or above it across a gap).
+    Event { seq: u64, highest_before: u64 },
+    /// A first-seen checkpoint, issued at `issued_at`.
+    Checkpoint { issued_at: Timestamp },
+}
+
+impl Evidence {
+    /// Whether it is a sign of life for `cloud_stale`: a first-seen event
+    /// above every seq seen before (a `stale_seq` replay or a re-sent event
+    /// filling a gap is not: an old event says nothing about the cloud now),
+    /// or a checkpoint issued within `stale_s` of the effective time `now`
+    /// (an old one may have sat in a broker queue for hours).
+    pub fn is_sign_of_life(self, now: Timestamp, stale_s: u32) -> bool {
+        match self {
+            Evidence::SeenBefore => false,
+            Evidence::Event {
+                seq,
+                highest_before,
+            } => seq > highest_before,
+            Evidence::Checkpoint { issued_at } => {
+                now.0.abs_diff(issued_at.0) <= u64::from(stale_s) * Timestamp::MICROS_PER_SEC as u64
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Parsing (step 4 of mqtt.md 'Deciding an event').
 //
@@ -1291,5 +1325,30 @@ mod parse_tests {
         assert!(parse_uuid_strict("00000001-94a1-4c39-8f5e-6b1e2d3c4a0f\n").is_none());
         assert!(parse_uuid_strict("00000001-94a1-4c39-8f5e+6b1e2d3c4a0f").is_none());
         assert!(parse_uuid_strict("0000000é-94a1-4c39-8f5e-6b1e2d3c4a0").is_none());
+    }
+
+    #[test]
+    fn only_a_new_highest_seq_or_a_fresh_checkpoint_is_a_sign_of_life() {
+        let now = Timestamp::from_secs(1_000_000);
+        let ev = |seq, highest_before| Evidence::Event {
+            seq,
+            highest_before,
+        };
+        assert!(ev(8, 7).is_sign_of_life(now, 900));
+        assert!(ev(20, 7).is_sign_of_life(now, 900), "above a gap: new");
+        assert!(!ev(7, 7).is_sign_of_life(now, 900), "a stale_seq replay");
+        assert!(!ev(3, 7).is_sign_of_life(now, 900), "a stale_seq replay");
+        assert!(
+            !ev(9, 12).is_sign_of_life(now, 900),
+            "a re-sent event filling a gap"
+        );
+        assert!(!Evidence::SeenBefore.is_sign_of_life(now, 900));
+        let cp = |age_s: i64| Evidence::Checkpoint {
+            issued_at: Timestamp::from_secs(1_000_000 - age_s),
+        };
+        assert!(cp(0).is_sign_of_life(now, 900));
+        assert!(cp(900).is_sign_of_life(now, 900));
+        assert!(!cp(901).is_sign_of_life(now, 900), "an old checkpoint");
+        assert!(!cp(-901).is_sign_of_life(now, 900), "issued far ahead");
     }
 }

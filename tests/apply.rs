@@ -507,6 +507,53 @@ fn the_watermark_advances_over_contiguous_seqs_and_gaps_are_reported() {
 }
 
 #[test]
+fn duplicates_conflicts_stale_seqs_and_gap_fillers_are_no_sign_of_life() {
+    let hub = Hub::new();
+    let life = |hub: &Hub| seq_status(&hub.reader()).unwrap().last_sign_of_life;
+    let first = hub.change(1, 1, revoke("a", "x"));
+    assert!(first.sign_of_life);
+    assert_eq!(life(&hub), Some(now()));
+    let later = now().saturating_add_secs(600);
+    let replay = |id: u128, seq: u64, body: &str| {
+        hub.apply_at(
+            id,
+            Some(seq),
+            Ok(EventKind::Change(revoke("a", "x"))),
+            body,
+            now(),
+            later,
+        )
+    };
+    let dup = replay(1, 1, "body-1");
+    assert!(dup.result.duplicate && !dup.sign_of_life, "a duplicate");
+    let conflict = replay(1, 1, "another body");
+    assert!(
+        conflict.result.outcome == Outcome::Conflict && !conflict.sign_of_life,
+        "a conflict"
+    );
+    let stale = replay(2, 1, "body-2");
+    assert!(
+        stale.result.reason == Some(Reason::StaleSeq) && !stale.sign_of_life,
+        "a stale_seq replay"
+    );
+    assert_eq!(life(&hub), Some(now()), "the durable sign of life stayed");
+    // Above a gap is new; the re-sent event that fills the gap is not.
+    assert!(replay(3, 5, "body-3").sign_of_life);
+    assert_eq!(life(&hub), Some(later));
+    let filler = hub.apply_at(
+        4,
+        Some(2),
+        Ok(EventKind::Change(revoke("b", "x"))),
+        "body-4",
+        now(),
+        later.saturating_add_secs(60),
+    );
+    assert_eq!(outcome(&filler), APPLIED);
+    assert!(!filler.sign_of_life);
+    assert_eq!(life(&hub), Some(later));
+}
+
+#[test]
 fn a_checkpoint_is_a_noop_that_records_its_head_and_only_a_fresh_one_is_a_sign_of_life() {
     let hub = Hub::new();
     let old = Timestamp(now().0 - 3600 * 1_000_000);

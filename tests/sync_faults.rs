@@ -428,3 +428,67 @@ async fn the_outbox_keeps_what_happens_while_the_broker_is_down_and_delivers_it_
     );
     hub.assert_running();
 }
+
+/// A broker that keeps re-publishing old events (the same envelope, and a
+/// new id under an old seq) while dropping everything new must not keep
+/// `cloud_stale` down: replays are no sign of life. The next new event is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_replaying_old_events_does_not_hide_a_silent_cloud() {
+    let broker = Mosquitto::start();
+    let mut cc = CloudClient::plain(broker.port).await;
+    let mut hub = Daemon::start(
+        &broker.url(),
+        DaemonOptions {
+            policy: "cloud_stale_s = 3".into(),
+            ..Default::default()
+        },
+    );
+    cc.wait_online().await;
+    let mut c = cloud();
+    let first = issue_many(&mut c, 0, 1);
+    cc.publish(&first).await;
+    cc.wait_results(&first).await;
+    let replayed_seq = c.sign(
+        "key.revoked",
+        first[0].seq,
+        serde_json::json!({"key_id": "k-x", "version": 1, "reason": "r"}),
+    );
+    let raised = |db: &rusqlite::Connection| {
+        db.query_row(
+            "SELECT count(*) FROM alerts WHERE condition = 'cloud_stale' AND state = 'raised'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .unwrap()
+            == 1
+    };
+    // Replays twice a second, for well over the stale period.
+    let t0 = Instant::now();
+    while !raised(&hub.db()) && t0.elapsed() < Duration::from_secs(12) {
+        cc.publish(&first).await;
+        cc.publish(std::slice::from_ref(&replayed_seq)).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        cc.drain();
+    }
+    assert!(raised(&hub.db()), "cloud_stale stayed down under replays");
+    let answered = cc.results();
+    assert!(
+        answered.iter().any(|r| r["duplicate"] == true)
+            && answered.iter().any(|r| r["reason"] == "stale_seq"),
+        "the replays reached the hub and were answered"
+    );
+    // A new event is a sign of life.
+    let next = issue_many(&mut c, 1, 1);
+    cc.publish(&next).await;
+    hub.wait_db("cloud_stale cleared by a new event", |db| {
+        db.query_row(
+            "SELECT count(*) FROM alerts WHERE condition = 'cloud_stale' AND state = 'cleared'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .unwrap()
+            == 1
+    })
+    .await;
+    hub.assert_running();
+}

@@ -22,7 +22,7 @@ use super::audit::{self, AuditKind, AuditRecord};
 use super::outbox::{self, Topic};
 use crate::config::Policy;
 use crate::event::{
-    Change, EventKind, EventResult, Grant, ItemResult, Outcome, Reason, SchemaError,
+    Change, EventKind, EventResult, Evidence, Grant, ItemResult, Outcome, Reason, SchemaError,
 };
 use crate::lifecycle::{self, GrantPlan, KeyState, KeyView, Placement, RevokePlan};
 use crate::time::Timestamp;
@@ -59,6 +59,9 @@ pub struct Applied {
     /// A guest erasure changed rows: after the commit, run [`super::Store::scrub_wal`] so
     /// the pre-erasure pages do not linger in the WAL file.
     pub erased: bool,
+    /// The event was a sign of life for `cloud_stale`
+    /// ([`Evidence::is_sign_of_life`]); the durable last sign of life moved.
+    pub sign_of_life: bool,
 }
 
 /// The durable seq bookkeeping, for sync requests and `cloud_stale`.
@@ -119,7 +122,7 @@ pub fn apply_event(
         Ok(EventKind::Checkpoint { head_seq }) => Some(head_seq),
         _ => None,
     };
-    count_authenticated(conn, ctx, ev, head_seq, now)?;
+    let sign_of_life = count_authenticated(conn, ctx, ev, head_seq, now)?;
     outbox::enqueue(conn, Topic::Results, &result.to_json(), None, now)?;
     let (watermark, gap) = watermark_and_gap(conn)?;
     Ok(Applied {
@@ -128,6 +131,7 @@ pub fn apply_event(
         gap,
         head_seq,
         erased: verdict.erased,
+        sign_of_life,
     })
 }
 
@@ -224,7 +228,8 @@ fn load_dedupe(
 }
 
 /// The same event again: its first result, marked duplicate, re-queued for
-/// the cloud (its first copy may be what got lost). Nothing else changes.
+/// the cloud (its first copy may be what got lost). Nothing else changes,
+/// and it is no sign of life.
 fn replay_duplicate(conn: &Connection, first: &str, now: Timestamp) -> Result<Applied, StoreError> {
     let mut result = result_from_json(first)
         .ok_or_else(|| StoreError::Invalid("a stored dedupe result is unreadable".into()))?;
@@ -237,12 +242,13 @@ fn replay_duplicate(conn: &Connection, first: &str, now: Timestamp) -> Result<Ap
         gap,
         head_seq: None,
         erased: false,
+        sign_of_life: false,
     })
 }
 
 /// The id was claimed by a different body: the first record stands, the
 /// `event_id_conflict` alert is raised. The body is still authenticated, so
-/// its seq and `issued_at` count.
+/// its seq and `issued_at` count; it is no sign of life.
 fn answer_conflict(
     conn: &Connection,
     ev: &VerifiedEvent,
@@ -250,7 +256,7 @@ fn answer_conflict(
     now: Timestamp,
 ) -> Result<Applied, StoreError> {
     alerts::raise(conn, Condition::EventIdConflict, event_id, 1, now)?;
-    count_seq_and_time(conn, ev, now)?;
+    count_seq_and_time(conn, ev)?;
     let result = EventResult {
         event_id: Some(ev.header.event_id),
         seq: ev.header.seq,
@@ -270,6 +276,7 @@ fn answer_conflict(
         gap,
         head_seq: None,
         erased: false,
+        sign_of_life: false,
     })
 }
 
@@ -359,40 +366,56 @@ fn is_replayed_seq(conn: &Connection, seq: Option<u64>) -> Result<bool, StoreErr
 }
 
 /// Everything an authenticated, first-seen event counts toward: its seq,
-/// the time floor, the sign of life; a checkpoint's head.
+/// the time floor, a checkpoint's head, and the sign of life when it is one
+/// (returned).
 fn count_authenticated(
     conn: &Connection,
     ctx: &ApplyContext,
     ev: &VerifiedEvent,
     head_seq: Option<u64>,
     now: Timestamp,
-) -> Result<(), StoreError> {
-    let Some(head) = head_seq else {
-        return count_seq_and_time(conn, ev, now);
+) -> Result<bool, StoreError> {
+    let evidence = match (head_seq, ev.header.seq) {
+        (Some(head), _) => {
+            conn.prepare_cached("UPDATE seq_state SET head_seq = max(head_seq, ?1) WHERE id = 1")?
+                .execute([head as i64])?;
+            Evidence::Checkpoint {
+                issued_at: ev.header.issued_at,
+            }
+        }
+        (None, Some(seq)) => Evidence::Event {
+            seq,
+            highest_before: highest_seq_seen(conn)?,
+        },
+        // Only a checkpoint has no seq.
+        (None, None) => Evidence::SeenBefore,
     };
-    raise_time_floor(conn, ev.header.issued_at)?;
-    conn.prepare_cached("UPDATE seq_state SET head_seq = max(head_seq, ?1) WHERE id = 1")?
-        .execute([head as i64])?;
-    // Only a fresh checkpoint shows the cloud is alive: an old one may have
-    // sat in a broker queue for hours.
-    let age = now.0.abs_diff(ev.header.issued_at.0);
-    if age <= u64::from(ctx.policy.cloud_stale_s) * Timestamp::MICROS_PER_SEC as u64 {
+    count_seq_and_time(conn, ev)?;
+    let life = evidence.is_sign_of_life(now, ctx.policy.cloud_stale_s);
+    if life {
         sign_of_life(conn, now)?;
     }
-    Ok(())
+    Ok(life)
 }
 
-/// A non-checkpoint event: its seq, the time floor and the sign of life.
-fn count_seq_and_time(
-    conn: &Connection,
-    ev: &VerifiedEvent,
-    now: Timestamp,
-) -> Result<(), StoreError> {
+/// The highest seq seen so far: the watermark, or a seq seen above it.
+fn highest_seq_seen(conn: &Connection) -> Result<u64, StoreError> {
+    let h: i64 = conn
+        .prepare_cached(
+            "SELECT max((SELECT watermark FROM seq_state WHERE id = 1),
+                        coalesce((SELECT max(seq) FROM seq_seen), 0))",
+        )?
+        .query_row([], |r| r.get(0))?;
+    Ok(h as u64)
+}
+
+/// An authenticated event's seq (none for a checkpoint) and the time floor.
+fn count_seq_and_time(conn: &Connection, ev: &VerifiedEvent) -> Result<(), StoreError> {
     raise_time_floor(conn, ev.header.issued_at)?;
     if let Some(seq) = ev.header.seq {
         mark_seq_seen(conn, seq)?;
     }
-    sign_of_life(conn, now)
+    Ok(())
 }
 
 /// The floor of the effective clock rises with every verified `issued_at`.

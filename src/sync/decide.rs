@@ -32,7 +32,6 @@ pub struct HubDecider {
     hub_id: String,
     schema: SchemaContext,
     apply: ApplyContext,
-    cloud_stale: Duration,
     /// For the WAL scrub after a guest erasure.
     store: Store,
     /// The hub's effective time, shared with the doors and housekeeping.
@@ -56,7 +55,6 @@ impl HubDecider {
                 site_id: config.hub.site_id,
                 policy: config.policy,
             },
-            cloud_stale: Duration::from_secs(u64::from(config.policy.cloud_stale_s)),
             store,
             clock,
             limiter: Mutex::new(TokenBucket::step1_results(Duration::ZERO)),
@@ -128,7 +126,6 @@ impl Decide for HubDecider {
                 Ok(Decided::default())
             }
             Checked::Verified(ev, kind) => {
-                let issued_at = ev.header.issued_at;
                 let applied = apply::apply_event(conn, &self.apply, &ev, kind, now)?;
                 // Debug, not info: this runs inside the writer's transaction,
                 // once per event; ingest logs each committed batch at info.
@@ -140,14 +137,13 @@ impl Decide for HubDecider {
                     duplicate = applied.result.duplicate,
                     "event decided"
                 );
-                let fresh = now.0.abs_diff(issued_at.0) <= self.cloud_stale.as_micros() as u64;
                 Ok(Decided {
                     seq: Some(SeqView {
                         watermark: applied.watermark,
                         gap: applied.gap,
                     }),
                     checkpoint_head: applied.head_seq,
-                    sign_of_life: applied.head_seq.is_none() || fresh,
+                    sign_of_life: applied.sign_of_life,
                     erased: applied.erased,
                 })
             }
