@@ -492,3 +492,93 @@ async fn a_broker_replaying_old_events_does_not_hide_a_silent_cloud() {
     .await;
     hub.assert_running();
 }
+
+fn files_holding(db: &std::path::Path, needle: &[u8]) -> Vec<String> {
+    ["", "-wal", "-journal"]
+        .iter()
+        .filter(|suffix| {
+            let mut p = db.as_os_str().to_owned();
+            p.push(suffix);
+            std::fs::read(&p).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle))
+        })
+        .map(|s| format!("lockhub.db{s}"))
+        .collect()
+}
+
+/// A guest erasure sticks in the running daemon: its result is heard only
+/// after a WAL scrub that succeeded (a reader holding the WAL makes the
+/// first attempts fail; they are retried), and then no file holds the name;
+/// an erasure that overtakes its grant keeps the name out of every file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_erasure_is_published_only_once_no_file_holds_the_name() {
+    let broker = Mosquitto::start();
+    let mut cc = CloudClient::plain(broker.port).await;
+    let mut hub = Daemon::start(&broker.url(), DaemonOptions::default());
+    cc.wait_online().await;
+    let mut c = cloud();
+    let named = |n: usize, holder: &str, name: &str| {
+        let mut g = common::daemon::grant(n);
+        g.holder_ref = Some(holder.into());
+        g.holder_name = Some(name.into());
+        g
+    };
+    let ada = c.key_issued(&named(0, "g-ada", "Ada Guest"), &[]);
+    cc.publish(std::slice::from_ref(&ada)).await;
+    cc.wait_results(std::slice::from_ref(&ada)).await;
+    assert!(!files_holding(&hub.db_path(), b"Ada Guest").is_empty());
+
+    // A reader holds the WAL: the scrub cannot truncate it.
+    let reader = hub.db();
+    reader.execute_batch("BEGIN").unwrap();
+    reader
+        .query_row("SELECT count(*) FROM keys", [], |r| r.get::<_, i64>(0))
+        .unwrap();
+    let erase = c.guest_erased("g-ada");
+    cc.publish(std::slice::from_ref(&erase)).await;
+    let id = erase.event_id.to_string();
+    hub.wait_db("the erasure committed", |db| {
+        db.query_row(
+            "SELECT count(*) FROM dedupe WHERE event_id = ?1",
+            [&id],
+            |r| r.get::<_, i64>(0),
+        )
+        .unwrap()
+            == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    cc.drain();
+    assert!(
+        !cc.results_by_id().contains_key(&erase.event_id),
+        "the erasure's result went out while the WAL could hold the name"
+    );
+    reader.execute_batch("COMMIT").unwrap();
+    drop(reader);
+    cc.wait_results(std::slice::from_ref(&erase)).await;
+    assert_eq!(cc.results_by_id()[&erase.event_id][0]["outcome"], "applied");
+    assert_eq!(
+        files_holding(&hub.db_path(), b"Ada Guest"),
+        Vec::<String>::new()
+    );
+
+    // Overtaking: the erasure (the later seq) arrives before its grant.
+    let bob_grant = c.key_issued(&named(1, "g-bob", "Bob Overtaken"), &[]);
+    let bob_erase = c.guest_erased("g-bob");
+    cc.publish(std::slice::from_ref(&bob_erase)).await;
+    cc.wait_results(std::slice::from_ref(&bob_erase)).await;
+    cc.publish(std::slice::from_ref(&bob_grant)).await;
+    cc.wait_results(std::slice::from_ref(&bob_grant)).await;
+    assert_eq!(
+        cc.results_by_id()[&bob_grant.event_id][0]["outcome"],
+        "applied"
+    );
+    assert_eq!(
+        hub.count("SELECT count(*) FROM keys WHERE holder_ref = 'g-bob' AND holder_name IS NULL"),
+        1
+    );
+    assert_eq!(
+        files_holding(&hub.db_path(), b"Bob Overtaken"),
+        Vec::<String>::new()
+    );
+    hub.assert_running();
+}

@@ -90,7 +90,7 @@ pub fn apply_event(
     let event_id = ev.header.event_id.to_string();
     if let Some(first) = load_dedupe(conn, ctx, &event_id)? {
         return if first.body_sha256 == ev.body_sha256 {
-            replay_duplicate(conn, &first.result, now)
+            replay_duplicate(conn, &event_id, &first.result, now)
         } else {
             answer_conflict(conn, ev, &event_id, now)
         };
@@ -123,7 +123,12 @@ pub fn apply_event(
         _ => None,
     };
     let sign_of_life = count_authenticated(conn, ctx, ev, head_seq, now)?;
-    outbox::enqueue(conn, Topic::Results, &result.to_json(), None, now)?;
+    if verdict.erased {
+        // Published only once no byte of the name remains in a file.
+        outbox::hold(conn, &event_id, &result.to_json(), now)?;
+    } else {
+        outbox::enqueue(conn, Topic::Results, &result.to_json(), None, now)?;
+    }
     let (watermark, gap) = watermark_and_gap(conn)?;
     Ok(Applied {
         result,
@@ -229,12 +234,20 @@ fn load_dedupe(
 
 /// The same event again: its first result, marked duplicate, re-queued for
 /// the cloud (its first copy may be what got lost). Nothing else changes,
-/// and it is no sign of life.
-fn replay_duplicate(conn: &Connection, first: &str, now: Timestamp) -> Result<Applied, StoreError> {
+/// and it is no sign of life. An erasure whose first result is still held
+/// back (its WAL scrub not done) gets no early answer: the held one follows.
+fn replay_duplicate(
+    conn: &Connection,
+    event_id: &str,
+    first: &str,
+    now: Timestamp,
+) -> Result<Applied, StoreError> {
     let mut result = result_from_json(first)
         .ok_or_else(|| StoreError::Invalid("a stored dedupe result is unreadable".into()))?;
     result.duplicate = true;
-    outbox::enqueue(conn, Topic::Results, &result.to_json(), None, now)?;
+    if !outbox::is_held(conn, event_id)? {
+        outbox::enqueue(conn, Topic::Results, &result.to_json(), None, now)?;
+    }
     let (watermark, gap) = watermark_and_gap(conn)?;
     Ok(Applied {
         result,
@@ -605,7 +618,7 @@ fn apply_change(
             check_in_id: _,
             key,
         } => check_in(conn, ctx, event_id, reservation_id, key, now),
-        Change::GuestErased { holder_ref } => erase_guest(conn, holder_ref),
+        Change::GuestErased { holder_ref } => erase_guest(conn, event_id, holder_ref, now),
     };
     in_savepoint(conn, "apply_change", run, |v: &Verdict| {
         v.outcome != Outcome::Rejected
@@ -708,9 +721,27 @@ fn check_in(
 
 /// `guest.erased`: `holder_name` set NULL in every key (final ones
 /// included; the schema allows exactly this change) and audit row of the
-/// holder. The rows stay. `secure_delete` on the writer zeroes the freed
-/// bytes; [`scrub_wal`] clears the WAL after the commit.
-fn erase_guest(conn: &Connection, holder_ref: &str) -> Result<Verdict, StoreError> {
+/// holder. The rows stay. The holder_ref is remembered (`erased_holders`),
+/// so a grant for it that arrives later is stored without its name
+/// ([`write_grant`]). `secure_delete` on the writer zeroes the freed bytes;
+/// [`super::Store::scrub_wal`] clears the WAL after the commit, and only then
+/// is the result published (`erased`: it is held until then).
+///
+/// `applied` when a name was erased or the holder newly remembered (an
+/// erasure that overtook its grant changes the mirror too); `noop` when it
+/// was already remembered and no name was left.
+fn erase_guest(
+    conn: &Connection,
+    event_id: &str,
+    holder_ref: &str,
+    now: Timestamp,
+) -> Result<Verdict, StoreError> {
+    let remembered = conn
+        .prepare_cached(
+            "INSERT OR IGNORE INTO erased_holders (holder_ref, event_id, created_at)
+             VALUES (?1, ?2, ?3)",
+        )?
+        .execute(params![holder_ref, event_id, now.0])?;
     let keys = conn
         .prepare_cached(
             "UPDATE keys SET holder_name = NULL WHERE holder_ref = ?1 AND holder_name IS NOT NULL",
@@ -721,11 +752,20 @@ fn erase_guest(conn: &Connection, holder_ref: &str) -> Result<Verdict, StoreErro
             "UPDATE audit SET holder_name = NULL WHERE holder_ref = ?1 AND holder_name IS NOT NULL",
         )?
         .execute([holder_ref])?;
-    let changed = keys + rows > 0;
+    let erased = keys + rows > 0;
     Ok(Verdict {
-        erased: changed,
-        ..Verdict::changed(changed)
+        erased,
+        ..Verdict::changed(erased || remembered > 0)
     })
+}
+
+fn is_holder_erased(conn: &Connection, holder_ref: Option<&str>) -> Result<bool, StoreError> {
+    let Some(holder_ref) = holder_ref else {
+        return Ok(false);
+    };
+    Ok(conn
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM erased_holders WHERE holder_ref = ?1)")?
+        .query_row([holder_ref], |r| r.get(0))?)
 }
 
 /// Steps 5 and 6 for a grant, from what the mirror holds now.
@@ -772,6 +812,18 @@ fn write_grant(
         GrantPlan::Noop => return Ok(Verdict::changed(changed_before)),
         GrantPlan::Insert(p) => (p, None),
         GrantPlan::Upgrade(p) => (p, load_key(conn, &key.key_id)?.map(|k| k.state)),
+    };
+    // A grant sent before its holder's erasure (re-sent after a gap) keeps
+    // everything but the name.
+    let unnamed;
+    let key = if key.holder_name.is_some() && is_holder_erased(conn, key.holder_ref.as_deref())? {
+        unnamed = Grant {
+            holder_name: None,
+            ..key.clone()
+        };
+        &unnamed
+    } else {
+        key
     };
     let written = match was {
         None => insert_key(conn, event_id, key, placement, now),

@@ -17,6 +17,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0002_link_state",
         include_str!("../../migrations/0002_link_state.sql"),
     ),
+    (
+        "0004_erasure",
+        include_str!("../../migrations/0004_erasure.sql"),
+    ),
 ];
 
 /// The schema version a database is at.

@@ -153,13 +153,33 @@ impl Decide for HubDecider {
     fn after_commit(&self, decided: &[Decided]) {
         if decided.iter().any(|d| d.erased) {
             // The writer runs the scrub between transactions, after this
-            // commit; ingest does not wait for it.
-            let store = self.store.clone();
-            tokio::spawn(async move {
-                if let Err(e) = store.scrub_wal().await {
-                    tracing::warn!(error = %e, "WAL scrub after a guest erasure will be retried by the next one");
-                }
-            });
+            // commit; ingest does not wait for it. The erasure's result is
+            // held until the scrub succeeds.
+            tokio::spawn(scrub_until_done(self.store.clone()));
+        }
+    }
+}
+
+/// First wait before retrying a WAL scrub that failed.
+const SCRUB_RETRY_START: Duration = Duration::from_millis(100);
+/// Retries never wait longer than this.
+const SCRUB_RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// Runs [`Store::scrub_wal`] until it succeeds (a reader in the way, or a
+/// storage error, fails it for now), with backoff; it releases the results
+/// that erasures hold back. Also run at start-up when results are still held
+/// (a crash between an erasure and its scrub). Stops when the store closes.
+pub async fn scrub_until_done(store: Store) {
+    let mut wait = SCRUB_RETRY_START;
+    loop {
+        match store.scrub_wal().await {
+            Ok(()) => return,
+            Err(StoreError::Closed) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "WAL scrub after a guest erasure failed; retrying");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(SCRUB_RETRY_MAX);
+            }
         }
     }
 }
