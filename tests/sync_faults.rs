@@ -582,3 +582,46 @@ async fn a_guest_erasure_is_published_only_once_no_file_holds_the_name() {
     );
     hub.assert_running();
 }
+
+/// A restart does not forget that a checkpoint showed the hub behind: the
+/// last checkpoint's head is durable, and the hub keeps asking
+/// (`behind_checkpoint`) after the restart until W reaches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_the_hub_still_asks_until_it_reaches_the_last_checkpoint() {
+    let broker = Mosquitto::start();
+    let mut cc = CloudClient::plain(broker.port).await;
+    let mut hub = Daemon::start(&broker.url(), DaemonOptions::default());
+    cc.wait_online().await;
+    let mut c = cloud();
+    let first = issue_many(&mut c, 0, 2);
+    cc.publish(&first).await;
+    // Event 3 is lost; only the checkpoint tells.
+    let lost = issue_many(&mut c, 2, 1);
+    let cp = c.checkpoint();
+    cc.publish(std::slice::from_ref(&cp)).await;
+    cc.wait_results(&[first, vec![cp]].concat()).await;
+    cc.wait_until("a behind_checkpoint request", |c| {
+        c.sync_requests()
+            .iter()
+            .any(|r| r["reason"] == "behind_checkpoint" && r["from_seq"] == 3)
+    })
+    .await;
+
+    hub.kill9();
+    cc.drain();
+    let before = cc.sync_requests().len();
+    hub.spawn();
+    // Asked again after the restart, and repeated (backoff 1 s, 2 s).
+    cc.wait_until("two behind_checkpoint requests after the restart", |c| {
+        c.sync_requests()[before..]
+            .iter()
+            .filter(|r| r["reason"] == "behind_checkpoint" && r["from_seq"] == 3)
+            .count()
+            >= 2
+    })
+    .await;
+    cc.publish(&lost).await;
+    cc.wait_results(&lost).await;
+    assert_eq!(hub.watermark(), 3);
+    assert_no_more_sync_requests(&mut cc, Duration::from_secs(3)).await;
+}

@@ -16,7 +16,7 @@ use lockhub::sim::cloud::Cloud;
 use lockhub::store::outbox::{self, Topic};
 use lockhub::store::{Priority, Store, StoreError};
 use lockhub::sync::ingest::{Decide, Decided};
-use lockhub::sync::plan::{BacklogLimits, SeqView};
+use lockhub::sync::plan::{BacklogLimits, SeqStart};
 use lockhub::sync::window::ReceiveWindow;
 use lockhub::sync::{self, SyncHandle, SyncSettings};
 use lockhub::time::Timestamp;
@@ -194,7 +194,7 @@ fn start_hub_decider(mqtt: MqttConfig, window: ReceiveWindow, decider: RecordOnc
         settings,
         store.clone(),
         Arc::new(decider),
-        SeqView::default(),
+        SeqStart::default(),
     )
     .unwrap();
     Hub {

@@ -468,7 +468,8 @@ fn mark_seq_seen(conn: &Connection, seq: u64) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn watermark_and_gap(conn: &Connection) -> Result<(u64, bool), StoreError> {
+/// The watermark W, and whether a seq above it was seen (a gap at W+1).
+pub fn watermark_and_gap(conn: &Connection) -> Result<(u64, bool), StoreError> {
     let (w, gap): (i64, bool) = conn
         .prepare_cached(
             "SELECT watermark, EXISTS (SELECT 1 FROM seq_seen) FROM seq_state WHERE id = 1",

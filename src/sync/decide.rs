@@ -2,7 +2,7 @@
 //! results) on the async side, steps 2-8 (`store::apply`) in the writer.
 
 use super::ingest::{Decide, Decided};
-use super::plan::SeqView;
+use super::plan::{SeqStart, SeqView};
 use super::ratelimit::TokenBucket;
 use crate::clock::SharedClock;
 use crate::config::{Config, Signer};
@@ -184,13 +184,16 @@ pub async fn scrub_until_done(store: Store) {
     }
 }
 
-/// The seq state at start-up, for the planner.
-pub fn initial_seq(conn: &Connection) -> Result<SeqView, StoreError> {
+/// The seq state at start-up, for the planner: the watermark, whether a
+/// seq above it was seen, and the last checkpoint's head.
+pub fn initial_seq(conn: &Connection) -> Result<SeqStart, StoreError> {
     let s = apply::seq_status(conn)?;
-    Ok(SeqView {
-        watermark: s.watermark,
-        // Gap or behind a checkpoint: either way the request starts at W+1,
-        // and the next event or checkpoint tells the planner which.
-        gap: s.first_missing.is_some(),
+    let (_, gap) = apply::watermark_and_gap(conn)?;
+    Ok(SeqStart {
+        view: SeqView {
+            watermark: s.watermark,
+            gap,
+        },
+        checkpoint_head: s.head_seq,
     })
 }

@@ -44,7 +44,7 @@ use crate::time::Timestamp;
 use client::{Gate, LinkEvent, PollSinks};
 use ed25519_dalek::SigningKey;
 use ingest::{Decide, Decided, IngestSinks};
-use plan::{AlertChange, BacklogLimits, SeqView, StaleTracker, SyncPlanner};
+use plan::{AlertChange, BacklogLimits, SeqStart, StaleTracker, SyncPlanner};
 use publisher::{Publisher, PublisherCommand, PublisherConfig};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -113,12 +113,12 @@ pub struct SyncHandle {
 }
 
 /// Starts the sync tasks on the current runtime. `seq` is the durable seq
-/// state at start-up (`store::apply::seq_status`).
+/// state at start-up ([`decide::initial_seq`]).
 pub fn start<D: Decide>(
     settings: SyncSettings,
     store: Store,
     decider: Arc<D>,
-    seq: SeqView,
+    seq: SeqStart,
 ) -> Result<SyncHandle, SyncError> {
     let status_topic = format!("{}status", settings.topic_base);
     let events_topic = format!("{}events", settings.topic_base);
@@ -250,7 +250,7 @@ impl SyncHandle {
 /// The control task: sync requests and `cloud_stale`.
 async fn control(
     store: Store,
-    seq: SeqView,
+    seq: SeqStart,
     stale_after: Duration,
     stale_raised: bool,
     mut session_rx: mpsc::Receiver<LinkEvent>,
@@ -259,7 +259,7 @@ async fn control(
 ) {
     let origin = Instant::now();
     let now = || origin.elapsed();
-    let mut planner = SyncPlanner::new(seq);
+    let mut planner = SyncPlanner::resume(seq, now());
     let mut stale = StaleTracker::new(stale_after, now(), stale_raised);
     let mut connected = false;
     let (mut session_open, mut decided_open) = (true, true);

@@ -38,6 +38,15 @@ pub struct SeqView {
     pub gap: bool,
 }
 
+/// The durable seq state at start-up: the planner resumes from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SeqStart {
+    pub view: SeqView,
+    /// The highest `head_seq` a checkpoint has shown (kept durably), so a
+    /// restart does not forget that the hub is behind it.
+    pub checkpoint_head: u64,
+}
+
 /// A sync request to publish: `{"from_seq": .., "reason": ..}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SyncRequest {
@@ -93,6 +102,18 @@ impl SyncPlanner {
             next_at: None,
             backoff: SYNC_BACKOFF_START,
         }
+    }
+
+    /// The planner after a restart: still behind the last checkpoint when
+    /// its head is above W, so it asks (`behind_checkpoint`) until W
+    /// reaches it (mqtt.md 'Seq, gaps, staleness').
+    pub fn resume(start: SeqStart, now: Duration) -> Self {
+        let mut p = SyncPlanner::new(start.view);
+        if start.checkpoint_head > start.view.watermark {
+            p.behind = Some(start.checkpoint_head);
+        }
+        p.reschedule(now);
+        p
     }
 
     /// The seq state the planner last heard of.
@@ -442,6 +463,38 @@ mod tests {
         );
         p.on_event(view(11, false), s(1));
         assert_eq!(p.poll(s(100)), None);
+    }
+
+    #[test]
+    fn after_a_restart_the_hub_still_asks_until_the_watermark_reaches_the_last_checkpoint() {
+        let start = SeqStart {
+            view: view(10, false),
+            checkpoint_head: 14,
+        };
+        let mut p = SyncPlanner::resume(start, s(0));
+        // Nothing is sent before the session is up; then at once.
+        p.on_session(true, s(1));
+        assert_eq!(
+            p.poll(s(1)),
+            Some(SyncRequest {
+                from_seq: 11,
+                reason: SyncReason::BehindCheckpoint
+            })
+        );
+        // An event that does not reach the head does not end it.
+        p.on_event(view(12, false), s(2));
+        assert_eq!(p.poll(s(2)).map(|r| r.from_seq), Some(13));
+        p.on_event(view(14, false), s(3));
+        assert_eq!(p.poll(s(1000)), None);
+        assert_eq!(p.next_deadline(), None);
+        // Caught up before the restart: nothing to ask.
+        let caught_up = SeqStart {
+            view: view(14, false),
+            checkpoint_head: 14,
+        };
+        let mut p = SyncPlanner::resume(caught_up, s(0));
+        p.on_session(true, s(0));
+        assert_eq!(p.poll(s(0)), None);
     }
 
     #[test]
