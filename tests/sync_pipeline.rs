@@ -460,6 +460,55 @@ async fn the_outbox_holds_every_record_while_the_broker_is_down_and_sends_them_o
     hub.stop().await;
 }
 
+/// PUBACKs that arrive while another process holds SQLite's write lock
+/// cannot be marked sent; the publisher retries them once writes work
+/// again, on the same connection, instead of leaving them unsent until a
+/// reconnect (nothing here makes the hub reconnect: without the retry this
+/// test times out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_acknowledged_while_the_store_refuses_writes_are_marked_sent_once_it_takes_them() {
+    let mut broker = Mosquitto::start();
+    let mut cloud = TestCloud::plain(broker.port).await;
+    broker.stop();
+    let hub = start_hub(mqtt_config(&broker.url()));
+    for i in 0..20 {
+        let b = format!("{{\"n\":{i}}}").into_bytes();
+        hub.store
+            .write(Priority::Bulk, move |c| {
+                outbox::enqueue(c, Topic::Alerts, &b, None, Timestamp::now_system())
+            })
+            .await
+            .unwrap();
+    }
+    // Another process takes the write lock, then the broker comes back.
+    let path = hub._dir.path().join("lockhub.db");
+    let locker = Connection::open(&path).unwrap();
+    locker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    broker.start_again();
+    let mut seen = HashSet::new();
+    while seen.len() < 20 {
+        let (_, p) = cloud.expect(|t, _| t.ends_with("/alerts")).await;
+        seen.insert(open_hub_envelope(&p)["n"].as_i64().unwrap());
+    }
+    // The writer fails the first waiting job after its BEGIN and then the
+    // job itself each wait the busy timeout (5 s + 5 s): held for 25 s, the
+    // two jobs queued at the reconnect (the fresh_session request, then the
+    // marks) both fail.
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    assert_eq!(hub.unsent(), 20, "nothing could be marked");
+    locker.execute_batch("ROLLBACK").unwrap();
+    drop(locker);
+    let deadline = tokio::time::Instant::now() + TEST_TIMEOUT;
+    while hub.unsent() > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "acknowledged rows stayed unsent"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    hub.stop().await;
+}
+
 /// Publishes `n` distinct events as fast as the broker takes them, then
 /// waits until the hub has applied them all; returns their ids in order.
 async fn flood_and_wait(cloud: &TestCloud, hub: &Hub, n: usize) -> Vec<Uuid> {
