@@ -219,6 +219,14 @@ pub enum EventKind {
     Change(Change),
     /// Up to [`MAX_BATCH_ITEMS`] changes in one transaction.
     Batch(Vec<Change>),
+    /// A batch whose item `invalid.item` fails step 4: the items before it,
+    /// which the store decides first, in order (mqtt.md 'Types: batch': the
+    /// first item that fails at any step is the one reported). Only
+    /// [`parse_body_in_order`] returns it.
+    BatchCutShort {
+        items: Vec<Change>,
+        invalid: SchemaError,
+    },
     Checkpoint {
         head_seq: u64,
     },
@@ -729,6 +737,16 @@ fn parse_change(ty: &str, o: &Obj, ctx: &SchemaContext) -> Result<Change, Reason
 /// - A body that is not a JSON object cannot reach here after
 ///   [`crate::verify::verify_envelope`]; if it does, it is `bad_envelope`.
 pub fn parse_body(body: &[u8], ctx: &SchemaContext) -> Result<EventKind, SchemaError> {
+    match parse_body_in_order(body, ctx)? {
+        EventKind::BatchCutShort { invalid, .. } => Err(invalid),
+        kind => Ok(kind),
+    }
+}
+
+/// [`parse_body`] for the store: a batch whose item fails step 4 comes back
+/// as [`EventKind::BatchCutShort`], with the items before it, so that an
+/// earlier item failing a later step (5 to 7) is the one reported.
+pub fn parse_body_in_order(body: &[u8], ctx: &SchemaContext) -> Result<EventKind, SchemaError> {
     let top = |reason| SchemaError { reason, item: None };
     let v = parse_json_strict(body).ok_or(top(Reason::BadEnvelope))?;
     let o = v.as_object().ok_or(top(Reason::BadEnvelope))?;
@@ -751,19 +769,24 @@ pub fn parse_body(body: &[u8], ctx: &SchemaContext) -> Result<EventKind, SchemaE
             }
             let mut out = Vec::with_capacity(items.len());
             for (i, item) in items.iter().enumerate() {
-                let at = |reason| SchemaError {
-                    reason,
-                    item: Some(i),
-                };
-                let io = item.as_object().ok_or(at(Reason::UnsupportedType))?;
-                let ity = io
-                    .get("type")
-                    .and_then(Value::as_str)
-                    .ok_or(at(Reason::UnsupportedType))?;
-                if matches!(ity, "batch" | "checkpoint") {
-                    return Err(at(Reason::UnsupportedType));
+                let parsed = item
+                    .as_object()
+                    .and_then(|io| Some((io, io.get("type").and_then(Value::as_str)?)))
+                    .filter(|(_, ity)| !matches!(*ity, "batch" | "checkpoint"))
+                    .ok_or(Reason::UnsupportedType)
+                    .and_then(|(io, ity)| parse_change(ity, io, ctx));
+                match parsed {
+                    Ok(change) => out.push(change),
+                    Err(reason) => {
+                        return Ok(EventKind::BatchCutShort {
+                            items: out,
+                            invalid: SchemaError {
+                                reason,
+                                item: Some(i),
+                            },
+                        });
+                    }
                 }
-                out.push(parse_change(ity, io, ctx).map_err(at)?);
             }
             Ok(EventKind::Batch(out))
         }
@@ -1231,6 +1254,34 @@ mod parse_tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_batch_failing_step_four_keeps_the_items_before_it_for_the_store() {
+        let mut bad = grant();
+        bad["doors"] = json!(["999"]);
+        let body = batch(vec![
+            revoke("k-0"),
+            issued(grant()),
+            issued(bad),
+            revoke("k-9"),
+        ]);
+        let bytes = serde_json::to_vec(&body).unwrap();
+        let invalid = SchemaError {
+            reason: Reason::UnknownDoor,
+            item: Some(2),
+        };
+        match parse_body_in_order(&bytes, &ctx()).unwrap() {
+            EventKind::BatchCutShort { items, invalid: e } => {
+                assert_eq!(e, invalid);
+                assert_eq!(items.len(), 2);
+                assert!(matches!(items[0], Change::KeyRevoked { .. }));
+                assert!(matches!(items[1], Change::KeyIssued { .. }));
+            }
+            other => panic!("{other:?}"),
+        }
+        // The pure step-4 answer is unchanged.
+        assert_eq!(parse_body(&bytes, &ctx()), Err(invalid));
     }
 
     #[test]

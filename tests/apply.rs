@@ -661,6 +661,55 @@ fn a_batch_with_a_hard_rejection_applies_nothing_and_names_the_item() {
 }
 
 #[test]
+fn batch_items_are_decided_in_order_so_an_earlier_item_failing_a_later_step_is_the_one_reported() {
+    let hub = Hub::new();
+    hub.change(1, 1, issue(grant("k-1", 1, Active, "c-1", 1)));
+    let unknown_door = SchemaError {
+        reason: Reason::UnknownDoor,
+        item: Some(2),
+    };
+    // Item 1 collides with k-1's PIN (step 7); item 2 failed step 4.
+    let items = vec![
+        revoke("k-ghost", "x"),
+        issue(grant("k-2", 1, Active, "c-2", 1)),
+    ];
+    let b = hub.apply(
+        2,
+        Some(2),
+        Ok(EventKind::BatchCutShort {
+            items,
+            invalid: unknown_door,
+        }),
+        "batch-1",
+    );
+    assert_eq!(outcome(&b), rejected(Reason::PinCollision));
+    assert_eq!(b.result.item, Some(1));
+    assert_eq!(
+        hub.count("SELECT count(*) FROM key_tombstones"),
+        0,
+        "rolled back"
+    );
+    // With nothing failing before it, the step-4 failure is reported.
+    let b = hub.apply(
+        3,
+        Some(3),
+        Ok(EventKind::BatchCutShort {
+            items: vec![revoke("k-ghost", "x")],
+            invalid: unknown_door,
+        }),
+        "batch-2",
+    );
+    assert_eq!(outcome(&b), rejected(Reason::UnknownDoor));
+    assert_eq!(b.result.item, Some(2));
+    assert_eq!(b.result.items, None);
+    assert_eq!(
+        hub.count("SELECT count(*) FROM key_tombstones"),
+        0,
+        "rolled back"
+    );
+}
+
+#[test]
 fn a_batch_of_only_noops_is_a_noop() {
     let hub = Hub::new();
     hub.change(1, 1, revoke("k-ghost", "x"));

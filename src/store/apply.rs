@@ -531,7 +531,10 @@ fn decide(
 ) -> Result<Verdict, StoreError> {
     match kind {
         EventKind::Change(change) => apply_change(conn, ctx, event_id, change, now),
-        EventKind::Batch(items) => apply_batch(conn, ctx, event_id, items, now),
+        EventKind::Batch(items) => apply_batch(conn, ctx, event_id, items, None, now),
+        EventKind::BatchCutShort { items, invalid } => {
+            apply_batch(conn, ctx, event_id, items, Some(*invalid), now)
+        }
         // The head is counted with the seq bookkeeping; nothing to change.
         EventKind::Checkpoint { .. } => Ok(Verdict::of(Outcome::Noop)),
     }
@@ -555,14 +558,17 @@ fn in_savepoint<T>(
     out
 }
 
-/// A batch: every item in one nested savepoint. Items that come out noop,
-/// `revoked` or `illegal_transition` are recorded and skipped; any other
-/// rejection rolls every item back and rejects the batch at that index.
+/// A batch: every item in one nested savepoint, decided in order. Items that
+/// come out noop, `revoked` or `illegal_transition` are recorded and
+/// skipped; any other rejection rolls every item back and rejects the batch
+/// at that index. `invalid` is the item after `items` that failed step 4: it
+/// is reported only if no earlier item failed first.
 fn apply_batch(
     conn: &Connection,
     ctx: &ApplyContext,
     event_id: &str,
     items: &[Change],
+    invalid: Option<SchemaError>,
     now: Timestamp,
 ) -> Result<Verdict, StoreError> {
     let run = || {
@@ -582,6 +588,12 @@ fn apply_batch(
             out.push(ItemResult {
                 outcome: v.outcome,
                 reason: v.reason,
+            });
+        }
+        if let Some(e) = invalid {
+            return Ok(Verdict {
+                item: e.item,
+                ..Verdict::rejected(e.reason)
             });
         }
         let any = out.iter().any(|i| i.outcome == Outcome::Applied);

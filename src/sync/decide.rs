@@ -84,7 +84,7 @@ impl Decide for HubDecider {
                 // A verified issued_at raises the effective time (mqtt.md
                 // 'Time'); the applier raises the durable floor with it.
                 self.clock.observe_issued_at(ev.header.issued_at);
-                let kind = event::parse_body(&ev.body, &self.schema);
+                let kind = event::parse_body_in_order(&ev.body, &self.schema);
                 tracing::debug!(event_id = %ev.header.event_id, seq = ?ev.header.seq, signer = %ev.signer, "event verified");
                 Checked::Verified(Box::new(ev), kind)
             }
