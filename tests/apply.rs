@@ -327,6 +327,42 @@ fn a_check_in_that_does_not_raise_its_pre_issued_keys_version_is_an_illegal_tran
     assert_eq!(outcome(&a), rejected(Reason::IllegalTransition));
     assert_eq!(hub.state("k-1").as_deref(), Some("pre_issued"));
     assert_eq!(hub.count("SELECT count(*) FROM reservation_tombstones"), 0);
+    // A lower version too; a higher one activates it.
+    let mut v2 = pre("k-2", "r-2", 2);
+    v2.version = 2;
+    hub.change(3, 3, issue(v2));
+    let lower = hub.change(
+        4,
+        4,
+        checkin("r-2", "c-2", grant("k-2", 1, Active, "c-2", 2)),
+    );
+    assert_eq!(outcome(&lower), rejected(Reason::IllegalTransition));
+    let higher = hub.change(
+        5,
+        5,
+        checkin("r-2", "c-2", grant("k-2", 3, Active, "c-2", 2)),
+    );
+    assert_eq!(outcome(&higher), APPLIED);
+    assert_eq!(hub.state("k-2").as_deref(), Some("active"));
+}
+
+#[test]
+fn a_check_in_naming_another_reservations_pre_issued_key_at_its_version_is_a_plain_noop_for_that_key()
+ {
+    let hub = Hub::new();
+    hub.change(1, 1, issue(pre("k-other", "r-2", 1)));
+    hub.change(2, 2, issue(pre("k-own", "r-1", 2)));
+    let a = hub.change(
+        3,
+        3,
+        checkin("r-1", "c-1", grant("k-other", 1, Active, "c-1", 1)),
+    );
+    // mqtt.md step 5: only the reservation's own pre-issued keys need a
+    // higher version; the rest of the check-in applies.
+    assert_eq!(outcome(&a), APPLIED);
+    assert_eq!(hub.state("k-other").as_deref(), Some("pre_issued"));
+    assert_eq!(hub.state("k-own").as_deref(), Some("revoked"));
+    assert_eq!(hub.count("SELECT count(*) FROM reservation_tombstones"), 1);
 }
 
 #[test]

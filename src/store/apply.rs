@@ -689,10 +689,12 @@ fn revoke(
 ///
 /// The check-in's own key is never among the keys revoked: it may be the
 /// reservation's pre-issued key moving to `active` at a higher version. If
-/// it is pre-issued and the grant does not raise its version, the check-in
-/// would leave a pre-issued key behind a reservation tombstone: that is
-/// refused as `illegal_transition` (the move to `active` needs a higher
-/// version), and nothing of the check-in is applied.
+/// it is one of the reservation's pre-issued keys and the grant does not
+/// raise its version, the check-in would leave a pre-issued key behind its
+/// own reservation's tombstone: that is refused as `illegal_transition`
+/// (mqtt.md step 5: the move to `active` needs a higher version), and
+/// nothing of the check-in is applied. Any other live key at or above the
+/// version is step 5's plain `noop`.
 fn check_in(
     conn: &Connection,
     ctx: &ApplyContext,
@@ -702,8 +704,7 @@ fn check_in(
     now: Timestamp,
 ) -> Result<Verdict, StoreError> {
     let plan = plan_for(conn, ctx, key, now)?;
-    let own = load_key(conn, &key.key_id)?;
-    if plan == GrantPlan::Noop && own.is_some_and(|k| k.state == KeyState::PreIssued) {
+    if plan == GrantPlan::Noop && is_pre_issued_of(conn, &key.key_id, reservation_id)? {
         return Ok(Verdict::rejected(Reason::IllegalTransition));
     }
     if let GrantPlan::Reject { reason, clamped } = plan {
@@ -1072,6 +1073,20 @@ fn pre_issued_of_reservation(
     )?;
     let ids = stmt.query_map([reservation_id, except_key_id], |r| r.get(0))?;
     Ok(ids.collect::<Result<_, _>>()?)
+}
+
+/// Whether the key is one of the reservation's `pre_issued` keys.
+fn is_pre_issued_of(
+    conn: &Connection,
+    key_id: &str,
+    reservation_id: &str,
+) -> Result<bool, StoreError> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM keys
+              WHERE key_id = ?1 AND reservation_id = ?2 AND state = 'pre_issued')",
+        )?
+        .query_row([key_id, reservation_id], |r| r.get(0))?)
 }
 
 fn is_key_tombstoned(conn: &Connection, key_id: &str) -> Result<bool, StoreError> {
