@@ -12,8 +12,9 @@ use crate::store::{Store, StoreError};
 use crate::time::Timestamp;
 use crate::verify::{self, VerifiedEvent, VerifyContext};
 use rusqlite::Connection;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
+use tokio::sync::Notify;
 use uuid::Uuid;
 
 /// What step 1 hands to the writer.
@@ -38,6 +39,11 @@ pub struct HubDecider {
     clock: SharedClock,
     limiter: Mutex<TokenBucket>,
     origin: Instant,
+    /// Wakes the one scrubber task (started with the first erasure): a
+    /// wake-up while it runs makes it scrub once more, so no erasure is left
+    /// behind and a flood of them costs one task.
+    scrub: Arc<Notify>,
+    scrubber: OnceLock<()>,
 }
 
 impl HubDecider {
@@ -59,6 +65,8 @@ impl HubDecider {
             clock,
             limiter: Mutex::new(TokenBucket::step1_results(Duration::ZERO)),
             origin,
+            scrub: Arc::new(Notify::new()),
+            scrubber: OnceLock::new(),
         }
     }
 
@@ -155,7 +163,18 @@ impl Decide for HubDecider {
             // The writer runs the scrub between transactions, after this
             // commit; ingest does not wait for it. The erasure's result is
             // held until the scrub succeeds.
-            tokio::spawn(scrub_until_done(self.store.clone()));
+            self.scrubber.get_or_init(|| {
+                let (store, wake) = (self.store.clone(), self.scrub.clone());
+                tokio::spawn(async move {
+                    loop {
+                        wake.notified().await;
+                        if !scrub_until_done(store.clone()).await {
+                            return;
+                        }
+                    }
+                });
+            });
+            self.scrub.notify_one();
         }
     }
 }
@@ -168,13 +187,14 @@ const SCRUB_RETRY_MAX: Duration = Duration::from_secs(5);
 /// Runs [`Store::scrub_wal`] until it succeeds (a reader in the way, or a
 /// storage error, fails it for now), with backoff; it releases the results
 /// that erasures hold back. Also run at start-up when results are still held
-/// (a crash between an erasure and its scrub). Stops when the store closes.
-pub async fn scrub_until_done(store: Store) {
+/// (a crash between an erasure and its scrub). Returns false when the store
+/// has closed.
+pub async fn scrub_until_done(store: Store) -> bool {
     let mut wait = SCRUB_RETRY_START;
     loop {
         match store.scrub_wal().await {
-            Ok(()) => return,
-            Err(StoreError::Closed) => return,
+            Ok(()) => return true,
+            Err(StoreError::Closed) => return false,
             Err(e) => {
                 tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "WAL scrub after a guest erasure failed; retrying");
                 tokio::time::sleep(wait).await;
