@@ -625,3 +625,33 @@ async fn after_a_restart_the_hub_still_asks_until_it_reaches_the_last_checkpoint
     assert_eq!(hub.watermark(), 3);
     assert_no_more_sync_requests(&mut cc, Duration::from_secs(3)).await;
 }
+
+/// A hub restarting in a loop does not hide a silent cloud: the silence
+/// since the durable last sign of life carries over a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hub_restarting_in_a_loop_still_raises_cloud_stale() {
+    let broker = Mosquitto::start();
+    let mut cc = CloudClient::plain(broker.port).await;
+    let mut hub = Daemon::start(
+        &broker.url(),
+        DaemonOptions {
+            policy: "cloud_stale_s = 3".into(),
+            ..Default::default()
+        },
+    );
+    cc.wait_online().await;
+    let mut c = cloud();
+    let first = issue_many(&mut c, 0, 1);
+    cc.publish(&first).await;
+    cc.wait_results(&first).await;
+    let raised = |hub: &Daemon| hub.alert_count("cloud_stale") > 0;
+    // Restarts every 1.5 s: shorter than the period each time.
+    let t0 = Instant::now();
+    while !raised(&hub) && t0.elapsed() < Duration::from_secs(15) {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        hub.kill9();
+        hub.spawn();
+    }
+    assert!(raised(&hub), "restarts kept cloud_stale down");
+    hub.assert_running();
+}

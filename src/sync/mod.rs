@@ -146,9 +146,17 @@ pub fn start<D: Decide>(
         store.clone(),
         gate.clone(),
     )?;
-    let stale_raised = alerts::open_alerts(&store.reader()?)?
+    let reader = store.reader()?;
+    let stale_raised = alerts::open_alerts(&reader)?
         .iter()
         .any(|a| a.condition == Condition::CloudStale.as_str());
+    // The silence since the durable last sign of life counts after a
+    // restart too (none yet: the clock starts now).
+    let silent_for = crate::store::apply::seq_status(&reader)?
+        .last_sign_of_life
+        .map(|t| Duration::from_micros(Timestamp::now_system().0.saturating_sub(t.0).max(0) as u64))
+        .unwrap_or_default();
+    drop(reader);
 
     let poll = tokio::spawn(client::poll_loop(
         eventloop,
@@ -180,7 +188,7 @@ pub fn start<D: Decide>(
             store,
             seq,
             settings.cloud_stale,
-            stale_raised,
+            (stale_raised, silent_for),
             session_rx,
             decided_rx,
             outbox_wake.clone(),
@@ -252,7 +260,7 @@ async fn control(
     store: Store,
     seq: SeqStart,
     stale_after: Duration,
-    stale_raised: bool,
+    (stale_raised, silent_for): (bool, Duration),
     mut session_rx: mpsc::Receiver<LinkEvent>,
     mut decided_rx: mpsc::Receiver<Decided>,
     outbox_wake: Arc<Notify>,
@@ -260,7 +268,7 @@ async fn control(
     let origin = Instant::now();
     let now = || origin.elapsed();
     let mut planner = SyncPlanner::resume(seq, now());
-    let mut stale = StaleTracker::new(stale_after, now(), stale_raised);
+    let mut stale = StaleTracker::resume(stale_after, now(), stale_raised, silent_for);
     let mut connected = false;
     let (mut session_open, mut decided_open) = (true, true);
     while session_open || decided_open {

@@ -215,13 +215,17 @@ pub enum AlertChange {
     Clear,
 }
 
-/// `cloud_stale`: raised after `stale_after` without an event or a fresh
-/// checkpoint, cleared by the next one. The clock starts at start-up, so a
-/// hub that boots into silence raises it after one full period.
+/// `cloud_stale`: raised after `stale_after` without a sign of life,
+/// cleared by the next one. A hub that has never heard the cloud starts
+/// the clock at start-up (it raises after one full period); a restart
+/// carries over the silence since the durable last sign of life, so a hub
+/// restarting in a loop cannot hide a silent cloud.
 #[derive(Debug, Clone)]
 pub struct StaleTracker {
     stale_after: Duration,
     last_life: Duration,
+    /// Silence already heard before `last_life` (from before a restart).
+    carried: Duration,
     raised: bool,
 }
 
@@ -231,13 +235,29 @@ impl StaleTracker {
         StaleTracker {
             stale_after,
             last_life: now,
+            carried: Duration::ZERO,
             raised,
+        }
+    }
+
+    /// After a restart: `silent_for` is how long ago the durable last sign
+    /// of life was (by the hub's clock).
+    pub fn resume(
+        stale_after: Duration,
+        now: Duration,
+        raised: bool,
+        silent_for: Duration,
+    ) -> Self {
+        StaleTracker {
+            carried: silent_for.min(stale_after),
+            ..StaleTracker::new(stale_after, now, raised)
         }
     }
 
     /// The cloud showed a sign of life.
     pub fn on_life(&mut self, now: Duration) -> Option<AlertChange> {
         self.last_life = self.last_life.max(now);
+        self.carried = Duration::ZERO;
         if self.raised {
             self.raised = false;
             Some(AlertChange::Clear)
@@ -248,7 +268,7 @@ impl StaleTracker {
 
     /// Whether the alert must be raised now.
     pub fn poll(&mut self, now: Duration) -> Option<AlertChange> {
-        if !self.raised && now.saturating_sub(self.last_life) >= self.stale_after {
+        if !self.raised && now.saturating_sub(self.last_life) + self.carried >= self.stale_after {
             self.raised = true;
             Some(AlertChange::Raise)
         } else {
@@ -258,7 +278,7 @@ impl StaleTracker {
 
     /// When [`StaleTracker::poll`] may next raise.
     pub fn next_deadline(&self) -> Option<Duration> {
-        (!self.raised).then(|| self.last_life + self.stale_after)
+        (!self.raised).then(|| self.last_life + self.stale_after.saturating_sub(self.carried))
     }
 }
 
@@ -527,6 +547,23 @@ mod tests {
         assert_eq!(t.on_life(s(2002)), None);
         assert_eq!(t.poll(s(2002 + 899)), None);
         assert_eq!(t.poll(s(2002 + 900)), Some(AlertChange::Raise));
+    }
+
+    #[test]
+    fn a_restart_carries_over_the_silence_since_the_last_sign_of_life() {
+        // 600 s of silence before the restart: 300 s more raise it.
+        let mut t = StaleTracker::resume(s(900), s(0), false, s(600));
+        assert_eq!(t.next_deadline(), Some(s(300)));
+        assert_eq!(t.poll(s(299)), None);
+        assert_eq!(t.poll(s(300)), Some(AlertChange::Raise));
+        // Silent for longer than the period: raised at once.
+        let mut t = StaleTracker::resume(s(900), s(0), false, s(5000));
+        assert_eq!(t.poll(s(0)), Some(AlertChange::Raise));
+        // A sign of life starts a full period again.
+        let mut t = StaleTracker::resume(s(900), s(0), false, s(600));
+        assert_eq!(t.on_life(s(10)), None);
+        assert_eq!(t.poll(s(909)), None);
+        assert_eq!(t.poll(s(910)), Some(AlertChange::Raise));
     }
 
     #[test]
