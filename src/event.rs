@@ -296,7 +296,8 @@ pub struct SchemaError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Evidence {
     /// A duplicate or a conflict: the id was seen before. A broker can
-    /// replay these forever while dropping everything new.
+    /// replay these forever while dropping everything new. (Also what a
+    /// checkpoint whose body failed step 4 shows: nothing.)
     SeenBefore,
     /// A first-seen event with a seq. `highest_before` is the highest seq
     /// seen before it (the watermark, or above it across a gap).

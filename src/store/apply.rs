@@ -400,7 +400,8 @@ fn count_authenticated(
             seq,
             highest_before: highest_seq_seen(conn)?,
         },
-        // Only a checkpoint has no seq.
+        // No seq and no head: a checkpoint whose body failed step 4. It
+        // says nothing about the cloud's state now.
         (None, None) => Evidence::SeenBefore,
     };
     count_seq_and_time(conn, ev)?;
