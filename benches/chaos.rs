@@ -426,10 +426,13 @@ struct Hub {
     dir: tempfile::TempDir,
     config: PathBuf,
     child: Option<Child>,
+    /// When each process started, to place anomalies next to restarts.
+    spawns: Vec<Timestamp>,
 }
 
 impl Hub {
     fn spawn(&mut self) {
+        self.spawns.push(Timestamp::now_system());
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -440,7 +443,7 @@ impl Hub {
                 .arg("run")
                 .arg("--config")
                 .arg(&self.config)
-                .env("RUST_LOG", "warn")
+                .env("RUST_LOG", "info")
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(log)
@@ -556,6 +559,7 @@ async fn run(opts: Options) -> usize {
         dir,
         config,
         child: None,
+        spawns: Vec::new(),
     };
     hub.spawn();
     println!(
@@ -699,7 +703,7 @@ async fn run(opts: Options) -> usize {
     let db = hub.reader().expect("the hub's database");
     let w = world.lock().unwrap();
     check_events(&db, &w, signer.head_seq(), &mut anomalies);
-    let doors = check_doors(&db, &entries, &mut anomalies);
+    let doors = check_doors(&db, &entries, &hub.spawns, &mut anomalies);
     let alerts = check_alerts(&db, &w, &mut anomalies);
     let audit_rows = check_outbox(&db, &w, &mut anomalies);
     let erased = check_erased(&hub.db_path(), &w, &mut anomalies);
@@ -986,7 +990,20 @@ struct DoorFigures {
 /// time window, of the matching kind; an unanswered one at most one; no
 /// decision row outside every entry's window; no unknown or revoked PIN
 /// ever opened a door, and every live key's PIN did.
-fn check_doors(db: &Connection, entries: &[Entry], out: &mut Vec<String>) -> DoorFigures {
+fn check_doors(
+    db: &Connection,
+    entries: &[Entry],
+    spawns: &[Timestamp],
+    out: &mut Vec<String>,
+) -> DoorFigures {
+    // How long after the daemon's last (re)start an entry was typed.
+    let since_spawn = |at: Timestamp| {
+        spawns
+            .iter()
+            .rev()
+            .find(|s| s.0 <= at.0)
+            .map_or(-1, |s| (at.0 - s.0) / 1000)
+    };
     let rows: Vec<(i64, String, String)> = db
         .prepare(
             "SELECT at, door, kind FROM audit
@@ -1022,8 +1039,10 @@ fn check_doors(db: &Connection, entries: &[Entry], out: &mut Vec<String>) -> Doo
             (Some(k), 1) if rows[mine[0]].2 == k => {}
             (None, 0 | 1) => {}
             (_, count) => out.push(format!(
-                "entry {n} at door {door} ({:?}, answered {:?}): {count} decision rows",
-                e.expect, e.answer
+                "entry {n} at door {door} ({:?}, answered {:?}): {count} decision rows ({} ms after the daemon's last start)",
+                e.expect,
+                e.answer,
+                since_spawn(e.at)
             )),
         }
         match (e.expect, e.answer) {

@@ -655,3 +655,44 @@ async fn a_hub_restarting_in_a_loop_still_raises_cloud_stale() {
     assert!(raised(&hub), "restarts kept cloud_stale down");
     hub.assert_running();
 }
+
+/// The daemon decides a batch's items in order: an earlier item failing at
+/// step 7 is reported, not a later item failing step 4.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_reports_the_first_failing_batch_item_at_any_step() {
+    let broker = Mosquitto::start();
+    let mut cc = CloudClient::plain(broker.port).await;
+    let mut hub = Daemon::start(&broker.url(), DaemonOptions::default());
+    cc.wait_online().await;
+    let mut c = cloud();
+    let first = issue_many(&mut c, 0, 1);
+    cc.publish(&first).await;
+    cc.wait_results(&first).await;
+    let item = |key_id: &str, door: &str| {
+        serde_json::json!({"type": "key.issued", "key": {
+            "key_id": key_id, "version": 1, "state": "active", "check_in_id": format!("c-{key_id}"),
+            "doors": [door],
+            "valid_from": Timestamp::now_system().saturating_add_secs(-3600).to_rfc3339(),
+            "valid_until": Timestamp::now_system().saturating_add_days(7).to_rfc3339(),
+            // k-0's PIN on k-0's door: a pin_collision (step 7).
+            "pin_tag": lockhub::crypto::b64u_encode(&lockhub::crypto::pin_tag(&pin_key(), b"100000")),
+            "pin_key_id": "k1"}})
+    };
+    let batch = c.event(
+        "batch",
+        serde_json::json!({"items": [item("k-dup", "101"), item("k-far", "999")]}),
+    );
+    cc.publish(std::slice::from_ref(&batch)).await;
+    cc.wait_results(std::slice::from_ref(&batch)).await;
+    let r = &cc.results_by_id()[&batch.event_id][0];
+    assert_eq!(
+        (&r["outcome"], &r["reason"], &r["item"]),
+        (
+            &serde_json::json!("rejected"),
+            &serde_json::json!("pin_collision"),
+            &serde_json::json!(0)
+        ),
+        "{r}"
+    );
+    hub.assert_running();
+}
