@@ -701,7 +701,8 @@ async fn run(opts: Options) -> usize {
         ));
     }
     let db = hub.reader().expect("the hub's database");
-    let w = world.lock().unwrap();
+    // What the cloud did and heard, taken out (nothing more counts now).
+    let w = std::mem::take(&mut *world.lock().unwrap());
     check_events(&db, &w, signer.head_seq(), &mut anomalies);
     let doors = check_doors(&db, &entries, &hub.spawns, &mut anomalies);
     let alerts = check_alerts(&db, &w, &mut anomalies);
