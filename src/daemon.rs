@@ -36,6 +36,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     );
     let reader = store.reader()?;
     let seq = decide::initial_seq(&reader)?;
+    // A crash between a guest erasure and its WAL scrub left its result held.
+    let erasure_unscrubbed = crate::store::outbox::held(&reader)? > 0;
     // The effective clock starts from the durable floor: a hub that boots
     // with its clock at 1970 still knows roughly when it is.
     let clock = SharedClock::start(floor::load(&reader)?);
@@ -45,6 +47,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         store.clone(),
         clock.clone(),
     ));
+    if erasure_unscrubbed {
+        tokio::spawn(decide::scrub_until_done(store.clone()));
+    }
     let sync = match sync::start(
         SyncSettings::from_config(&config),
         store.clone(),

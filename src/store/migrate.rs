@@ -22,6 +22,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         include_str!("../../migrations/0003_alerts_end.sql"),
     ),
     (
+        "0004_erasure",
+        include_str!("../../migrations/0004_erasure.sql"),
+    ),
+    (
         "0005_door_state_and_flood",
         include_str!("../../migrations/0005_door_state_and_flood.sql"),
     ),
@@ -201,6 +205,8 @@ mod tests {
 
     #[test]
     fn migrations_are_numbered_in_order_and_match_their_files() {
+        // The schema version is the count of steps run, so the numbers run
+        // 1, 2, 3, ... with no gap: file N is step N.
         for (i, (name, _)) in MIGRATIONS.iter().enumerate() {
             assert!(name.starts_with(&format!("{:04}_", i + 1)), "{name}");
         }
