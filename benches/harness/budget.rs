@@ -425,7 +425,7 @@ pub fn wal_pages(db: &Path) -> Vec<(String, u64, u64)> {
         e.1 += 1;
     }
     let mut out: Vec<(String, u64, u64)> = by.into_iter().map(|(k, (f, d))| (k, f, d)).collect();
-    out.sort_by(|a, b| b.1.cmp(&a.1));
+    out.sort_by_key(|p| std::cmp::Reverse(p.1));
     out
 }
 

@@ -184,7 +184,9 @@ async fn phase(
                         |r| r.get(0),
                     )
                     .ok();
-                panic!("entry {k} at door {door}: expected an Unlock, got {other:?} (last denial: {reason:?})")
+                panic!(
+                    "entry {k} at door {door}: expected an Unlock, got {other:?} (last denial: {reason:?})"
+                )
             }
         }
         if k % 100 == 0 {

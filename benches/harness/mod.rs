@@ -96,7 +96,13 @@ impl Sizes {
 
 /// Every scenario, in the order a full run takes them.
 pub const SCENARIOS: &[&str] = &[
-    "door", "osdp", "ingest", "resync", "scale", "footprint", "budget",
+    "door",
+    "osdp",
+    "ingest",
+    "resync",
+    "scale",
+    "footprint",
+    "budget",
 ];
 
 #[derive(Debug, Clone)]

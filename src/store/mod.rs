@@ -250,10 +250,11 @@ const CHECKPOINT_TICK: Duration = Duration::from_millis(100);
 /// frames left, waits briefly for readers, and its next commit starts the
 /// WAL from the beginning (and cuts the file to [`WAL_SIZE_LIMIT`]).
 ///
-/// Letting the WAL grow to 16 MiB between copies, to copy a page that many
-/// commits rewrite only once, saved no measurable bytes (the pages that
-/// dominate are random index leaves, rewritten once each either way) and
-/// its 16 MiB copy bursts held door commits' fsyncs back.
+/// Letting the WAL grow to 16 MiB between copies, so a page that many
+/// commits rewrite is copied once, wrote only ~15 % fewer bytes (the pages
+/// that dominate are random index leaves, copied once each either way), for
+/// a WAL four times larger on the card and copy bursts of 16 MiB beside
+/// the door's commits.
 const RESTART_PAGES: u64 = 1024;
 /// The writer restarts the WAL once the checkpointer has left at most this
 /// many pages (1 MiB) for it to copy: copying is what holds a door job back
