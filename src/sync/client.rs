@@ -32,7 +32,7 @@
 //!   broker's to refuse: set Mosquitto's `message_size_limit`.
 
 use super::SyncError;
-use super::plan::ReconnectBackoff;
+use super::plan::reconnect_backoff;
 use super::window::{Outstanding, ReceiveWindow};
 use crate::config::MqttConfig;
 use rumqttc::{
@@ -629,10 +629,10 @@ pub async fn poll_loop(
     let mut session = Parked::new(session);
     let mut access = Parked::new(access);
     let mut outstanding = Outstanding::default();
-    let mut backoff = ReconnectBackoff::default();
+    let mut backoff = reconnect_backoff();
     // A refused subscription is asked for again on the same connection
     // (what the hub publishes may still be allowed), with its own backoff.
-    let mut subscribe_backoff = ReconnectBackoff::default();
+    let mut subscribe_backoff = reconnect_backoff();
     let mut resubscribe_at: Option<tokio::time::Instant> = None;
     // The last refusal logged at warn level (repeats go to debug).
     let mut last_refusal: Option<Access> = None;
