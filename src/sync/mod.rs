@@ -13,7 +13,8 @@
 //! - `client`: the poll task, the only one that touches the event loop; it
 //!   pauses reading while the hub's receive window (`window`) is full, and
 //!   writes the acks the [`client::Gate`] queues; every other task queues
-//!   its requests through the gate.
+//!   its requests through the gate. Its connection state (epoch, backoffs,
+//!   a poisoned session, refusals) is [`client::PollState`], plain data.
 //! - `ingest`: step 1, then batched commits, then in-order acks.
 //! - `publisher`: outbox rows, signed, out; marked sent after PUBACK.
 //! - `plan` / `ratelimit` / `window`: pure rules, unit-tested without a
