@@ -27,6 +27,11 @@
 //!   real cloud would; it publishes them with rumqttc, listens on results,
 //!   audit, alerts, sync and status, verifies the hub's signature on every
 //!   message, and answers sync requests.
+//! - **The OSDP reader** (step 8, optional) is the PyPI `libosdp`
+//!   PeripheralDevice (`tests/osdp/peer.py`) on its own pseudo-terminal,
+//!   keyed with a fresh Secure Channel key; it needs Python and the package
+//!   that `./scripts/test` installs into `target/osdp-venv`. Without it the
+//!   step says it is skipped, and the rest of the story is unchanged.
 //! - **The board** is [`lockhub::sim::board::SimBoard`] (the firmware's own
 //!   state machine) on the master side of a pseudo-terminal; the daemon
 //!   opens the slave through a symlink, as it opens `/dev/serial/by-id/...`.
@@ -41,6 +46,11 @@
 //! Daemon log lines (warnings by default, `RUST_LOG=info` for more) go to
 //! stderr. Hidden flag for the test: `--data-dir DIR` uses and keeps `DIR`.
 
+/// The OSDP reader of step 8: the PyPI `libosdp` PeripheralDevice
+/// (tests/osdp/peer.py), when scripts/test has installed it.
+#[path = "../tests/common/osdp_peer.rs"]
+#[allow(dead_code)]
+mod osdp_peer;
 #[path = "../tests/common/pty.rs"]
 mod pty;
 
@@ -78,6 +88,8 @@ const PIN_ANNA: &str = "482913";
 const PIN_BEN_PRE: &str = "517204";
 const PIN_BEN: &str = "735046";
 const PIN_WRONG: &str = "111111";
+/// Step 8's PIN, typed at the OSDP reader (when there is one).
+const PIN_OLGA: &str = "605318";
 const PINS_LOCKOUT: [&str; 3] = ["222222", "333333", "444444"];
 
 /// Bounds on every wait. Generous: CI machines are slow, the story is not.
@@ -207,7 +219,25 @@ async fn demo(opts: Options) -> Result<(), Failure> {
     let (master, slave, pty_path) = pty.into_parts();
     let link = dir.join("board-a.tty");
     pty::point(&link, &pty_path);
-    let hub_toml = write_files(&dir, port, site_id, &cloud, &cloud_key, &pin_key, &link)?;
+    // Step 8's OSDP reader, if the PyPI libosdp peer is installed: it needs
+    // Python, which nothing else in the demo does.
+    let reader_key: [u8; 16] = rand::random();
+    let reader = osdp_peer::python_path().exists().then(|| {
+        let hex: String = reader_key.iter().map(|b| format!("{b:02x}")).collect();
+        osdp_peer::Peer::start(&["--key", &hex, "--address", "1"])
+    });
+    let hub_toml = write_files(
+        &dir,
+        port,
+        site_id,
+        &cloud,
+        &cloud_key,
+        &pin_key,
+        Wiring {
+            serial: &link,
+            reader: reader.as_ref().map(|r| (r.port.as_path(), &reader_key)),
+        },
+    )?;
     let config = lockhub::config::load(&hub_toml)
         .map_err(|e| Failure(format!("the demo's own config does not load:\n{e}")))?;
     let hub_public = config.secrets.hub_key.verifying_key();
@@ -253,6 +283,7 @@ async fn demo(opts: Options) -> Result<(), Failure> {
         verified: 0,
         forged: 0,
         offline: false,
+        reader,
     };
     w.wait("the cloud subscribed to the hub's topics", STEP_WAIT, |w| {
         (w.subscribed > 0).then_some(())
@@ -575,7 +606,87 @@ async fn story(w: &mut World, broker: &mut Broker, pin_key: &[u8; 32]) -> Result
         "audit delivered after reconnect: {} records the cloud had not seen",
         delivered.len()
     ));
+    osdp_door(w, pin_key).await
+}
+
+/// Step 8: a door on an OSDP reader (the PyPI `libosdp` PeripheralDevice
+/// on a pseudo-terminal) over a Secure Channel; skipped, and said so, when
+/// that peer is not installed.
+async fn osdp_door(w: &mut World, pin_key: &[u8; 32]) -> Result<(), Failure> {
+    heading("8.", "a door on an OSDP reader (Secure Channel)");
+    if w.reader.is_none() {
+        say(
+            "reader",
+            format!(
+                "skipped: this part needs Python and the PyPI libosdp package in {} \
+                 (./scripts/test installs it there)",
+                osdp_peer::python_path().display()
+            ),
+        );
+        return Ok(());
+    }
+    wait_reader(w, "the reader's Secure Channel", |v| v["sc"] == true).await?;
+    say(
+        "reader",
+        "r-201 (libosdp PeripheralDevice, address 1): Secure Channel up",
+    );
+    let olga = GrantSpec::active("k-olga", "c-olga", "201", PIN_OLGA, (PIN_KEY_ID, pin_key));
+    let ev = w.cloud.key_issued(&olga, &[]);
+    say(
+        "cloud -> hub",
+        format!(
+            "key.issued k-olga for door 201 (PIN {PIN_OLGA}), seq {}",
+            ev.seq.unwrap_or(0)
+        ),
+    );
+    expect_outcome(&w.send(ev).await?, "applied")?;
+    let mut keys = PIN_OLGA.as_bytes().to_vec();
+    keys.push(0x0D);
+    if let Some(r) = w.reader.as_mut() {
+        r.forget();
+        r.keys(&keys);
+    }
+    say("reader", format!("typed {PIN_OLGA}#"));
+    let out = wait_reader(w, "the reader's osdp_OUT", |v| v["cmd"] == "output").await?;
+    say(
+        "reader",
+        format!(
+            "osdp_OUT output {} control 0x{:02x} for {} x 100 ms",
+            out["output_no"],
+            out["control_code"].as_u64().unwrap_or(0),
+            out["timer_count"]
+        ),
+    );
+    w.audit_of("door.granted", Some("201"), Some("k-olga"))
+        .await?;
+    w.audit_of("door.unlocked", Some("201"), Some("k-olga"))
+        .await?;
+    ok("door 201 opened at the OSDP reader: audit door.granted + door.unlocked");
     Ok(())
+}
+
+/// Pumps the world until the reader has printed a line that satisfies `f`.
+async fn wait_reader(
+    w: &mut World,
+    what: &str,
+    f: impl Fn(&Value) -> bool,
+) -> Result<Value, Failure> {
+    let end = Instant::now() + STEP_WAIT;
+    loop {
+        if let Some(r) = w.reader.as_mut() {
+            r.drain();
+            if let Some(v) = r.seen.iter().find(|v| f(v)) {
+                return Ok(v.clone());
+            }
+        }
+        if Instant::now() >= end {
+            return fail(format!(
+                "expected {what} within {} s; it did not happen",
+                STEP_WAIT.as_secs()
+            ));
+        }
+        w.pump().await?;
+    }
 }
 
 /// `--interactive`: keys for Anna and Ben, then `DOOR PIN` lines from stdin.
@@ -700,6 +811,8 @@ struct World {
     forged: usize,
     /// The broker is down: nothing can reach the cloud.
     offline: bool,
+    /// Step 8's OSDP reader, when the PyPI libosdp peer is installed.
+    reader: Option<osdp_peer::Peer>,
 }
 
 /// Positions in the observed lists, to look only at what came after.
@@ -1126,6 +1239,13 @@ fn write_private(path: &Path, contents: &str) -> Result<(), Failure> {
 
 /// Writes hub.toml, secrets.toml, the MQTT password and the simulated
 /// cloud's signing key; returns hub.toml's path.
+/// Where the doors are: the board's pty link and, for step 8, the OSDP
+/// reader's pty and its Secure Channel key.
+struct Wiring<'a> {
+    serial: &'a Path,
+    reader: Option<(&'a Path, &'a [u8; 16])>,
+}
+
 fn write_files(
     dir: &Path,
     port: u16,
@@ -1133,16 +1253,23 @@ fn write_files(
     cloud: &Cloud,
     cloud_key: &SigningKey,
     pin_key: &[u8; 32],
-    serial: &Path,
+    doors: Wiring<'_>,
 ) -> Result<PathBuf, Failure> {
+    let Wiring { serial, reader } = doors;
     let hub_key: [u8; 32] = rand::random();
     let password = crypto::b64u_encode(&rand::random::<[u8; 18]>());
     write_private(
         &dir.join("secrets.toml"),
         &format!(
-            "[hub_key]\nsecret = \"{}\"\n\n[[pin_key]]\nid = \"{PIN_KEY_ID}\"\nsecret = \"{}\"\n",
+            "[hub_key]\nsecret = \"{}\"\n\n[[pin_key]]\nid = \"{PIN_KEY_ID}\"\nsecret = \"{}\"\n{}",
             crypto::b64u_encode(&hub_key),
-            crypto::b64u_encode(pin_key)
+            crypto::b64u_encode(pin_key),
+            reader
+                .map(|(_, k)| format!(
+                    "\n[[reader_key]]\nreader = \"r-201\"\nscbk = \"{}\"\n",
+                    crypto::b64u_encode(k)
+                ))
+                .unwrap_or_default()
         ),
     )?;
     write_private(&dir.join("mqtt-password"), &format!("{password}\n"))?;
@@ -1156,6 +1283,14 @@ fn write_files(
     for (name, index) in DOORS {
         doors.push_str(&format!(
             "\n[[door]]\nname = \"{name}\"\nserial = \"board-a\"\nindex = {index}\nunlock_ms = {UNLOCK_MS}\n"
+        ));
+    }
+    if let Some((port, _)) = reader {
+        doors.push_str(&format!(
+            "\n[[osdp]]\nname = \"bus-a\"\nport = \"{}\"\nbaud = 9600\n\n\
+             [[reader]]\nname = \"r-201\"\nbus = \"bus-a\"\naddress = 1\n\n\
+             [[door]]\nname = \"201\"\nreader = \"r-201\"\noutput = 0\nunlock_ms = {UNLOCK_MS}\n",
+            port.display()
         ));
     }
     let hub = format!(

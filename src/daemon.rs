@@ -1,6 +1,6 @@
 //! `lockhub run`: the daemon's lifetime in one function.
 //!
-//! Open the store, start the sync layer and the serial tasks, wait for
+//! Open the store, start the sync layer, the serial tasks and the OSDP buses, wait for
 //! shutdown, then stop in the reverse order: the doors first, then the
 //! offline status is published and the connection closed cleanly, and the store's
 //! writer finishes its queue and is joined, so the database is closed.
@@ -9,6 +9,7 @@ use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::maintenance::Maintenance;
 use crate::notify;
+use crate::osdp::{self, bus::OsdpSettings};
 use crate::serial::{self, SerialSettings};
 use crate::store::{Store, StoreError, floor};
 use crate::sync::{self, SyncError, SyncSettings, decide};
@@ -35,6 +36,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     );
     let reader = store.reader()?;
     let seq = decide::initial_seq(&reader)?;
+    // A crash between a guest erasure and its WAL scrub left its result held.
+    let erasure_unscrubbed = crate::store::outbox::held(&reader)? > 0;
     // The effective clock starts from the durable floor: a hub that boots
     // with its clock at 1970 still knows roughly when it is.
     let clock = SharedClock::start(floor::load(&reader)?);
@@ -44,6 +47,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         store.clone(),
         clock.clone(),
     ));
+    if erasure_unscrubbed {
+        tokio::spawn(decide::scrub_until_done(store.clone()));
+    }
     let sync = match sync::start(
         SyncSettings::from_config(&config),
         store.clone(),
@@ -77,6 +83,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let serial = serial::spawn(
         SerialSettings::from_config(&config),
         store.clone(),
+        now.clone(),
+        Some(sync.outbox_notify()),
+    );
+    let readers = osdp::bus::spawn(
+        OsdpSettings::from_config(&config),
+        store.clone(),
         now,
         Some(sync.outbox_notify()),
     );
@@ -95,6 +107,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         w.abort();
     }
     // Doors first: no decision is taken while the cloud link closes.
+    readers.shutdown().await;
     serial.shutdown().await;
     let _ = stop_tx.send(true);
     let _ = housekeeping.await;

@@ -64,16 +64,19 @@ pub enum DenyReason {
     OutsideWindow,
     PinAmbiguous,
     StorageFailure,
+    /// A card at an OSDP reader: the hub knows PINs only (osdp.md).
+    UnsupportedCredential,
 }
 
 impl DenyReason {
-    pub const ALL: [DenyReason; 6] = [
+    pub const ALL: [DenyReason; 7] = [
         DenyReason::UnknownDoor,
         DenyReason::BadFormat,
         DenyReason::UnknownPin,
         DenyReason::OutsideWindow,
         DenyReason::PinAmbiguous,
         DenyReason::StorageFailure,
+        DenyReason::UnsupportedCredential,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -84,6 +87,7 @@ impl DenyReason {
             DenyReason::OutsideWindow => "outside_window",
             DenyReason::PinAmbiguous => "pin_ambiguous",
             DenyReason::StorageFailure => "storage_failure",
+            DenyReason::UnsupportedCredential => "unsupported_credential",
         }
     }
 

@@ -219,6 +219,14 @@ pub enum EventKind {
     Change(Change),
     /// Up to [`MAX_BATCH_ITEMS`] changes in one transaction.
     Batch(Vec<Change>),
+    /// A batch whose item `invalid.item` fails step 4: the items before it,
+    /// which the store decides first, in order (mqtt.md 'Types: batch': the
+    /// first item that fails at any step is the one reported). Only
+    /// [`parse_body_in_order`] returns it.
+    BatchCutShort {
+        items: Vec<Change>,
+        invalid: SchemaError,
+    },
     Checkpoint {
         head_seq: u64,
     },
@@ -283,6 +291,41 @@ pub struct SchemaError {
     pub item: Option<usize>,
 }
 
+/// What one authenticated event shows about the cloud (mqtt.md 'Seq, gaps,
+/// staleness'), as the store saw it before counting the event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Evidence {
+    /// A duplicate or a conflict: the id was seen before. A broker can
+    /// replay these forever while dropping everything new. (Also what a
+    /// checkpoint whose body failed step 4 shows: nothing.)
+    SeenBefore,
+    /// A first-seen event with a seq. `highest_before` is the highest seq
+    /// seen before it (the watermark, or above it across a gap).
+    Event { seq: u64, highest_before: u64 },
+    /// A first-seen checkpoint, issued at `issued_at`.
+    Checkpoint { issued_at: Timestamp },
+}
+
+impl Evidence {
+    /// Whether it is a sign of life for `cloud_stale`: a first-seen event
+    /// above every seq seen before (a `stale_seq` replay or a re-sent event
+    /// filling a gap is not: an old event says nothing about the cloud now),
+    /// or a checkpoint issued within `stale_s` of the effective time `now`
+    /// (an old one may have sat in a broker queue for hours).
+    pub fn is_sign_of_life(self, now: Timestamp, stale_s: u32) -> bool {
+        match self {
+            Evidence::SeenBefore => false,
+            Evidence::Event {
+                seq,
+                highest_before,
+            } => seq > highest_before,
+            Evidence::Checkpoint { issued_at } => {
+                now.0.abs_diff(issued_at.0) <= u64::from(stale_s) * Timestamp::MICROS_PER_SEC as u64
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Parsing (step 4 of mqtt.md 'Deciding an event').
 //
@@ -327,7 +370,7 @@ impl SchemaContext {
     /// The door names and PIN key ids of a loaded config (never its secrets).
     pub fn from_config(config: &crate::config::Config) -> Self {
         Self::new(
-            config.doors.iter().map(|d| d.name.clone()),
+            config.door_names().map(str::to_owned),
             config.secrets.pin_keys.iter().map(|k| k.id.clone()),
         )
     }
@@ -695,6 +738,16 @@ fn parse_change(ty: &str, o: &Obj, ctx: &SchemaContext) -> Result<Change, Reason
 /// - A body that is not a JSON object cannot reach here after
 ///   [`crate::verify::verify_envelope`]; if it does, it is `bad_envelope`.
 pub fn parse_body(body: &[u8], ctx: &SchemaContext) -> Result<EventKind, SchemaError> {
+    match parse_body_in_order(body, ctx)? {
+        EventKind::BatchCutShort { invalid, .. } => Err(invalid),
+        kind => Ok(kind),
+    }
+}
+
+/// [`parse_body`] for the store: a batch whose item fails step 4 comes back
+/// as [`EventKind::BatchCutShort`], with the items before it, so that an
+/// earlier item failing a later step (5 to 7) is the one reported.
+pub fn parse_body_in_order(body: &[u8], ctx: &SchemaContext) -> Result<EventKind, SchemaError> {
     let top = |reason| SchemaError { reason, item: None };
     let v = parse_json_strict(body).ok_or(top(Reason::BadEnvelope))?;
     let o = v.as_object().ok_or(top(Reason::BadEnvelope))?;
@@ -717,19 +770,24 @@ pub fn parse_body(body: &[u8], ctx: &SchemaContext) -> Result<EventKind, SchemaE
             }
             let mut out = Vec::with_capacity(items.len());
             for (i, item) in items.iter().enumerate() {
-                let at = |reason| SchemaError {
-                    reason,
-                    item: Some(i),
-                };
-                let io = item.as_object().ok_or(at(Reason::UnsupportedType))?;
-                let ity = io
-                    .get("type")
-                    .and_then(Value::as_str)
-                    .ok_or(at(Reason::UnsupportedType))?;
-                if matches!(ity, "batch" | "checkpoint") {
-                    return Err(at(Reason::UnsupportedType));
+                let parsed = item
+                    .as_object()
+                    .and_then(|io| Some((io, io.get("type").and_then(Value::as_str)?)))
+                    .filter(|(_, ity)| !matches!(*ity, "batch" | "checkpoint"))
+                    .ok_or(Reason::UnsupportedType)
+                    .and_then(|(io, ity)| parse_change(ity, io, ctx));
+                match parsed {
+                    Ok(change) => out.push(change),
+                    Err(reason) => {
+                        return Ok(EventKind::BatchCutShort {
+                            items: out,
+                            invalid: SchemaError {
+                                reason,
+                                item: Some(i),
+                            },
+                        });
+                    }
                 }
-                out.push(parse_change(ity, io, ctx).map_err(at)?);
             }
             Ok(EventKind::Batch(out))
         }
@@ -1200,6 +1258,34 @@ mod parse_tests {
     }
 
     #[test]
+    fn a_batch_failing_step_four_keeps_the_items_before_it_for_the_store() {
+        let mut bad = grant();
+        bad["doors"] = json!(["999"]);
+        let body = batch(vec![
+            revoke("k-0"),
+            issued(grant()),
+            issued(bad),
+            revoke("k-9"),
+        ]);
+        let bytes = serde_json::to_vec(&body).unwrap();
+        let invalid = SchemaError {
+            reason: Reason::UnknownDoor,
+            item: Some(2),
+        };
+        match parse_body_in_order(&bytes, &ctx()).unwrap() {
+            EventKind::BatchCutShort { items, invalid: e } => {
+                assert_eq!(e, invalid);
+                assert_eq!(items.len(), 2);
+                assert!(matches!(items[0], Change::KeyRevoked { .. }));
+                assert!(matches!(items[1], Change::KeyIssued { .. }));
+            }
+            other => panic!("{other:?}"),
+        }
+        // The pure step-4 answer is unchanged.
+        assert_eq!(parse_body(&bytes, &ctx()), Err(invalid));
+    }
+
+    #[test]
     fn an_empty_batch_is_accepted_and_more_than_500_items_is_invalid_grant() {
         assert_eq!(parse(&batch(vec![])).unwrap(), EventKind::Batch(vec![]));
         assert!(parse(&batch(vec![revoke("k-1"); MAX_BATCH_ITEMS])).is_ok());
@@ -1291,5 +1377,30 @@ mod parse_tests {
         assert!(parse_uuid_strict("00000001-94a1-4c39-8f5e-6b1e2d3c4a0f\n").is_none());
         assert!(parse_uuid_strict("00000001-94a1-4c39-8f5e+6b1e2d3c4a0f").is_none());
         assert!(parse_uuid_strict("0000000é-94a1-4c39-8f5e-6b1e2d3c4a0").is_none());
+    }
+
+    #[test]
+    fn only_a_new_highest_seq_or_a_fresh_checkpoint_is_a_sign_of_life() {
+        let now = Timestamp::from_secs(1_000_000);
+        let ev = |seq, highest_before| Evidence::Event {
+            seq,
+            highest_before,
+        };
+        assert!(ev(8, 7).is_sign_of_life(now, 900));
+        assert!(ev(20, 7).is_sign_of_life(now, 900), "above a gap: new");
+        assert!(!ev(7, 7).is_sign_of_life(now, 900), "a stale_seq replay");
+        assert!(!ev(3, 7).is_sign_of_life(now, 900), "a stale_seq replay");
+        assert!(
+            !ev(9, 12).is_sign_of_life(now, 900),
+            "a re-sent event filling a gap"
+        );
+        assert!(!Evidence::SeenBefore.is_sign_of_life(now, 900));
+        let cp = |age_s: i64| Evidence::Checkpoint {
+            issued_at: Timestamp::from_secs(1_000_000 - age_s),
+        };
+        assert!(cp(0).is_sign_of_life(now, 900));
+        assert!(cp(900).is_sign_of_life(now, 900));
+        assert!(!cp(901).is_sign_of_life(now, 900), "an old checkpoint");
+        assert!(!cp(-901).is_sign_of_life(now, 900), "issued far ahead");
     }
 }

@@ -23,10 +23,12 @@
 //! | | [`watch`] | what a door driver watches besides the decision: the door sensor (forced, held open) and the keypad flood limit |
 //! | | [`clock`] | the effective time (system clock, durable floor, monotonic time) and its trust |
 //! | the mirror | [`store`] | SQLite: migrations, the one writer thread, applying events, door entries, audit, outbox, alerts, the daemon's run state |
+//! | door drivers' common part | [`entry`] | a keypad entry at any door (board or reader): one decision at a time per door, decided by the store and committed before the driver answers |
 //! | I/O edges | [`sync`] | MQTT: the event loop, verify → apply with in-order acks, the outbox publisher, sync requests |
 //! | | [`serial`] | the lock boards: one task per port, keypad → committed decision → Unlock/Deny, sensors, liveness |
+//! | | [`osdp`] | OSDP readers: one task per bus, Secure Channel, supervision, keypad → committed decision → osdp_OUT, `lockhub osdp install` |
 //! | | [`maintenance`] | housekeeping: clock trust, time floor, expiry sweep, retention, signer expiry |
-//! | | [`daemon`] | `run(config, shutdown)`: wires the store, sync, serial ports and housekeeping |
+//! | | [`daemon`] | `run(config, shutdown)`: wires the store, sync, serial ports, OSDP buses and housekeeping |
 //! | operators | [`provision`] | `lockhub provision`: writes hub.toml + secrets.toml safely, fresh keys |
 //! | | [`status`] | `lockhub status`: a read-only snapshot for operators, and the health figures the retained status message carries |
 //! | | [`alert_clear`] | `lockhub alert clear`: an operator ends a raised alert, audited; safe while the daemon runs |
@@ -47,11 +49,13 @@ pub mod config;
 pub mod crypto;
 pub mod daemon;
 pub mod door;
+pub mod entry;
 pub mod event;
 pub mod lifecycle;
 pub mod logging;
 pub mod maintenance;
 pub mod notify;
+pub mod osdp;
 pub mod provision;
 pub mod serial;
 pub mod sim;

@@ -54,6 +54,11 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
     },
+    /// OSDP readers (osdp.md).
+    Osdp {
+        #[command(subcommand)]
+        command: OsdpCommand,
+    },
     /// A simulated lock board on a serial device, for tests, the demo and
     /// checking wiring: type `DOOR KEYS` (e.g. `0 1234#`), `open DOOR`,
     /// `close DOOR` or `tamper`; relay and deny feedback is printed.
@@ -72,6 +77,72 @@ enum Command {
         #[arg(long = "door-name", value_parser = parse_door_name)]
         door_names: Vec<(String, u8)>,
     },
+}
+
+#[derive(Subcommand)]
+enum OsdpCommand {
+    /// Put a reader's key from the secrets file into the reader (it must be
+    /// in install mode, fresh from the factory) and record its identity.
+    /// Stop the daemon first: it owns the bus.
+    Install {
+        /// Path to hub.toml.
+        #[arg(long)]
+        config: PathBuf,
+        /// The `[[reader]] name`.
+        #[arg(long)]
+        reader: String,
+    },
+}
+
+/// `lockhub osdp install`: exit 2 for a config problem, 1 for a reader or
+/// bus that would not do it.
+fn osdp_install(path: &std::path::Path, reader: &str) -> ExitCode {
+    let config = match lockhub::config::load(path) {
+        Ok(c) => c,
+        Err(errors) => {
+            eprintln!("{errors}");
+            return ExitCode::from(2);
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let now = lockhub::time::Timestamp::now_system();
+    match rt.block_on(lockhub::osdp::install::install(&config, reader, now)) {
+        Ok(done) => {
+            let id = done.identity;
+            println!(
+                "reader {reader}: {}; vendor {:06x}, model {}, version {}, serial {:08x}, firmware {:06x} recorded",
+                if done.key_changed {
+                    "its key is installed and proven"
+                } else {
+                    "it already had its key"
+                },
+                id.vendor,
+                id.model,
+                id.version,
+                id.serial,
+                id.firmware
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("lockhub osdp install: {e}");
+            use lockhub::osdp::install::InstallError as E;
+            ExitCode::from(if matches!(e, E::UnknownReader(_) | E::NoKey(_)) {
+                2
+            } else {
+                1
+            })
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -234,6 +305,9 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Run { config } => run(&config),
         Command::Keys { config } => keys(&config),
+        Command::Osdp {
+            command: OsdpCommand::Install { config, reader },
+        } => osdp_install(&config, &reader),
         Command::Alert {
             command:
                 AlertCommand::Clear {
@@ -346,6 +420,9 @@ fn provision(a: ProvisionArgs) -> Result<(), lockhub::provision::ProvisionError>
             doors: vec![],
             pin_keys: vec![],
             hub_key: None,
+            osdp: vec![],
+            readers: vec![],
+            reader_doors: vec![],
         },
     };
     for k in &a.pin_key {

@@ -35,11 +35,18 @@
 //!   "trust": [{"id": "cloud-2026-11", "public_key": "B64U", "not_after": "2027-06-01T00:00:00Z"}],
 //!   "serials": [{"name": "board-a", "port": "/dev/ttyAMA0", "baud": 115200}],
 //!   "doors": [{"name": "101", "serial": "board-a", "index": 0, "unlock_ms": 5000}],
-//!   "pin_keys": [{"id": "k1", "secret": "B64U of 32 bytes"}]
+//!   "pin_keys": [{"id": "k1", "secret": "B64U of 32 bytes"}],
+//!   "osdp": [{"name": "bus-a", "port": "/dev/ttyUSB0", "baud": 9600}],
+//!   "readers": [{"name": "r-201", "bus": "bus-a", "address": 1}],
+//!   "reader_doors": [{"name": "201", "reader": "r-201", "output": 0,
+//!                     "contact_input": 0, "unlock_ms": 5000}]
 //! }
 //! ```
-//! `mqtt` fields other than `url`, each `not_after`, `serials`, `doors` and
-//! `pin_keys` are optional. A bundle with `pin_keys` holds secrets: treat it
+//! `mqtt` fields other than `url`, each `not_after`, `serials`, `doors`,
+//! `pin_keys`, `osdp`, `readers` and `reader_doors` are optional. Every
+//! reader that is not `insecure_plaintext` gets a fresh random 16-byte
+//! Secure Channel key in the secrets file; `lockhub osdp install` then puts
+//! it into the reader. A bundle with `pin_keys` holds secrets: treat it
 //! like the secrets file (delete it after provisioning).
 
 use crate::config::{is_id, parse_mqtt_url};
@@ -189,6 +196,54 @@ pub struct DoorSpec {
     pub unlock_ms: u16,
 }
 
+/// An `[[osdp]]` bus in a bundle.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OsdpSpec {
+    pub name: String,
+    pub port: PathBuf,
+    #[serde(default = "default_osdp_baud")]
+    pub baud: u32,
+}
+
+fn default_osdp_baud() -> u32 {
+    9600
+}
+
+/// A `[[reader]]` in a bundle.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReaderSpec {
+    pub name: String,
+    pub bus: String,
+    pub address: u8,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub insecure_plaintext: bool,
+}
+
+/// A door on an OSDP reader in a bundle (a `[[door]]` with `reader`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReaderDoorSpec {
+    pub name: String,
+    pub reader: String,
+    pub output: u8,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub contact_input: Option<u8>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub contact_inverted: bool,
+    #[serde(default = "default_unlock_ms")]
+    pub unlock_ms: u16,
+}
+
+/// One `[[door]]` as written: on a board or on a reader.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum DoorEntry<'a> {
+    Board(&'a DoorSpec),
+    Reader(&'a ReaderDoorSpec),
+}
+
 fn default_unlock_ms() -> u16 {
     DEFAULT_UNLOCK_MS
 }
@@ -225,6 +280,12 @@ pub struct Bundle {
     pub doors: Vec<DoorSpec>,
     #[serde(default)]
     pub pin_keys: Vec<PinKeySpec>,
+    #[serde(default)]
+    pub osdp: Vec<OsdpSpec>,
+    #[serde(default)]
+    pub readers: Vec<ReaderSpec>,
+    #[serde(default)]
+    pub reader_doors: Vec<ReaderDoorSpec>,
 }
 
 /// The only bundle version this lockhub understands.
@@ -283,6 +344,9 @@ pub struct Request {
     pub pin_keys: Vec<(String, PinKeySource)>,
     /// Base64url of the hub key's 32-byte seed; generated when `None`.
     pub hub_key: Option<String>,
+    pub osdp: Vec<OsdpSpec>,
+    pub readers: Vec<ReaderSpec>,
+    pub reader_doors: Vec<ReaderDoorSpec>,
 }
 
 impl From<Bundle> for Request {
@@ -300,6 +364,9 @@ impl From<Bundle> for Request {
                 .map(|k| (k.id, PinKeySource::Given(k.secret)))
                 .collect(),
             hub_key: None,
+            osdp: b.osdp,
+            readers: b.readers,
+            reader_doors: b.reader_doors,
         }
     }
 }
@@ -378,6 +445,17 @@ pub struct Provisioned {
     pub pin_key_ids: Vec<String>,
     /// The PIN keys generated here (the cloud must learn them out of band).
     pub pin_keys_generated: Vec<String>,
+    /// The readers given a fresh Secure Channel key (install each one).
+    pub reader_keys_generated: Vec<String>,
+}
+
+/// 16 bytes from the OS RNG: a reader's Secure Channel Base Key.
+fn random16() -> Result<[u8; 16], ProvisionError> {
+    let mut b = [0u8; 16];
+    rand::rngs::SysRng
+        .try_fill_bytes(&mut b)
+        .map_err(|e| ProvisionError::Random(e.to_string()))?;
+    Ok(b)
 }
 
 /// 32 bytes from the OS RNG (getrandom), never a userspace PRNG: these are
@@ -412,7 +490,11 @@ struct HubToml<'a> {
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     serial: &'a [SerialSpec],
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
-    door: &'a [DoorSpec],
+    osdp: &'a [OsdpSpec],
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    reader: &'a [ReaderSpec],
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    door: Vec<DoorEntry<'a>>,
 }
 
 #[derive(Serialize)]
@@ -436,6 +518,14 @@ struct SecretsSection<'a> {
 struct SecretsToml {
     hub_key: SecretEntry,
     pin_key: Vec<PinKeyEntry>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    reader_key: Vec<ReaderKeyEntry>,
+}
+
+#[derive(Serialize)]
+struct ReaderKeyEntry {
+    reader: String,
+    scbk: String,
 }
 
 #[derive(Serialize)]
@@ -615,7 +705,14 @@ pub fn provision(mut req: Request, target: &Target) -> Result<Provisioned, Provi
             trust: TrustSection { signer: &req.trust },
             secrets: SecretsSection { file: secrets_file },
             serial: &req.serials,
-            door: &req.doors,
+            osdp: &req.osdp,
+            reader: &req.readers,
+            door: req
+                .doors
+                .iter()
+                .map(DoorEntry::Board)
+                .chain(req.reader_doors.iter().map(DoorEntry::Reader))
+                .collect(),
         };
         Ok(format!(
             "# lockhub hub config (config.md), written by `lockhub provision`.\n\
@@ -623,6 +720,16 @@ pub fn provision(mut req: Request, target: &Target) -> Result<Provisioned, Provi
             toml::to_string(&hub_toml).map_err(|e| invalid(e.to_string()))?
         ))
     };
+    // A fresh key per reader that will use a Secure Channel; the rules on
+    // readers are check-config's, run below on the staged files.
+    let mut reader_keys = Vec::new();
+    for r in req.readers.iter().filter(|r| !r.insecure_plaintext) {
+        reader_keys.push(ReaderKeyEntry {
+            reader: r.name.clone(),
+            scbk: b64u_encode(&random16()?),
+        });
+    }
+    let reader_keys_generated: Vec<String> = reader_keys.iter().map(|k| k.reader.clone()).collect();
     let secrets_text = format!(
         "# lockhub secrets for hub {}: keep 0600, owned by the daemon's user.\n\
          # If this file leaks, rotate the hub key, the PIN keys and broker credentials.\n\n{}",
@@ -638,6 +745,7 @@ pub fn provision(mut req: Request, target: &Target) -> Result<Provisioned, Provi
                     secret: b64u_encode(s),
                 })
                 .collect(),
+            reader_key: reader_keys,
         })
         .map_err(|e| invalid(e.to_string()))?
     );
@@ -697,6 +805,7 @@ pub fn provision(mut req: Request, target: &Target) -> Result<Provisioned, Provi
             .filter(|(_, _, g)| *g)
             .map(|(id, _, _)| id.clone())
             .collect(),
+        reader_keys_generated,
     })
 }
 
@@ -863,6 +972,14 @@ pub fn summary(p: &Provisioned) -> String {
             format!(" (generated here: {})", p.pin_keys_generated.join(", "))
         }
     ));
+    if !p.reader_keys_generated.is_empty() {
+        s.push_str(&format!(
+            "OSDP reader keys generated for: {}; with the daemon stopped, run \
+             `lockhub osdp install --config {} --reader NAME` for each\n",
+            p.reader_keys_generated.join(", "),
+            p.config.display()
+        ));
+    }
     s.push_str("Register this hub public key with the cloud:\n");
     s.push_str(&format!("hub_public_key = {}\n", p.hub_public_key));
     s
@@ -891,6 +1008,9 @@ mod tests {
             doors: vec![],
             pin_keys: vec![],
             hub_key: None,
+            osdp: vec![],
+            readers: vec![],
+            reader_doors: vec![],
         }
     }
 

@@ -64,6 +64,15 @@ struct PartialConfig {
     hub: PartialHub,
     #[serde(default)]
     serial: Vec<PartialSerial>,
+    #[serde(default)]
+    reader: Vec<PartialReader>,
+}
+
+#[derive(Deserialize)]
+struct PartialReader {
+    name: String,
+    bus: Option<String>,
+    address: Option<u8>,
 }
 
 #[derive(Deserialize)]
@@ -85,6 +94,8 @@ pub struct Target {
     pub database: PathBuf,
     /// `(name, port)` of each `[[serial]]`, in config order.
     pub serials: Vec<(String, Option<PathBuf>)>,
+    /// `(name, bus, address)` of each `[[reader]]`, in config order.
+    pub readers: Vec<(String, Option<String>, Option<u8>)>,
 }
 
 impl Target {
@@ -104,6 +115,11 @@ impl Target {
             hub_id: c.hub.hub_id,
             database: base.join(c.hub.data_dir).join(crate::config::DATABASE_FILE),
             serials: c.serial.into_iter().map(|s| (s.name, s.port)).collect(),
+            readers: c
+                .reader
+                .into_iter()
+                .map(|r| (r.name, r.bus, r.address))
+                .collect(),
         })
     }
 }
@@ -164,6 +180,34 @@ pub struct LinkStatus {
     pub last_frame_at: Option<String>,
     /// `false` for a row about a serial that hub.toml no longer names.
     pub configured: bool,
+}
+
+/// One OSDP reader: config joined with `osdp_links` and `osdp_readers`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReaderStatus {
+    pub reader: String,
+    pub bus: Option<String>,
+    pub address: Option<u8>,
+    /// `None` until the daemon has reported it.
+    pub online: Option<bool>,
+    /// A Secure Channel is up with it.
+    pub secure: bool,
+    /// Its serial differs from the recorded one (`reader_replaced`).
+    pub quarantined: bool,
+    /// The recorded identity from osdp_PDID (hex, as readers print them).
+    pub vendor: Option<String>,
+    pub model: Option<u8>,
+    pub serial: Option<String>,
+    pub firmware: Option<String>,
+    pub since: Option<String>,
+}
+
+/// One OSDP bus's counters of rejected input.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BusStatus {
+    pub bus: String,
+    pub bad_packets: i64,
+    pub garbage_bytes: i64,
 }
 
 /// The effective clock (mqtt.md 'Time').
@@ -321,6 +365,8 @@ pub struct Status {
     pub outbox: OutboxStatus,
     pub alerts: Vec<AlertStatus>,
     pub links: Vec<LinkStatus>,
+    pub readers: Vec<ReaderStatus>,
+    pub buses: Vec<BusStatus>,
     pub clock: ClockStatus,
     /// The figures the retained status message carries ([`health`]).
     pub health: Health,
@@ -429,6 +475,55 @@ pub fn gather(target: &Target, now: Timestamp) -> Result<Status, StatusError> {
         link_list.push(link_status(Some(row), &row.serial, None, false));
     }
 
+    let has_osdp: bool = conn
+        .query_row(
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'osdp_links')",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(db)?;
+    let mut readers = Vec::new();
+    let mut buses = Vec::new();
+    if has_osdp || !target.readers.is_empty() {
+        let live = if has_osdp {
+            crate::store::osdp::links(&conn).map_err(store)?
+        } else {
+            Vec::new()
+        };
+        for (name, bus, address) in &target.readers {
+            let row = live.iter().find(|l| &l.reader == name);
+            let id = if has_osdp {
+                crate::store::osdp::identity(&conn, name).map_err(store)?
+            } else {
+                None
+            };
+            readers.push(ReaderStatus {
+                reader: name.clone(),
+                bus: bus.clone(),
+                address: *address,
+                online: row.map(|r| r.online),
+                secure: row.is_some_and(|r| r.secure),
+                quarantined: row.is_some_and(|r| r.quarantined),
+                vendor: id.map(|i| format!("{:06x}", i.vendor)),
+                model: id.map(|i| i.model),
+                serial: id.map(|i| format!("{:08x}", i.serial)),
+                firmware: id.map(|i| format!("{:06x}", i.firmware)),
+                since: row.map(|r| r.since.to_rfc3339()),
+            });
+        }
+        if has_osdp {
+            buses = crate::store::osdp::bus_counters(&conn)
+                .map_err(store)?
+                .into_iter()
+                .map(|(bus, bad_packets, garbage_bytes)| BusStatus {
+                    bus,
+                    bad_packets,
+                    garbage_bytes,
+                })
+                .collect();
+        }
+    }
+
     let floor = Timestamp(
         conn.query_row("SELECT floor FROM time_floor WHERE id = 1", [], |r| {
             r.get(0)
@@ -459,6 +554,8 @@ pub fn gather(target: &Target, now: Timestamp) -> Result<Status, StatusError> {
         outbox,
         alerts,
         links: link_list,
+        readers,
+        buses,
         clock,
         health,
     })
@@ -604,6 +701,41 @@ impl Status {
                     " (not in hub.toml)"
                 }
             );
+        }
+        for (i, r) in self.readers.iter().enumerate() {
+            let _ = writeln!(
+                s,
+                "{}{} on {} address {}: {}{}{}{}",
+                if i == 0 { "readers  " } else { "         " },
+                r.reader,
+                r.bus.as_deref().unwrap_or("?"),
+                r.address.map_or("?".to_owned(), |a| a.to_string()),
+                match r.online {
+                    None => "unknown",
+                    Some(true) => "online",
+                    Some(false) => "OFFLINE",
+                },
+                if r.secure {
+                    ", secure channel up"
+                } else {
+                    ", no secure channel"
+                },
+                if r.quarantined { ", QUARANTINED" } else { "" },
+                match (&r.vendor, r.model, &r.serial, &r.firmware) {
+                    (Some(v), Some(m), Some(n), Some(f)) =>
+                        format!(", vendor {v} model {m} serial {n} firmware {f}"),
+                    _ => ", identity not recorded".to_owned(),
+                }
+            );
+        }
+        for b in &self.buses {
+            if b.bad_packets > 0 || b.garbage_bytes > 0 {
+                let _ = writeln!(
+                    s,
+                    "bus      {}: {} bad packets, {} bytes of noise",
+                    b.bus, b.bad_packets, b.garbage_bytes
+                );
+            }
         }
         if self.alerts.is_empty() {
             let _ = writeln!(s, "alerts   none");

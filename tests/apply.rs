@@ -327,6 +327,42 @@ fn a_check_in_that_does_not_raise_its_pre_issued_keys_version_is_an_illegal_tran
     assert_eq!(outcome(&a), rejected(Reason::IllegalTransition));
     assert_eq!(hub.state("k-1").as_deref(), Some("pre_issued"));
     assert_eq!(hub.count("SELECT count(*) FROM reservation_tombstones"), 0);
+    // A lower version too; a higher one activates it.
+    let mut v2 = pre("k-2", "r-2", 2);
+    v2.version = 2;
+    hub.change(3, 3, issue(v2));
+    let lower = hub.change(
+        4,
+        4,
+        checkin("r-2", "c-2", grant("k-2", 1, Active, "c-2", 2)),
+    );
+    assert_eq!(outcome(&lower), rejected(Reason::IllegalTransition));
+    let higher = hub.change(
+        5,
+        5,
+        checkin("r-2", "c-2", grant("k-2", 3, Active, "c-2", 2)),
+    );
+    assert_eq!(outcome(&higher), APPLIED);
+    assert_eq!(hub.state("k-2").as_deref(), Some("active"));
+}
+
+#[test]
+fn a_check_in_naming_another_reservations_pre_issued_key_at_its_version_is_a_plain_noop_for_that_key()
+ {
+    let hub = Hub::new();
+    hub.change(1, 1, issue(pre("k-other", "r-2", 1)));
+    hub.change(2, 2, issue(pre("k-own", "r-1", 2)));
+    let a = hub.change(
+        3,
+        3,
+        checkin("r-1", "c-1", grant("k-other", 1, Active, "c-1", 1)),
+    );
+    // mqtt.md step 5: only the reservation's own pre-issued keys need a
+    // higher version; the rest of the check-in applies.
+    assert_eq!(outcome(&a), APPLIED);
+    assert_eq!(hub.state("k-other").as_deref(), Some("pre_issued"));
+    assert_eq!(hub.state("k-own").as_deref(), Some("revoked"));
+    assert_eq!(hub.count("SELECT count(*) FROM reservation_tombstones"), 1);
 }
 
 #[test]
@@ -507,6 +543,53 @@ fn the_watermark_advances_over_contiguous_seqs_and_gaps_are_reported() {
 }
 
 #[test]
+fn duplicates_conflicts_stale_seqs_and_gap_fillers_are_no_sign_of_life() {
+    let hub = Hub::new();
+    let life = |hub: &Hub| seq_status(&hub.reader()).unwrap().last_sign_of_life;
+    let first = hub.change(1, 1, revoke("a", "x"));
+    assert!(first.sign_of_life);
+    assert_eq!(life(&hub), Some(now()));
+    let later = now().saturating_add_secs(600);
+    let replay = |id: u128, seq: u64, body: &str| {
+        hub.apply_at(
+            id,
+            Some(seq),
+            Ok(EventKind::Change(revoke("a", "x"))),
+            body,
+            now(),
+            later,
+        )
+    };
+    let dup = replay(1, 1, "body-1");
+    assert!(dup.result.duplicate && !dup.sign_of_life, "a duplicate");
+    let conflict = replay(1, 1, "another body");
+    assert!(
+        conflict.result.outcome == Outcome::Conflict && !conflict.sign_of_life,
+        "a conflict"
+    );
+    let stale = replay(2, 1, "body-2");
+    assert!(
+        stale.result.reason == Some(Reason::StaleSeq) && !stale.sign_of_life,
+        "a stale_seq replay"
+    );
+    assert_eq!(life(&hub), Some(now()), "the durable sign of life stayed");
+    // Above a gap is new; the re-sent event that fills the gap is not.
+    assert!(replay(3, 5, "body-3").sign_of_life);
+    assert_eq!(life(&hub), Some(later));
+    let filler = hub.apply_at(
+        4,
+        Some(2),
+        Ok(EventKind::Change(revoke("b", "x"))),
+        "body-4",
+        now(),
+        later.saturating_add_secs(60),
+    );
+    assert_eq!(outcome(&filler), APPLIED);
+    assert!(!filler.sign_of_life);
+    assert_eq!(life(&hub), Some(later));
+}
+
+#[test]
 fn a_checkpoint_is_a_noop_that_records_its_head_and_only_a_fresh_one_is_a_sign_of_life() {
     let hub = Hub::new();
     let old = Timestamp(now().0 - 3600 * 1_000_000);
@@ -611,6 +694,55 @@ fn a_batch_with_a_hard_rejection_applies_nothing_and_names_the_item() {
         "nothing applied but the dedupe and seq records"
     );
     assert_eq!(hub.state("k-1").as_deref(), Some("active"));
+}
+
+#[test]
+fn batch_items_are_decided_in_order_so_an_earlier_item_failing_a_later_step_is_the_one_reported() {
+    let hub = Hub::new();
+    hub.change(1, 1, issue(grant("k-1", 1, Active, "c-1", 1)));
+    let unknown_door = SchemaError {
+        reason: Reason::UnknownDoor,
+        item: Some(2),
+    };
+    // Item 1 collides with k-1's PIN (step 7); item 2 failed step 4.
+    let items = vec![
+        revoke("k-ghost", "x"),
+        issue(grant("k-2", 1, Active, "c-2", 1)),
+    ];
+    let b = hub.apply(
+        2,
+        Some(2),
+        Ok(EventKind::BatchCutShort {
+            items,
+            invalid: unknown_door,
+        }),
+        "batch-1",
+    );
+    assert_eq!(outcome(&b), rejected(Reason::PinCollision));
+    assert_eq!(b.result.item, Some(1));
+    assert_eq!(
+        hub.count("SELECT count(*) FROM key_tombstones"),
+        0,
+        "rolled back"
+    );
+    // With nothing failing before it, the step-4 failure is reported.
+    let b = hub.apply(
+        3,
+        Some(3),
+        Ok(EventKind::BatchCutShort {
+            items: vec![revoke("k-ghost", "x")],
+            invalid: unknown_door,
+        }),
+        "batch-2",
+    );
+    assert_eq!(outcome(&b), rejected(Reason::UnknownDoor));
+    assert_eq!(b.result.item, Some(2));
+    assert_eq!(b.result.items, None);
+    assert_eq!(
+        hub.count("SELECT count(*) FROM key_tombstones"),
+        0,
+        "rolled back"
+    );
 }
 
 #[test]

@@ -191,6 +191,10 @@ fn prune_deletes_only_what_retention_allows_and_the_triggers_refuse_anything_ear
                  VALUES (?1, 'c', 'e', ?2)",
                 params![id, ago(days).0],
             )?;
+            c.execute(
+                "INSERT INTO erased_holders (holder_ref, event_id, created_at) VALUES (?1, 'e', ?2)",
+                params![id, ago(days).0],
+            )?;
         }
         Ok(())
     });
@@ -241,6 +245,13 @@ fn prune_deletes_only_what_retention_allows_and_the_triggers_refuse_anything_ear
         )
         .contains("tombstone retention")
     );
+    assert!(
+        refused(
+            &db,
+            "DELETE FROM erased_holders WHERE holder_ref = 'tomb-recent'"
+        )
+        .contains("erasure retention")
+    );
     assert!(refused(&db, "DELETE FROM outbox WHERE sent_at IS NULL").contains("not yet sent"));
     assert!(refused(&db, "DELETE FROM audit WHERE door = 'd89'").contains("audit retention"));
     assert!(refused(&db, "DELETE FROM audit WHERE door = 'd200'").contains("audit retention"));
@@ -251,6 +262,7 @@ fn prune_deletes_only_what_retention_allows_and_the_triggers_refuse_anything_ear
     assert_eq!(pruned.keys, 1);
     assert_eq!(pruned.key_tombstones, 1);
     assert_eq!(pruned.reservation_tombstones, 1);
+    assert_eq!(pruned.erased_holders, 1, "kept as long as tombstones");
     assert_eq!(pruned.audit, 1);
     assert_eq!(
         pruned.outbox, 2,

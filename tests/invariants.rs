@@ -658,3 +658,46 @@ fn a_door_state_row_is_open_with_its_opening_time_or_closed_without_alerts() {
     );
     refused(&c, "INSERT INTO door_state VALUES ('106', 2, 5, 0, 0, 5)");
 }
+
+#[test]
+fn every_denial_reason_fits_the_audit_table_and_nothing_else_does() {
+    let (_d, c) = db();
+    for (i, r) in lockhub::door::DenyReason::ALL.iter().enumerate() {
+        accepted(
+            &c,
+            &format!(
+                "INSERT INTO audit (audit_id, at, kind, door, reason)
+                 VALUES ('00000000-0000-7000-8000-0000000001{i:02}', 0, 'door.denied', '201', '{}')",
+                r.as_str()
+            ),
+        );
+    }
+    refused(
+        &c,
+        "INSERT INTO audit (audit_id, at, kind, door, reason)
+         VALUES ('00000000-0000-7000-8000-000000000199', 0, 'door.denied', '201', 'card_ok')",
+    );
+    // The rebuild in 0006 kept 0005's guard on `count` and 0003's on `condition`.
+    refused(&c, "UPDATE audit SET count = 2");
+    refused(&c, "UPDATE audit SET condition = 'tamper'");
+}
+
+#[test]
+fn an_osdp_reader_link_is_on_a_real_address_and_secure_only_while_online() {
+    let (_d, c) = db();
+    let row = |address: u8, online: u8, secure: u8| {
+        format!(
+            "INSERT OR REPLACE INTO osdp_links (reader, bus, address, online, secure, quarantined, since)
+             VALUES ('r-1', 'bus-a', {address}, {online}, {secure}, 0, 0)"
+        )
+    };
+    accepted(&c, &row(126, 1, 1));
+    accepted(&c, &row(0, 0, 0));
+    refused(&c, &row(127, 1, 0));
+    refused(&c, &row(1, 0, 1));
+    refused(
+        &c,
+        "INSERT INTO osdp_readers (reader, vendor, model, version, serial, firmware, recorded_at)
+         VALUES ('r-1', 16777216, 0, 0, 0, 0, 0)",
+    );
+}

@@ -355,3 +355,66 @@ fn a_config_check_config_would_refuse_is_reported_and_nothing_is_left() {
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+#[test]
+fn a_bundle_with_osdp_readers_gets_a_fresh_key_per_secure_reader() {
+    let p = paths();
+    std::fs::create_dir_all(&p.root).unwrap();
+    let bundle = p.root.join("bundle.json");
+    std::fs::write(
+        &bundle,
+        format!(
+            r#"{{
+  "v": 1,
+  "site_id": "{SITE}",
+  "hub_id": "hub-lobby-1",
+  "mqtt": {{"url": "mqtt://10.0.0.2:1883"}},
+  "trust": [{{"id": "cloud-2026-11", "public_key": "{CLOUD_KEY}"}}],
+  "osdp": [{{"name": "bus-a", "port": "/dev/ttyUSB0"}}],
+  "readers": [{{"name": "r-201", "bus": "bus-a", "address": 1}},
+              {{"name": "r-202", "bus": "bus-a", "address": 2}},
+              {{"name": "r-inside", "bus": "bus-a", "address": 3, "insecure_plaintext": true}}],
+  "reader_doors": [{{"name": "201", "reader": "r-201", "output": 0, "contact_input": 1}},
+                   {{"name": "202", "reader": "r-202", "output": 0, "unlock_ms": 3000}}]
+}}"#
+        ),
+    )
+    .unwrap();
+    let out = provision(&p, &["--bundle", bundle.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("OSDP reader keys generated for: r-201, r-202"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("lockhub osdp install"));
+
+    let secrets: toml::Table =
+        toml::from_str(&std::fs::read_to_string(&p.secrets).unwrap()).unwrap();
+    let keys = secrets["reader_key"].as_array().unwrap();
+    assert_eq!(keys.len(), 2, "no key for the insecure_plaintext reader");
+    let scbk = |i: usize| lockhub::crypto::b64u_decode(keys[i]["scbk"].as_str().unwrap()).unwrap();
+    assert_eq!(scbk(0).len(), 16);
+    assert_ne!(scbk(0), scbk(1), "each reader its own random key");
+    for k in keys {
+        assert!(
+            !stdout.contains(k["scbk"].as_str().unwrap()),
+            "a key was printed"
+        );
+    }
+    assert_eq!(mode(&p.secrets), 0o600);
+    let check = check_config(&p.config);
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let config = lockhub::config::load(&p.config).unwrap();
+    assert_eq!(config.readers.len(), 3);
+    assert_eq!(config.reader_doors[0].contact_input, Some(1));
+    assert_eq!(config.reader_doors[1].unlock_ms, 3000);
+}

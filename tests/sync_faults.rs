@@ -458,3 +458,271 @@ async fn the_outbox_keeps_what_happens_while_the_broker_is_down_and_delivers_it_
     );
     hub.assert_running();
 }
+
+/// A broker that keeps re-publishing old events (the same envelope, and a
+/// new id under an old seq) while dropping everything new must not keep
+/// `cloud_stale` down: replays are no sign of life. The next new event is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_replaying_old_events_does_not_hide_a_silent_cloud() {
+    let broker = Mosquitto::start();
+    let mut cc = CloudClient::plain(broker.port).await;
+    let mut hub = Daemon::start(
+        &broker.url(),
+        DaemonOptions {
+            policy: "cloud_stale_s = 3".into(),
+            ..Default::default()
+        },
+    );
+    cc.wait_online().await;
+    let mut c = cloud();
+    let first = issue_many(&mut c, 0, 1);
+    cc.publish(&first).await;
+    cc.wait_results(&first).await;
+    let replayed_seq = c.sign(
+        "key.revoked",
+        first[0].seq,
+        serde_json::json!({"key_id": "k-x", "version": 1, "reason": "r"}),
+    );
+    let raised = |db: &rusqlite::Connection| {
+        db.query_row(
+            "SELECT count(*) FROM alerts WHERE condition = 'cloud_stale' AND state = 'raised'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .unwrap()
+            == 1
+    };
+    // Replays twice a second, for well over the stale period.
+    let t0 = Instant::now();
+    while !raised(&hub.db()) && t0.elapsed() < Duration::from_secs(12) {
+        cc.publish(&first).await;
+        cc.publish(std::slice::from_ref(&replayed_seq)).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        cc.drain();
+    }
+    assert!(raised(&hub.db()), "cloud_stale stayed down under replays");
+    let answered = cc.results();
+    assert!(
+        answered.iter().any(|r| r["duplicate"] == true)
+            && answered.iter().any(|r| r["reason"] == "stale_seq"),
+        "the replays reached the hub and were answered"
+    );
+    // A new event is a sign of life.
+    let next = issue_many(&mut c, 1, 1);
+    cc.publish(&next).await;
+    hub.wait_db("cloud_stale cleared by a new event", |db| {
+        db.query_row(
+            "SELECT count(*) FROM alerts WHERE condition = 'cloud_stale' AND state = 'cleared'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .unwrap()
+            == 1
+    })
+    .await;
+    hub.assert_running();
+}
+
+fn files_holding(db: &std::path::Path, needle: &[u8]) -> Vec<String> {
+    ["", "-wal", "-journal"]
+        .iter()
+        .filter(|suffix| {
+            let mut p = db.as_os_str().to_owned();
+            p.push(suffix);
+            std::fs::read(&p).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle))
+        })
+        .map(|s| format!("lockhub.db{s}"))
+        .collect()
+}
+
+/// A guest erasure sticks in the running daemon: its result is heard only
+/// after a WAL scrub that succeeded (a reader holding the WAL makes the
+/// first attempts fail; they are retried), and then no file holds the name;
+/// an erasure that overtakes its grant keeps the name out of every file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_erasure_is_published_only_once_no_file_holds_the_name() {
+    let broker = Mosquitto::start();
+    let mut cc = CloudClient::plain(broker.port).await;
+    let mut hub = Daemon::start(&broker.url(), DaemonOptions::default());
+    cc.wait_online().await;
+    let mut c = cloud();
+    let named = |n: usize, holder: &str, name: &str| {
+        let mut g = common::daemon::grant(n);
+        g.holder_ref = Some(holder.into());
+        g.holder_name = Some(name.into());
+        g
+    };
+    let ada = c.key_issued(&named(0, "g-ada", "Ada Guest"), &[]);
+    cc.publish(std::slice::from_ref(&ada)).await;
+    cc.wait_results(std::slice::from_ref(&ada)).await;
+    assert!(!files_holding(&hub.db_path(), b"Ada Guest").is_empty());
+
+    // A reader holds the WAL: the scrub cannot truncate it.
+    let reader = hub.db();
+    reader.execute_batch("BEGIN").unwrap();
+    reader
+        .query_row("SELECT count(*) FROM keys", [], |r| r.get::<_, i64>(0))
+        .unwrap();
+    let erase = c.guest_erased("g-ada");
+    cc.publish(std::slice::from_ref(&erase)).await;
+    let id = erase.event_id.to_string();
+    hub.wait_db("the erasure committed", |db| {
+        db.query_row(
+            "SELECT count(*) FROM dedupe WHERE event_id = ?1",
+            [&id],
+            |r| r.get::<_, i64>(0),
+        )
+        .unwrap()
+            == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    cc.drain();
+    assert!(
+        !cc.results_by_id().contains_key(&erase.event_id),
+        "the erasure's result went out while the WAL could hold the name"
+    );
+    reader.execute_batch("COMMIT").unwrap();
+    drop(reader);
+    cc.wait_results(std::slice::from_ref(&erase)).await;
+    assert_eq!(cc.results_by_id()[&erase.event_id][0]["outcome"], "applied");
+    assert_eq!(
+        files_holding(&hub.db_path(), b"Ada Guest"),
+        Vec::<String>::new()
+    );
+
+    // Overtaking: the erasure (the later seq) arrives before its grant.
+    let bob_grant = c.key_issued(&named(1, "g-bob", "Bob Overtaken"), &[]);
+    let bob_erase = c.guest_erased("g-bob");
+    cc.publish(std::slice::from_ref(&bob_erase)).await;
+    cc.wait_results(std::slice::from_ref(&bob_erase)).await;
+    cc.publish(std::slice::from_ref(&bob_grant)).await;
+    cc.wait_results(std::slice::from_ref(&bob_grant)).await;
+    assert_eq!(
+        cc.results_by_id()[&bob_grant.event_id][0]["outcome"],
+        "applied"
+    );
+    assert_eq!(
+        hub.count("SELECT count(*) FROM keys WHERE holder_ref = 'g-bob' AND holder_name IS NULL"),
+        1
+    );
+    assert_eq!(
+        files_holding(&hub.db_path(), b"Bob Overtaken"),
+        Vec::<String>::new()
+    );
+    hub.assert_running();
+}
+
+/// A restart does not forget that a checkpoint showed the hub behind: the
+/// last checkpoint's head is durable, and the hub keeps asking
+/// (`behind_checkpoint`) after the restart until W reaches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_the_hub_still_asks_until_it_reaches_the_last_checkpoint() {
+    let broker = Mosquitto::start();
+    let mut cc = CloudClient::plain(broker.port).await;
+    let mut hub = Daemon::start(&broker.url(), DaemonOptions::default());
+    cc.wait_online().await;
+    let mut c = cloud();
+    let first = issue_many(&mut c, 0, 2);
+    cc.publish(&first).await;
+    // Event 3 is lost; only the checkpoint tells.
+    let lost = issue_many(&mut c, 2, 1);
+    let cp = c.checkpoint();
+    cc.publish(std::slice::from_ref(&cp)).await;
+    cc.wait_results(&[first, vec![cp]].concat()).await;
+    cc.wait_until("a behind_checkpoint request", |c| {
+        c.sync_requests()
+            .iter()
+            .any(|r| r["reason"] == "behind_checkpoint" && r["from_seq"] == 3)
+    })
+    .await;
+
+    hub.kill9();
+    cc.drain();
+    let before = cc.sync_requests().len();
+    hub.spawn();
+    // Asked again after the restart, and repeated (backoff 1 s, 2 s).
+    cc.wait_until("two behind_checkpoint requests after the restart", |c| {
+        c.sync_requests()[before..]
+            .iter()
+            .filter(|r| r["reason"] == "behind_checkpoint" && r["from_seq"] == 3)
+            .count()
+            >= 2
+    })
+    .await;
+    cc.publish(&lost).await;
+    cc.wait_results(&lost).await;
+    assert_eq!(hub.watermark(), 3);
+    assert_no_more_sync_requests(&mut cc, Duration::from_secs(3)).await;
+}
+
+/// A hub restarting in a loop does not hide a silent cloud: the silence
+/// since the durable last sign of life carries over a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hub_restarting_in_a_loop_still_raises_cloud_stale() {
+    let broker = Mosquitto::start();
+    let mut cc = CloudClient::plain(broker.port).await;
+    let mut hub = Daemon::start(
+        &broker.url(),
+        DaemonOptions {
+            policy: "cloud_stale_s = 3".into(),
+            ..Default::default()
+        },
+    );
+    cc.wait_online().await;
+    let mut c = cloud();
+    let first = issue_many(&mut c, 0, 1);
+    cc.publish(&first).await;
+    cc.wait_results(&first).await;
+    let raised = |hub: &Daemon| hub.alert_count("cloud_stale") > 0;
+    // Restarts every 1.5 s: shorter than the period each time.
+    let t0 = Instant::now();
+    while !raised(&hub) && t0.elapsed() < Duration::from_secs(15) {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        hub.kill9();
+        hub.spawn();
+    }
+    assert!(raised(&hub), "restarts kept cloud_stale down");
+    hub.assert_running();
+}
+
+/// The daemon decides a batch's items in order: an earlier item failing at
+/// step 7 is reported, not a later item failing step 4.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_reports_the_first_failing_batch_item_at_any_step() {
+    let broker = Mosquitto::start();
+    let mut cc = CloudClient::plain(broker.port).await;
+    let mut hub = Daemon::start(&broker.url(), DaemonOptions::default());
+    cc.wait_online().await;
+    let mut c = cloud();
+    let first = issue_many(&mut c, 0, 1);
+    cc.publish(&first).await;
+    cc.wait_results(&first).await;
+    let item = |key_id: &str, door: &str| {
+        serde_json::json!({"type": "key.issued", "key": {
+            "key_id": key_id, "version": 1, "state": "active", "check_in_id": format!("c-{key_id}"),
+            "doors": [door],
+            "valid_from": Timestamp::now_system().saturating_add_secs(-3600).to_rfc3339(),
+            "valid_until": Timestamp::now_system().saturating_add_days(7).to_rfc3339(),
+            // k-0's PIN on k-0's door: a pin_collision (step 7).
+            "pin_tag": lockhub::crypto::b64u_encode(&lockhub::crypto::pin_tag(&pin_key(), b"100000")),
+            "pin_key_id": "k1"}})
+    };
+    let batch = c.event(
+        "batch",
+        serde_json::json!({"items": [item("k-dup", "101"), item("k-far", "999")]}),
+    );
+    cc.publish(std::slice::from_ref(&batch)).await;
+    cc.wait_results(std::slice::from_ref(&batch)).await;
+    let r = &cc.results_by_id()[&batch.event_id][0];
+    assert_eq!(
+        (&r["outcome"], &r["reason"], &r["item"]),
+        (
+            &serde_json::json!("rejected"),
+            &serde_json::json!("pin_collision"),
+            &serde_json::json!(0)
+        ),
+        "{r}"
+    );
+    hub.assert_running();
+}

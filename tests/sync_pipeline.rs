@@ -16,7 +16,7 @@ use lockhub::sim::cloud::Cloud;
 use lockhub::store::outbox::{self, Topic};
 use lockhub::store::{Priority, Store, StoreError};
 use lockhub::sync::ingest::{Decide, Decided};
-use lockhub::sync::plan::{BacklogLimits, SeqView};
+use lockhub::sync::plan::{BacklogLimits, SeqStart};
 use lockhub::sync::window::ReceiveWindow;
 use lockhub::sync::{self, SyncHandle, SyncSettings};
 use lockhub::time::Timestamp;
@@ -194,7 +194,7 @@ fn start_hub_decider(mqtt: MqttConfig, window: ReceiveWindow, decider: RecordOnc
         settings,
         store.clone(),
         Arc::new(decider),
-        SeqView::default(),
+        SeqStart::default(),
         lockhub::clock::SharedClock::start(lockhub::time::Timestamp(0)),
     )
     .unwrap();
@@ -455,6 +455,55 @@ async fn the_outbox_holds_every_record_while_the_broker_is_down_and_sends_them_o
         assert!(
             tokio::time::Instant::now() < deadline,
             "outbox never drained"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    hub.stop().await;
+}
+
+/// PUBACKs that arrive while another process holds SQLite's write lock
+/// cannot be marked sent; the publisher retries them once writes work
+/// again, on the same connection, instead of leaving them unsent until a
+/// reconnect (nothing here makes the hub reconnect: without the retry this
+/// test times out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_acknowledged_while_the_store_refuses_writes_are_marked_sent_once_it_takes_them() {
+    let mut broker = Mosquitto::start();
+    let mut cloud = TestCloud::plain(broker.port).await;
+    broker.stop();
+    let hub = start_hub(mqtt_config(&broker.url()));
+    for i in 0..20 {
+        let b = format!("{{\"n\":{i}}}").into_bytes();
+        hub.store
+            .write(Priority::Bulk, move |c| {
+                outbox::enqueue(c, Topic::Alerts, &b, None, Timestamp::now_system())
+            })
+            .await
+            .unwrap();
+    }
+    // Another process takes the write lock, then the broker comes back.
+    let path = hub._dir.path().join("lockhub.db");
+    let locker = Connection::open(&path).unwrap();
+    locker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    broker.start_again();
+    let mut seen = HashSet::new();
+    while seen.len() < 20 {
+        let (_, p) = cloud.expect(|t, _| t.ends_with("/alerts")).await;
+        seen.insert(open_hub_envelope(&p)["n"].as_i64().unwrap());
+    }
+    // The writer fails the first waiting job after its BEGIN and then the
+    // job itself each wait the busy timeout (5 s + 5 s): held for 25 s, the
+    // two jobs queued at the reconnect (the fresh_session request, then the
+    // marks) both fail.
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    assert_eq!(hub.unsent(), 20, "nothing could be marked");
+    locker.execute_batch("ROLLBACK").unwrap();
+    drop(locker);
+    let deadline = tokio::time::Instant::now() + TEST_TIMEOUT;
+    while hub.unsent() > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "acknowledged rows stayed unsent"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

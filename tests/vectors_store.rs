@@ -1,5 +1,5 @@
 //! The shared MQTT vectors (spec/vectors/mqtt), replayed in order against a
-//! fresh store: step 1 by `verify_envelope`, step 4 by `parse_body`, steps 2
+//! fresh store: step 1 by `verify_envelope`, step 4 by `parse_body_in_order`, steps 2
 //! to 8 by `store::apply`, with the effective time 2026-11-29T12:00:00Z.
 //! Every expected outcome, reason, duplicate flag, item and items must
 //! match, and afterwards the state the vectors' README describes must hold,
@@ -8,7 +8,7 @@
 mod common;
 
 use lockhub::config::{Policy, Signer};
-use lockhub::event::{EventResult, Outcome, Reason, SchemaContext, parse_body};
+use lockhub::event::{EventResult, Outcome, Reason, SchemaContext, parse_body_in_order};
 use lockhub::store::apply::{ApplyContext, apply_event, record_step1_rejection, seq_status};
 use lockhub::store::{Priority, Store};
 use lockhub::time::Timestamp;
@@ -63,7 +63,7 @@ fn feed(
             (result, false)
         }
         Ok(ev) => {
-            let kind = parse_body(&ev.body, schema);
+            let kind = parse_body_in_order(&ev.body, schema);
             let applied = store
                 .write_blocking(Priority::Bulk, move |c| {
                     apply_event(c, &actx, &ev, kind, now())

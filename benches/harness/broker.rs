@@ -97,30 +97,58 @@ impl Mosquitto {
         ));
         let conf = dir.path().join("mosquitto.conf");
         std::fs::write(&conf, c).expect("write mosquitto.conf");
+        let mut m = Mosquitto {
+            port,
+            dir,
+            settings,
+            child: None,
+        };
+        m.spawn();
+        m
+    }
+
+    /// Starts the process on the folder's config and waits for its port.
+    fn spawn(&mut self) {
         let child = Command::new(mosquitto_bin())
             .arg("-c")
-            .arg(&conf)
+            .arg(self.dir.path().join("mosquitto.conf"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("start mosquitto (apt-get install mosquitto)");
-        let m = Mosquitto {
-            port,
-            dir,
-            settings,
-            child: Some(child),
-        };
+        self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
             assert!(
                 Instant::now() < deadline,
                 "mosquitto did not start: {}",
-                m.log()
+                self.log()
             );
             std::thread::sleep(Duration::from_millis(10));
         }
-        m
+    }
+
+    /// SIGTERM (Mosquitto saves its persistence file: sessions and queued
+    /// QoS 1 messages survive), waits for the exit, and starts it again on
+    /// the same port after `down`.
+    pub fn restart(&mut self, down: Duration) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !matches!(child.try_wait(), Ok(Some(_))) {
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        std::thread::sleep(down);
+        self.spawn();
     }
 
     pub fn url(&self) -> String {

@@ -34,8 +34,21 @@ impl Daemon {
     /// Writes the config, optionally pre-fills the mirror with `prefill`
     /// keys (plain SQL, one transaction), and starts `lockhub run`.
     pub async fn start(mqtt_url: &str, serial_port: &Path, policy: &str, prefill: usize) -> Daemon {
+        Self::start_with(mqtt_url, serial_port, policy, prefill, |_| {}).await
+    }
+
+    /// [`Daemon::start`], with `extra` run on the folder after the config is
+    /// written and before the daemon starts (more sections, more rows).
+    pub async fn start_with(
+        mqtt_url: &str,
+        serial_port: &Path,
+        policy: &str,
+        prefill: usize,
+        extra: impl FnOnce(&Path),
+    ) -> Daemon {
         let dir = tempfile::tempdir().expect("tempdir");
         let config = fixture::write_config(dir.path(), mqtt_url, serial_port, policy);
+        extra(dir.path());
         if prefill > 0 {
             let store = Store::open(
                 &dir.path().join("data/lockhub.db"),

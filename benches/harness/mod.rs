@@ -18,6 +18,9 @@ pub mod broker;
 pub mod daemon;
 pub mod fixture;
 pub mod mqtt;
+/// The OSDP tests' reader (PyPI `libosdp` on a pty), shared rather than copied.
+#[path = "../../tests/common/osdp_peer.rs"]
+pub mod osdp_peer;
 pub mod pipeline;
 /// The serial tests' pseudo-terminal (the hub opens the slave path exactly
 /// as it opens `/dev/ttyAMA0`), shared rather than copied.
@@ -29,6 +32,7 @@ pub mod stats;
 mod door;
 mod footprint;
 mod ingest;
+mod osdp;
 mod resync;
 mod scale;
 
@@ -49,6 +53,8 @@ pub struct Sizes {
     pub door_keys: usize,
     pub door_entries: usize,
     pub load_rate: f64,
+    /// PINs typed at the OSDP reader, per baud rate.
+    pub osdp_entries: usize,
 }
 
 impl Sizes {
@@ -64,6 +70,7 @@ impl Sizes {
             door_keys: 100_000,
             door_entries: 5_000,
             load_rate: 2_000.0,
+            osdp_entries: 50,
         }
     }
 
@@ -81,12 +88,13 @@ impl Sizes {
             door_keys: 500,
             door_entries: 30,
             load_rate: 200.0,
+            osdp_entries: 3,
         }
     }
 }
 
 /// Every scenario, in the order a full run takes them.
-pub const SCENARIOS: &[&str] = &["door", "ingest", "resync", "scale", "footprint"];
+pub const SCENARIOS: &[&str] = &["door", "osdp", "ingest", "resync", "scale", "footprint"];
 
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -218,6 +226,7 @@ pub fn run(opts: &Options) -> Vec<Figure> {
         let started = std::time::Instant::now();
         let figures = match scenario {
             "door" => rt.block_on(door::run(&opts.sizes)),
+            "osdp" => rt.block_on(osdp::run(&opts.sizes)),
             "ingest" => rt.block_on(ingest::run(&opts.sizes)),
             "resync" => rt.block_on(resync::run(&opts.sizes)),
             "scale" => rt.block_on(scale::run(&opts.sizes)),
@@ -238,6 +247,7 @@ pub fn run(opts: &Options) -> Vec<Figure> {
 pub fn expected_ids(scenario: &str) -> &'static [&'static str] {
     match scenario {
         "door" => door::IDS,
+        "osdp" => osdp::IDS,
         "ingest" => ingest::IDS,
         "resync" => resync::IDS,
         "scale" => scale::IDS,

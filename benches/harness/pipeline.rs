@@ -5,7 +5,7 @@
 //! daemon can reach, and splits its time into verify vs. apply.
 
 use super::fixture;
-use lockhub::event::parse_body;
+use lockhub::event::parse_body_in_order;
 use lockhub::sim::cloud::SignedEvent;
 use lockhub::store::apply::{ApplyContext, apply_event};
 use lockhub::store::{Priority, Store};
@@ -44,7 +44,7 @@ pub async fn run(db: &Path, events: &[SignedEvent], batch: usize) -> PipelineRun
             .iter()
             .map(|e| {
                 let ev = verify_envelope(&e.envelope, &vctx).expect("genuine event");
-                let kind = parse_body(&ev.body, &schema);
+                let kind = parse_body_in_order(&ev.body, &schema);
                 (ev, kind)
             })
             .collect();

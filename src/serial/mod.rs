@@ -3,8 +3,9 @@
 //!
 //! - [`port`]: open and reopen the port with backoff; the read/write loop
 //!   around a fresh [`firmware_bridge::HubLink`] per opening.
-//! - [`doors`]: keypad entry -> decision -> `Unlock`/`Deny`, one decision at
-//!   a time per door. The door sensor (forced, held open, kept durably) and
+//! - [`doors`]: a decided keypad entry -> `Unlock`/`Deny`. Which entry is
+//!   decided when, and deciding it, are [`crate::entry`]'s, shared with the
+//!   OSDP driver. The door sensor (forced, held open, kept durably) and
 //!   the keypad flood limit are [`crate::watch`]'s, shared with other door
 //!   drivers; the port applies them to its board's door indexes.
 //! - `record`: audit rows and alerts nobody waits for, written in order by

@@ -7,7 +7,7 @@
 //! board, a finished door decision, a 20 ms tick (resends, pings, liveness,
 //! held-open doors), or shutdown; then it writes whatever the link queued.
 //! Nothing in that loop waits on the store: decisions run in their own
-//! tasks (one at a time per door, see [`DecisionQueue`]) and audit writes
+//! tasks (one at a time per door, see [`crate::entry::DecisionQueue`]) and audit writes
 //! that need no answer go through the port's recorder. So a keypad at one
 //! door never delays frames from another, and a slow disk never stops the
 //! acks, pings and other ports.
@@ -41,9 +41,10 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_serial::{SerialPortBuilderExt, SerialStream};
 
-use super::doors::{DecisionQueue, Queued, Reply};
+use super::doors::Reply;
 use super::record::Record;
 use super::{DoorSettings, PortShared, SerialError};
+use crate::entry::{DecisionQueue, Queued};
 use crate::store::alerts::Condition;
 use crate::store::audit::AuditKind;
 use crate::store::links::LinkState;

@@ -22,7 +22,7 @@ use super::audit::{self, AuditKind, AuditRecord};
 use super::outbox::{self, Topic};
 use crate::config::Policy;
 use crate::event::{
-    Change, EventKind, EventResult, Grant, ItemResult, Outcome, Reason, SchemaError,
+    Change, EventKind, EventResult, Evidence, Grant, ItemResult, Outcome, Reason, SchemaError,
 };
 use crate::lifecycle::{self, GrantPlan, KeyState, KeyView, Placement, RevokePlan};
 use crate::time::Timestamp;
@@ -59,6 +59,9 @@ pub struct Applied {
     /// A guest erasure changed rows: after the commit, run [`super::Store::scrub_wal`] so
     /// the pre-erasure pages do not linger in the WAL file.
     pub erased: bool,
+    /// The event was a sign of life for `cloud_stale`
+    /// ([`Evidence::is_sign_of_life`]); the durable last sign of life moved.
+    pub sign_of_life: bool,
 }
 
 /// The durable seq bookkeeping, for sync requests and `cloud_stale`.
@@ -87,7 +90,7 @@ pub fn apply_event(
     let event_id = ev.header.event_id.to_string();
     if let Some(first) = load_dedupe(conn, ctx, &event_id)? {
         return if first.body_sha256 == ev.body_sha256 {
-            replay_duplicate(conn, &first.result, now)
+            replay_duplicate(conn, &event_id, &first.result, now)
         } else {
             answer_conflict(conn, ev, &event_id, now)
         };
@@ -119,8 +122,13 @@ pub fn apply_event(
         Ok(EventKind::Checkpoint { head_seq }) => Some(head_seq),
         _ => None,
     };
-    count_authenticated(conn, ctx, ev, head_seq, now)?;
-    outbox::enqueue(conn, Topic::Results, &result.to_json(), None, now)?;
+    let sign_of_life = count_authenticated(conn, ctx, ev, head_seq, now)?;
+    if verdict.erased {
+        // Published only once no byte of the name remains in a file.
+        outbox::hold(conn, &event_id, &result.to_json(), now)?;
+    } else {
+        outbox::enqueue(conn, Topic::Results, &result.to_json(), None, now)?;
+    }
     let (watermark, gap) = watermark_and_gap(conn)?;
     Ok(Applied {
         result,
@@ -128,6 +136,7 @@ pub fn apply_event(
         gap,
         head_seq,
         erased: verdict.erased,
+        sign_of_life,
     })
 }
 
@@ -224,12 +233,21 @@ fn load_dedupe(
 }
 
 /// The same event again: its first result, marked duplicate, re-queued for
-/// the cloud (its first copy may be what got lost). Nothing else changes.
-fn replay_duplicate(conn: &Connection, first: &str, now: Timestamp) -> Result<Applied, StoreError> {
+/// the cloud (its first copy may be what got lost). Nothing else changes,
+/// and it is no sign of life. An erasure whose first result is still held
+/// back (its WAL scrub not done) gets no early answer: the held one follows.
+fn replay_duplicate(
+    conn: &Connection,
+    event_id: &str,
+    first: &str,
+    now: Timestamp,
+) -> Result<Applied, StoreError> {
     let mut result = result_from_json(first)
         .ok_or_else(|| StoreError::Invalid("a stored dedupe result is unreadable".into()))?;
     result.duplicate = true;
-    outbox::enqueue(conn, Topic::Results, &result.to_json(), None, now)?;
+    if !outbox::is_held(conn, event_id)? {
+        outbox::enqueue(conn, Topic::Results, &result.to_json(), None, now)?;
+    }
     let (watermark, gap) = watermark_and_gap(conn)?;
     Ok(Applied {
         result,
@@ -237,12 +255,13 @@ fn replay_duplicate(conn: &Connection, first: &str, now: Timestamp) -> Result<Ap
         gap,
         head_seq: None,
         erased: false,
+        sign_of_life: false,
     })
 }
 
 /// The id was claimed by a different body: the first record stands, the
 /// `event_id_conflict` alert is raised. The body is still authenticated, so
-/// its seq and `issued_at` count.
+/// its seq and `issued_at` count; it is no sign of life.
 fn answer_conflict(
     conn: &Connection,
     ev: &VerifiedEvent,
@@ -250,7 +269,7 @@ fn answer_conflict(
     now: Timestamp,
 ) -> Result<Applied, StoreError> {
     alerts::raise(conn, Condition::EventIdConflict, event_id, 1, now)?;
-    count_seq_and_time(conn, ev, now)?;
+    count_seq_and_time(conn, ev)?;
     let result = EventResult {
         event_id: Some(ev.header.event_id),
         seq: ev.header.seq,
@@ -270,6 +289,7 @@ fn answer_conflict(
         gap,
         head_seq: None,
         erased: false,
+        sign_of_life: false,
     })
 }
 
@@ -359,40 +379,57 @@ fn is_replayed_seq(conn: &Connection, seq: Option<u64>) -> Result<bool, StoreErr
 }
 
 /// Everything an authenticated, first-seen event counts toward: its seq,
-/// the time floor, the sign of life; a checkpoint's head.
+/// the time floor, a checkpoint's head, and the sign of life when it is one
+/// (returned).
 fn count_authenticated(
     conn: &Connection,
     ctx: &ApplyContext,
     ev: &VerifiedEvent,
     head_seq: Option<u64>,
     now: Timestamp,
-) -> Result<(), StoreError> {
-    let Some(head) = head_seq else {
-        return count_seq_and_time(conn, ev, now);
+) -> Result<bool, StoreError> {
+    let evidence = match (head_seq, ev.header.seq) {
+        (Some(head), _) => {
+            conn.prepare_cached("UPDATE seq_state SET head_seq = max(head_seq, ?1) WHERE id = 1")?
+                .execute([head as i64])?;
+            Evidence::Checkpoint {
+                issued_at: ev.header.issued_at,
+            }
+        }
+        (None, Some(seq)) => Evidence::Event {
+            seq,
+            highest_before: highest_seq_seen(conn)?,
+        },
+        // No seq and no head: a checkpoint whose body failed step 4. It
+        // says nothing about the cloud's state now.
+        (None, None) => Evidence::SeenBefore,
     };
-    raise_time_floor(conn, ev.header.issued_at)?;
-    conn.prepare_cached("UPDATE seq_state SET head_seq = max(head_seq, ?1) WHERE id = 1")?
-        .execute([head as i64])?;
-    // Only a fresh checkpoint shows the cloud is alive: an old one may have
-    // sat in a broker queue for hours.
-    let age = now.0.abs_diff(ev.header.issued_at.0);
-    if age <= u64::from(ctx.policy.cloud_stale_s) * Timestamp::MICROS_PER_SEC as u64 {
+    count_seq_and_time(conn, ev)?;
+    let life = evidence.is_sign_of_life(now, ctx.policy.cloud_stale_s);
+    if life {
         sign_of_life(conn, now)?;
     }
-    Ok(())
+    Ok(life)
 }
 
-/// A non-checkpoint event: its seq, the time floor and the sign of life.
-fn count_seq_and_time(
-    conn: &Connection,
-    ev: &VerifiedEvent,
-    now: Timestamp,
-) -> Result<(), StoreError> {
+/// The highest seq seen so far: the watermark, or a seq seen above it.
+fn highest_seq_seen(conn: &Connection) -> Result<u64, StoreError> {
+    let h: i64 = conn
+        .prepare_cached(
+            "SELECT max((SELECT watermark FROM seq_state WHERE id = 1),
+                        coalesce((SELECT max(seq) FROM seq_seen), 0))",
+        )?
+        .query_row([], |r| r.get(0))?;
+    Ok(h as u64)
+}
+
+/// An authenticated event's seq (none for a checkpoint) and the time floor.
+fn count_seq_and_time(conn: &Connection, ev: &VerifiedEvent) -> Result<(), StoreError> {
     raise_time_floor(conn, ev.header.issued_at)?;
     if let Some(seq) = ev.header.seq {
         mark_seq_seen(conn, seq)?;
     }
-    sign_of_life(conn, now)
+    Ok(())
 }
 
 /// The floor of the effective clock rises with every verified `issued_at`.
@@ -432,7 +469,8 @@ fn mark_seq_seen(conn: &Connection, seq: u64) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn watermark_and_gap(conn: &Connection) -> Result<(u64, bool), StoreError> {
+/// The watermark W, and whether a seq above it was seen (a gap at W+1).
+pub fn watermark_and_gap(conn: &Connection) -> Result<(u64, bool), StoreError> {
     let (w, gap): (i64, bool) = conn
         .prepare_cached(
             "SELECT watermark, EXISTS (SELECT 1 FROM seq_seen) FROM seq_state WHERE id = 1",
@@ -494,7 +532,10 @@ fn decide(
 ) -> Result<Verdict, StoreError> {
     match kind {
         EventKind::Change(change) => apply_change(conn, ctx, event_id, change, now),
-        EventKind::Batch(items) => apply_batch(conn, ctx, event_id, items, now),
+        EventKind::Batch(items) => apply_batch(conn, ctx, event_id, items, None, now),
+        EventKind::BatchCutShort { items, invalid } => {
+            apply_batch(conn, ctx, event_id, items, Some(*invalid), now)
+        }
         // The head is counted with the seq bookkeeping; nothing to change.
         EventKind::Checkpoint { .. } => Ok(Verdict::of(Outcome::Noop)),
     }
@@ -518,14 +559,17 @@ fn in_savepoint<T>(
     out
 }
 
-/// A batch: every item in one nested savepoint. Items that come out noop,
-/// `revoked` or `illegal_transition` are recorded and skipped; any other
-/// rejection rolls every item back and rejects the batch at that index.
+/// A batch: every item in one nested savepoint, decided in order. Items that
+/// come out noop, `revoked` or `illegal_transition` are recorded and
+/// skipped; any other rejection rolls every item back and rejects the batch
+/// at that index. `invalid` is the item after `items` that failed step 4: it
+/// is reported only if no earlier item failed first.
 fn apply_batch(
     conn: &Connection,
     ctx: &ApplyContext,
     event_id: &str,
     items: &[Change],
+    invalid: Option<SchemaError>,
     now: Timestamp,
 ) -> Result<Verdict, StoreError> {
     let run = || {
@@ -545,6 +589,12 @@ fn apply_batch(
             out.push(ItemResult {
                 outcome: v.outcome,
                 reason: v.reason,
+            });
+        }
+        if let Some(e) = invalid {
+            return Ok(Verdict {
+                item: e.item,
+                ..Verdict::rejected(e.reason)
             });
         }
         let any = out.iter().any(|i| i.outcome == Outcome::Applied);
@@ -582,7 +632,7 @@ fn apply_change(
             check_in_id: _,
             key,
         } => check_in(conn, ctx, event_id, reservation_id, key, now),
-        Change::GuestErased { holder_ref } => erase_guest(conn, holder_ref),
+        Change::GuestErased { holder_ref } => erase_guest(conn, event_id, holder_ref, now),
     };
     in_savepoint(conn, "apply_change", run, |v: &Verdict| {
         v.outcome != Outcome::Rejected
@@ -640,10 +690,12 @@ fn revoke(
 ///
 /// The check-in's own key is never among the keys revoked: it may be the
 /// reservation's pre-issued key moving to `active` at a higher version. If
-/// it is pre-issued and the grant does not raise its version, the check-in
-/// would leave a pre-issued key behind a reservation tombstone: that is
-/// refused as `illegal_transition` (the move to `active` needs a higher
-/// version), and nothing of the check-in is applied.
+/// it is one of the reservation's pre-issued keys and the grant does not
+/// raise its version, the check-in would leave a pre-issued key behind its
+/// own reservation's tombstone: that is refused as `illegal_transition`
+/// (mqtt.md step 5: the move to `active` needs a higher version), and
+/// nothing of the check-in is applied. Any other live key at or above the
+/// version is step 5's plain `noop`.
 fn check_in(
     conn: &Connection,
     ctx: &ApplyContext,
@@ -653,8 +705,7 @@ fn check_in(
     now: Timestamp,
 ) -> Result<Verdict, StoreError> {
     let plan = plan_for(conn, ctx, key, now)?;
-    let own = load_key(conn, &key.key_id)?;
-    if plan == GrantPlan::Noop && own.is_some_and(|k| k.state == KeyState::PreIssued) {
+    if plan == GrantPlan::Noop && is_pre_issued_of(conn, &key.key_id, reservation_id)? {
         return Ok(Verdict::rejected(Reason::IllegalTransition));
     }
     if let GrantPlan::Reject { reason, clamped } = plan {
@@ -685,9 +736,27 @@ fn check_in(
 
 /// `guest.erased`: `holder_name` set NULL in every key (final ones
 /// included; the schema allows exactly this change) and audit row of the
-/// holder. The rows stay. `secure_delete` on the writer zeroes the freed
-/// bytes; [`scrub_wal`] clears the WAL after the commit.
-fn erase_guest(conn: &Connection, holder_ref: &str) -> Result<Verdict, StoreError> {
+/// holder. The rows stay. The holder_ref is remembered (`erased_holders`),
+/// so a grant for it that arrives later is stored without its name
+/// ([`write_grant`]). `secure_delete` on the writer zeroes the freed bytes;
+/// [`super::Store::scrub_wal`] clears the WAL after the commit, and only then
+/// is the result published (`erased`: it is held until then).
+///
+/// `applied` when a name was erased or the holder newly remembered (an
+/// erasure that overtook its grant changes the mirror too); `noop` when it
+/// was already remembered and no name was left.
+fn erase_guest(
+    conn: &Connection,
+    event_id: &str,
+    holder_ref: &str,
+    now: Timestamp,
+) -> Result<Verdict, StoreError> {
+    let remembered = conn
+        .prepare_cached(
+            "INSERT OR IGNORE INTO erased_holders (holder_ref, event_id, created_at)
+             VALUES (?1, ?2, ?3)",
+        )?
+        .execute(params![holder_ref, event_id, now.0])?;
     let keys = conn
         .prepare_cached(
             "UPDATE keys SET holder_name = NULL WHERE holder_ref = ?1 AND holder_name IS NOT NULL",
@@ -698,11 +767,20 @@ fn erase_guest(conn: &Connection, holder_ref: &str) -> Result<Verdict, StoreErro
             "UPDATE audit SET holder_name = NULL WHERE holder_ref = ?1 AND holder_name IS NOT NULL",
         )?
         .execute([holder_ref])?;
-    let changed = keys + rows > 0;
+    let erased = keys + rows > 0;
     Ok(Verdict {
-        erased: changed,
-        ..Verdict::changed(changed)
+        erased,
+        ..Verdict::changed(erased || remembered > 0)
     })
+}
+
+fn is_holder_erased(conn: &Connection, holder_ref: Option<&str>) -> Result<bool, StoreError> {
+    let Some(holder_ref) = holder_ref else {
+        return Ok(false);
+    };
+    Ok(conn
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM erased_holders WHERE holder_ref = ?1)")?
+        .query_row([holder_ref], |r| r.get(0))?)
 }
 
 /// Steps 5 and 6 for a grant, from what the mirror holds now.
@@ -749,6 +827,18 @@ fn write_grant(
         GrantPlan::Noop => return Ok(Verdict::changed(changed_before)),
         GrantPlan::Insert(p) => (p, None),
         GrantPlan::Upgrade(p) => (p, load_key(conn, &key.key_id)?.map(|k| k.state)),
+    };
+    // A grant sent before its holder's erasure (re-sent after a gap) keeps
+    // everything but the name.
+    let unnamed;
+    let key = if key.holder_name.is_some() && is_holder_erased(conn, key.holder_ref.as_deref())? {
+        unnamed = Grant {
+            holder_name: None,
+            ..key.clone()
+        };
+        &unnamed
+    } else {
+        key
     };
     let written = match was {
         None => insert_key(conn, event_id, key, placement, now),
@@ -986,6 +1076,20 @@ fn pre_issued_of_reservation(
     )?;
     let ids = stmt.query_map([reservation_id, except_key_id], |r| r.get(0))?;
     Ok(ids.collect::<Result<_, _>>()?)
+}
+
+/// Whether the key is one of the reservation's `pre_issued` keys.
+fn is_pre_issued_of(
+    conn: &Connection,
+    key_id: &str,
+    reservation_id: &str,
+) -> Result<bool, StoreError> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM keys
+              WHERE key_id = ?1 AND reservation_id = ?2 AND state = 'pre_issued')",
+        )?
+        .query_row([key_id, reservation_id], |r| r.get(0))?)
 }
 
 fn is_key_tombstoned(conn: &Connection, key_id: &str) -> Result<bool, StoreError> {

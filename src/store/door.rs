@@ -435,6 +435,20 @@ pub fn record_flood(
     Ok(id)
 }
 
+/// A card read at an OSDP reader's door: `door.denied` with reason
+/// `unsupported_credential`. Not a decision (the hub knows PINs only) and
+/// not counted toward a lockout.
+pub fn record_card_denied(
+    conn: &Connection,
+    door: &str,
+    at: Timestamp,
+) -> Result<Uuid, StoreError> {
+    let mut rec = AuditRecord::new(AuditKind::DoorDenied, at);
+    rec.door = Some(door.to_owned());
+    rec.reason = Some(DenyReason::UnsupportedCredential.as_str().to_owned());
+    audit::record(conn, &rec)
+}
+
 /// After [`door_entry`] failed: a `door.denied` `storage_failure` row and
 /// the `storage_failure` alert, best effort (the same disk may refuse this).
 /// Not counted toward a lockout: the hub failed, not the person at the door.

@@ -7,7 +7,7 @@
 //! and is refused rather than guessed at.
 
 use super::StoreError;
-use rusqlite::Connection;
+use rusqlite::{Connection, OptionalExtension};
 use std::path::Path;
 
 /// Every migration, in order. Append only: a released step is never edited.
@@ -22,8 +22,16 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         include_str!("../../migrations/0003_alerts_end.sql"),
     ),
     (
+        "0004_erasure",
+        include_str!("../../migrations/0004_erasure.sql"),
+    ),
+    (
         "0005_door_state_and_flood",
         include_str!("../../migrations/0005_door_state_and_flood.sql"),
+    ),
+    (
+        "0006_osdp_readers",
+        include_str!("../../migrations/0006_osdp_readers.sql"),
     ),
     (
         "0007_hub_runtime",
@@ -62,7 +70,11 @@ pub(super) fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreErr
 fn run_steps(conn: &mut Connection, found: i64, known: i64) -> Result<(), StoreError> {
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     for (name, sql) in &MIGRATIONS[found as usize..] {
+        let before = Dependents::read(&tx)?;
         tx.execute_batch(sql)
+            .map_err(|source| StoreError::Migration { name, source })?;
+        before
+            .restore(&tx)
             .map_err(|source| StoreError::Migration { name, source })?;
     }
     let broken: i64 = tx.query_row("SELECT count(*) FROM pragma_foreign_key_check", [], |r| {
@@ -78,12 +90,123 @@ fn run_steps(conn: &mut Connection, found: i64, known: i64) -> Result<(), StoreE
     Ok(())
 }
 
+/// The triggers and indexes on each table, and where each table lives.
+///
+/// Why: a step that rebuilds a table (SQLite cannot change a CHECK in
+/// place) drops every trigger and index on it, also those that steps
+/// written on other branches added since; a trigger lost that way is an
+/// invariant gone without a word. So every trigger or index that was on a
+/// table the step rebuilt (its root page moved) and that the step did not
+/// create again is re-created from its original SQL. A step that rebuilds
+/// a table and means to lose one of them must drop it in a step of its own.
+struct Dependents {
+    roots: Vec<(String, i64)>,
+    sql: Vec<(String, String, String)>,
+}
+
+impl Dependents {
+    fn read(conn: &Connection) -> Result<Self, StoreError> {
+        let roots = conn
+            .prepare("SELECT name, rootpage FROM sqlite_master WHERE type = 'table'")?
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<Result<_, _>>()?;
+        let sql = conn
+            .prepare(
+                "SELECT name, tbl_name, sql FROM sqlite_master
+                  WHERE type IN ('trigger', 'index') AND sql IS NOT NULL",
+            )?
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+            .collect::<Result<_, _>>()?;
+        Ok(Dependents { roots, sql })
+    }
+
+    fn restore(&self, conn: &Connection) -> rusqlite::Result<()> {
+        let root = |table: &str| -> rusqlite::Result<Option<i64>> {
+            conn.query_row(
+                "SELECT rootpage FROM sqlite_master WHERE type = 'table' AND name = ?1",
+                [table],
+                |r| r.get(0),
+            )
+            .optional()
+        };
+        for (name, table, sql) in &self.sql {
+            let was = self.roots.iter().find(|(t, _)| t == table).map(|(_, r)| *r);
+            let rebuilt = match (was, root(table)?) {
+                (Some(a), Some(b)) => a != b,
+                _ => false,
+            };
+            let exists: bool = conn.query_row(
+                "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE name = ?1)",
+                [name],
+                |r| r.get(0),
+            )?;
+            if rebuilt && !exists {
+                conn.execute_batch(sql)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
+    fn a_table_rebuilt_by_a_step_keeps_the_triggers_and_indexes_the_step_does_not_recreate() {
+        let mut c = Connection::open_in_memory().unwrap();
+        c.execute_batch(
+            "CREATE TABLE t (a INTEGER CHECK (a < 10));
+             CREATE INDEX t_a ON t (a);
+             CREATE TRIGGER t_guard BEFORE INSERT ON t WHEN NEW.a = 5
+             BEGIN SELECT RAISE(ABORT, 'five'); END;
+             CREATE TRIGGER t_mine BEFORE INSERT ON t WHEN NEW.a = 6
+             BEGIN SELECT RAISE(ABORT, 'six'); END;
+             CREATE TABLE other (x);
+             CREATE TRIGGER other_gone BEFORE INSERT ON other BEGIN SELECT 1; END;",
+        )
+        .unwrap();
+        let tx = c.transaction().unwrap();
+        let before = Dependents::read(&tx).unwrap();
+        // A rebuild that widens the CHECK and re-creates only its own trigger;
+        // and a deliberate drop on a table that is not rebuilt.
+        tx.execute_batch(
+            "CREATE TABLE t_new (a INTEGER CHECK (a < 100));
+             INSERT INTO t_new SELECT a FROM t;
+             DROP TABLE t;
+             ALTER TABLE t_new RENAME TO t;
+             CREATE TRIGGER t_mine BEFORE INSERT ON t WHEN NEW.a = 7
+             BEGIN SELECT RAISE(ABORT, 'seven'); END;
+             DROP TRIGGER other_gone;",
+        )
+        .unwrap();
+        before.restore(&tx).unwrap();
+        let names: Vec<String> = tx
+            .prepare(
+                "SELECT name FROM sqlite_master WHERE type IN ('trigger', 'index') ORDER BY name",
+            )
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(names, ["t_a", "t_guard", "t_mine"]);
+        assert!(
+            tx.execute("INSERT INTO t VALUES (5)", []).is_err(),
+            "the lost guard is back"
+        );
+        tx.execute("INSERT INTO t VALUES (6)", []).unwrap();
+        assert!(
+            tx.execute("INSERT INTO t VALUES (7)", []).is_err(),
+            "the step's own trigger stands"
+        );
+        tx.execute("INSERT INTO t VALUES (50)", []).unwrap();
+    }
+
+    #[test]
     fn migrations_are_numbered_in_order_and_match_their_files() {
+        // The schema version is the count of steps run, so the numbers run
+        // 1, 2, 3, ... with no gap: file N is step N.
         for (i, (name, _)) in MIGRATIONS.iter().enumerate() {
             assert!(name.starts_with(&format!("{:04}_", i + 1)), "{name}");
         }

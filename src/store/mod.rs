@@ -45,6 +45,7 @@ pub mod floor;
 pub mod keys;
 pub mod links;
 mod migrate;
+pub mod osdp;
 pub mod outbox;
 pub mod runtime;
 pub mod sweep;
@@ -609,11 +610,13 @@ impl Store {
     }
 
     /// Moves every committed page out of the WAL file and truncates it, on
-    /// the writer between transactions. Call it after a guest erasure: the
-    /// WAL still holds the pages from before the erasure, and `secure_delete`
-    /// only reaches the main file.
+    /// the writer between transactions, then releases the results held back
+    /// by guest erasures ([`outbox::release_held`]). Call it after an
+    /// erasure: the WAL still holds the pages from before it, and
+    /// `secure_delete` only reaches the main file. A reader in the way makes
+    /// it fail (retryable), and then nothing is released.
     pub async fn scrub_wal(&self) -> Result<(), StoreError> {
-        let (job, rx) = Self::job(Priority::Bulk, true, None, checkpoint_truncate);
+        let (job, rx) = Self::job(Priority::Bulk, true, None, scrub_and_release);
         self.sender()?
             .send(job)
             .await
@@ -623,7 +626,7 @@ impl Store {
 
     /// [`Store::scrub_wal`] for threads outside the async runtime.
     pub fn scrub_wal_blocking(&self) -> Result<(), StoreError> {
-        let (job, rx) = Self::job(Priority::Bulk, true, None, checkpoint_truncate);
+        let (job, rx) = Self::job(Priority::Bulk, true, None, scrub_and_release);
         self.sender()?
             .blocking_send(job)
             .map_err(|_| StoreError::Closed)?;
@@ -638,9 +641,31 @@ impl Store {
     }
 }
 
-/// `PRAGMA wal_checkpoint(TRUNCATE)`; readers in the way make it a retryable error.
+/// The TRUNCATE checkpoint, then (only if it emptied the WAL) the held
+/// erasure results move to the outbox in a transaction of their own; its
+/// pages hold no name.
+fn scrub_and_release(conn: &Connection) -> Result<(), StoreError> {
+    checkpoint_truncate(conn)?;
+    let tx = conn.unchecked_transaction()?;
+    let n = outbox::release_held(&tx)?;
+    tx.commit()?;
+    if n > 0 {
+        tracing::info!(results = n, "erasure results released after the WAL scrub");
+    }
+    Ok(())
+}
+
+/// `PRAGMA wal_checkpoint(TRUNCATE)`; readers in the way make it a retryable
+/// error at once: with the busy timeout the checkpoint would wait for them
+/// on the writer thread, and every door job with it. The caller retries.
 fn checkpoint_truncate(conn: &Connection) -> Result<(), StoreError> {
-    let busy: i64 = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))?;
+    let timeout_ms: i64 = conn.query_row("PRAGMA busy_timeout", [], |r| r.get(0))?;
+    conn.execute_batch("PRAGMA busy_timeout = 0")?;
+    let busy = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+        r.get::<_, i64>(0)
+    });
+    conn.execute_batch(&format!("PRAGMA busy_timeout = {timeout_ms}"))?;
+    let busy = busy?;
     if busy != 0 {
         return Err(StoreError::Invalid(
             "WAL checkpoint blocked by a reader; retry".into(),

@@ -106,6 +106,51 @@ pub fn mark_sent(conn: &Connection, ids: &[i64], now: Timestamp) -> Result<(), S
     Ok(())
 }
 
+/// Holds the result of a guest erasure back until [`release_held`]: it
+/// must not be published while the WAL may still hold the erased name
+/// (mqtt.md 'Types: guest.erased'). Call inside the erasure's transaction.
+pub fn hold(
+    conn: &Connection,
+    event_id: &str,
+    body: &[u8],
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO held_results (event_id, body, created_at) VALUES (?1, ?2, ?3)",
+    )?
+    .execute(params![event_id, body, now.0])?;
+    Ok(())
+}
+
+/// Whether an event's result is still held back.
+pub fn is_held(conn: &Connection, event_id: &str) -> Result<bool, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM held_results WHERE event_id = ?1)")?
+        .query_row([event_id], |r| r.get(0))?)
+}
+
+/// Moves every held result to the end of the outbox, in the order they were
+/// held. Call only once the WAL no longer holds a page from before them
+/// ([`super::Store::scrub_wal`] does both). Returns how many moved.
+pub fn release_held(conn: &Connection) -> Result<usize, StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO outbox (topic, body, audit_id, created_at)
+         SELECT 'results', body, NULL, created_at FROM held_results ORDER BY id",
+    )?
+    .execute([])?;
+    Ok(conn
+        .prepare_cached("DELETE FROM held_results")?
+        .execute([])?)
+}
+
+/// How many results are held back (an erasure not yet scrubbed).
+pub fn held(conn: &Connection) -> Result<u64, StoreError> {
+    let n: i64 = conn
+        .prepare_cached("SELECT count(*) FROM held_results")?
+        .query_row([], |r| r.get(0))?;
+    Ok(n as u64)
+}
+
 /// How many rows wait to be sent.
 pub fn depth(conn: &Connection) -> Result<u64, StoreError> {
     let n: i64 = conn

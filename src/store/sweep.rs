@@ -64,6 +64,7 @@ pub struct Pruned {
     pub keys: usize,
     pub key_tombstones: usize,
     pub reservation_tombstones: usize,
+    pub erased_holders: usize,
     pub outbox: usize,
     pub audit: usize,
     pub lockouts: usize,
@@ -77,6 +78,7 @@ impl Pruned {
             self.keys,
             self.key_tombstones,
             self.reservation_tombstones,
+            self.erased_holders,
             self.outbox,
             self.audit,
             self.lockouts,
@@ -104,7 +106,8 @@ fn days_us(days: u32, column: &str) -> String {
 /// Deletes what retention allows (mqtt.md 'Invariants'), a batch per table:
 /// - dedupe rows received more than `dedupe_retention_days` ago;
 /// - final keys (and their doors) past `valid_until + dedupe_retention_days`;
-/// - tombstones older than `max_grant_days + dedupe_retention_days`;
+/// - tombstones and erased holder_refs older than `max_grant_days +
+///   dedupe_retention_days`;
 /// - sent outbox rows older than [`OUTBOX_SENT_RETENTION_DAYS`];
 /// - audit rows acknowledged by the broker and older than `audit_retention_days`;
 /// - lockout episodes that ended more than `audit_retention_days` ago.
@@ -140,6 +143,10 @@ pub fn prune(conn: &Connection, now: Timestamp, policy: &Policy) -> Result<Prune
         reservation_tombstones: run(format!(
             "DELETE FROM reservation_tombstones WHERE reservation_id IN (
                SELECT reservation_id FROM reservation_tombstones
+               WHERE created_at <= {CUTOFF} - {tomb} LIMIT {n})"
+        ))?,
+        erased_holders: run(format!(
+            "DELETE FROM erased_holders WHERE holder_ref IN (SELECT holder_ref FROM erased_holders
                WHERE created_at <= {CUTOFF} - {tomb} LIMIT {n})"
         ))?,
         outbox: run(format!(

@@ -2,7 +2,7 @@
 //! results) on the async side, steps 2-8 (`store::apply`) in the writer.
 
 use super::ingest::{Decide, Decided};
-use super::plan::SeqView;
+use super::plan::{SeqStart, SeqView};
 use super::ratelimit::TokenBucket;
 use crate::clock::SharedClock;
 use crate::config::{Config, Signer};
@@ -12,8 +12,9 @@ use crate::store::{Store, StoreError};
 use crate::time::Timestamp;
 use crate::verify::{self, VerifiedEvent, VerifyContext};
 use rusqlite::Connection;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
+use tokio::sync::Notify;
 use uuid::Uuid;
 
 /// What step 1 hands to the writer.
@@ -32,13 +33,17 @@ pub struct HubDecider {
     hub_id: String,
     schema: SchemaContext,
     apply: ApplyContext,
-    cloud_stale: Duration,
     /// For the WAL scrub after a guest erasure.
     store: Store,
     /// The hub's effective time, shared with the doors and housekeeping.
     clock: SharedClock,
     limiter: Mutex<TokenBucket>,
     origin: Instant,
+    /// Wakes the one scrubber task (started with the first erasure): a
+    /// wake-up while it runs makes it scrub once more, so no erasure is left
+    /// behind and a flood of them costs one task.
+    scrub: Arc<Notify>,
+    scrubber: OnceLock<()>,
 }
 
 impl HubDecider {
@@ -49,18 +54,19 @@ impl HubDecider {
             site_id: config.hub.site_id,
             hub_id: config.hub.hub_id.clone(),
             schema: SchemaContext::new(
-                config.doors.iter().map(|d| d.name.clone()),
+                config.door_names().map(str::to_owned),
                 config.secrets.pin_keys.iter().map(|k| k.id.clone()),
             ),
             apply: ApplyContext {
                 site_id: config.hub.site_id,
                 policy: config.policy,
             },
-            cloud_stale: Duration::from_secs(u64::from(config.policy.cloud_stale_s)),
             store,
             clock,
             limiter: Mutex::new(TokenBucket::step1_results(Duration::ZERO)),
             origin,
+            scrub: Arc::new(Notify::new()),
+            scrubber: OnceLock::new(),
         }
     }
 
@@ -86,7 +92,7 @@ impl Decide for HubDecider {
                 // A verified issued_at raises the effective time (mqtt.md
                 // 'Time'); the applier raises the durable floor with it.
                 self.clock.observe_issued_at(ev.header.issued_at);
-                let kind = event::parse_body(&ev.body, &self.schema);
+                let kind = event::parse_body_in_order(&ev.body, &self.schema);
                 tracing::debug!(event_id = %ev.header.event_id, seq = ?ev.header.seq, signer = %ev.signer, "event verified");
                 Checked::Verified(Box::new(ev), kind)
             }
@@ -128,7 +134,6 @@ impl Decide for HubDecider {
                 Ok(Decided::default())
             }
             Checked::Verified(ev, kind) => {
-                let issued_at = ev.header.issued_at;
                 let applied = apply::apply_event(conn, &self.apply, &ev, kind, now)?;
                 // Debug, not info: this runs inside the writer's transaction,
                 // once per event; ingest logs each committed batch at info.
@@ -140,14 +145,13 @@ impl Decide for HubDecider {
                     duplicate = applied.result.duplicate,
                     "event decided"
                 );
-                let fresh = now.0.abs_diff(issued_at.0) <= self.cloud_stale.as_micros() as u64;
                 Ok(Decided {
                     seq: Some(SeqView {
                         watermark: applied.watermark,
                         gap: applied.gap,
                     }),
                     checkpoint_head: applied.head_seq,
-                    sign_of_life: applied.head_seq.is_none() || fresh,
+                    sign_of_life: applied.sign_of_life,
                     erased: applied.erased,
                 })
             }
@@ -157,24 +161,59 @@ impl Decide for HubDecider {
     fn after_commit(&self, decided: &[Decided]) {
         if decided.iter().any(|d| d.erased) {
             // The writer runs the scrub between transactions, after this
-            // commit; ingest does not wait for it.
-            let store = self.store.clone();
-            tokio::spawn(async move {
-                if let Err(e) = store.scrub_wal().await {
-                    tracing::warn!(error = %e, "WAL scrub after a guest erasure will be retried by the next one");
-                }
+            // commit; ingest does not wait for it. The erasure's result is
+            // held until the scrub succeeds.
+            self.scrubber.get_or_init(|| {
+                let (store, wake) = (self.store.clone(), self.scrub.clone());
+                tokio::spawn(async move {
+                    loop {
+                        wake.notified().await;
+                        if !scrub_until_done(store.clone()).await {
+                            return;
+                        }
+                    }
+                });
             });
+            self.scrub.notify_one();
         }
     }
 }
 
-/// The seq state at start-up, for the planner.
-pub fn initial_seq(conn: &Connection) -> Result<SeqView, StoreError> {
+/// First wait before retrying a WAL scrub that failed.
+const SCRUB_RETRY_START: Duration = Duration::from_millis(100);
+/// Retries never wait longer than this.
+const SCRUB_RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// Runs [`Store::scrub_wal`] until it succeeds (a reader in the way, or a
+/// storage error, fails it for now), with backoff; it releases the results
+/// that erasures hold back. Also run at start-up when results are still held
+/// (a crash between an erasure and its scrub). Returns false when the store
+/// has closed.
+pub async fn scrub_until_done(store: Store) -> bool {
+    let mut wait = SCRUB_RETRY_START;
+    loop {
+        match store.scrub_wal().await {
+            Ok(()) => return true,
+            Err(StoreError::Closed) => return false,
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "WAL scrub after a guest erasure failed; retrying");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(SCRUB_RETRY_MAX);
+            }
+        }
+    }
+}
+
+/// The seq state at start-up, for the planner: the watermark, whether a
+/// seq above it was seen, and the last checkpoint's head.
+pub fn initial_seq(conn: &Connection) -> Result<SeqStart, StoreError> {
     let s = apply::seq_status(conn)?;
-    Ok(SeqView {
-        watermark: s.watermark,
-        // Gap or behind a checkpoint: either way the request starts at W+1,
-        // and the next event or checkpoint tells the planner which.
-        gap: s.first_missing.is_some(),
+    let (_, gap) = apply::watermark_and_gap(conn)?;
+    Ok(SeqStart {
+        view: SeqView {
+            watermark: s.watermark,
+            gap,
+        },
+        checkpoint_head: s.head_seq,
     })
 }

@@ -53,7 +53,7 @@ use crate::time::Timestamp;
 use client::{Access, Gate, LinkEvent, PollSinks};
 use ed25519_dalek::SigningKey;
 use ingest::{Decide, Decided, IngestSinks};
-use plan::{AlertChange, BacklogLimits, SeqView, StaleTracker, SyncPlanner};
+use plan::{AlertChange, BacklogLimits, SeqStart, StaleTracker, SyncPlanner};
 use publisher::{Publisher, PublisherCommand, PublisherConfig};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -125,14 +125,14 @@ pub struct SyncHandle {
 }
 
 /// Starts the sync tasks on the current runtime. `seq` is the durable seq
-/// state at start-up (`store::apply::seq_status`); `clock` is the hub's
+/// state at start-up ([`decide::initial_seq`]); `clock` is the hub's
 /// effective time, which every time the layer writes (alerts, outbox
 /// marks, sync requests) is read from (mqtt.md 'Time').
 pub fn start<D: Decide>(
     settings: SyncSettings,
     store: Store,
     decider: Arc<D>,
-    seq: SeqView,
+    seq: SeqStart,
     clock: SharedClock,
 ) -> Result<SyncHandle, SyncError> {
     let status_topic = format!("{}status", settings.topic_base);
@@ -163,9 +163,17 @@ pub fn start<D: Decide>(
         gate.clone(),
         clock.clone(),
     )?;
-    let stale_raised = alerts::open_alerts(&store.reader()?)?
+    let reader = store.reader()?;
+    let stale_raised = alerts::open_alerts(&reader)?
         .iter()
         .any(|a| a.condition == Condition::CloudStale.as_str());
+    // The silence since the durable last sign of life counts after a
+    // restart too (none yet: the clock starts now).
+    let silent_for = crate::store::apply::seq_status(&reader)?
+        .last_sign_of_life
+        .map(|t| Duration::from_micros(clock.now().0.saturating_sub(t.0).max(0) as u64))
+        .unwrap_or_default();
+    drop(reader);
 
     let poll = tokio::spawn(client::poll_loop(
         eventloop,
@@ -199,7 +207,12 @@ pub fn start<D: Decide>(
             clock,
             seq,
             // Its clock starts with the control task (Duration::ZERO there).
-            StaleTracker::new(settings.cloud_stale, Duration::ZERO, stale_raised),
+            StaleTracker::resume(
+                settings.cloud_stale,
+                Duration::ZERO,
+                stale_raised,
+                silent_for,
+            ),
             ControlInputs {
                 session: session_rx,
                 decided: decided_rx,
@@ -268,7 +281,7 @@ struct ControlInputs {
 async fn control(
     store: Store,
     clock: SharedClock,
-    seq: SeqView,
+    seq: SeqStart,
     mut stale: StaleTracker,
     inputs: ControlInputs,
     outbox_wake: Arc<Notify>,
@@ -282,7 +295,7 @@ async fn control(
     let now = || origin.elapsed();
     // Jittered: a fleet of hubs that all lose their session, or all get the
     // same checkpoint, must not ask the cloud in one burst (plan::SYNC_JITTER).
-    let mut planner = SyncPlanner::with_jitter(seq, plan::SYNC_JITTER, rand::random());
+    let mut planner = SyncPlanner::resume(seq, now(), plan::SYNC_JITTER, rand::random());
     let mut connected = false;
     let mut broker = BrokerLink::new(&store, clock.clone()).await;
     let (mut session_open, mut decided_open, mut access_open) = (true, true, true);

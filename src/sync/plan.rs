@@ -39,6 +39,15 @@ pub struct SeqView {
     pub gap: bool,
 }
 
+/// The durable seq state at start-up: the planner resumes from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SeqStart {
+    pub view: SeqView,
+    /// The highest `head_seq` a checkpoint has shown (kept durably), so a
+    /// restart does not forget that the hub is behind it.
+    pub checkpoint_head: u64,
+}
+
 /// A sync request to publish: `{"from_seq": .., "reason": ..}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SyncRequest {
@@ -113,6 +122,19 @@ impl SyncPlanner {
             jitter,
             rng: Jitter::new(seed),
         }
+    }
+
+    /// The planner after a restart: still behind the last checkpoint when
+    /// its head is above W, so it asks (`behind_checkpoint`) until W
+    /// reaches it (mqtt.md 'Seq, gaps, staleness').
+    /// Its first requests are jittered as [`SyncPlanner::with_jitter`]'s.
+    pub fn resume(start: SeqStart, now: Duration, jitter: Duration, seed: u64) -> Self {
+        let mut p = SyncPlanner::with_jitter(start.view, jitter, seed);
+        if start.checkpoint_head > start.view.watermark {
+            p.behind = Some(start.checkpoint_head);
+        }
+        p.reschedule(now);
+        p
     }
 
     /// The seq state the planner last heard of.
@@ -215,13 +237,17 @@ pub enum AlertChange {
     Clear,
 }
 
-/// `cloud_stale`: raised after `stale_after` without an event or a fresh
-/// checkpoint, cleared by the next one. The clock starts at start-up, so a
-/// hub that boots into silence raises it after one full period.
+/// `cloud_stale`: raised after `stale_after` without a sign of life,
+/// cleared by the next one. A hub that has never heard the cloud starts
+/// the clock at start-up (it raises after one full period); a restart
+/// carries over the silence since the durable last sign of life, so a hub
+/// restarting in a loop cannot hide a silent cloud.
 #[derive(Debug, Clone)]
 pub struct StaleTracker {
     stale_after: Duration,
     last_life: Duration,
+    /// Silence already heard before `last_life` (from before a restart).
+    carried: Duration,
     raised: bool,
 }
 
@@ -231,13 +257,29 @@ impl StaleTracker {
         StaleTracker {
             stale_after,
             last_life: now,
+            carried: Duration::ZERO,
             raised,
+        }
+    }
+
+    /// After a restart: `silent_for` is how long ago the durable last sign
+    /// of life was (by the hub's clock).
+    pub fn resume(
+        stale_after: Duration,
+        now: Duration,
+        raised: bool,
+        silent_for: Duration,
+    ) -> Self {
+        StaleTracker {
+            carried: silent_for.min(stale_after),
+            ..StaleTracker::new(stale_after, now, raised)
         }
     }
 
     /// The cloud showed a sign of life.
     pub fn on_life(&mut self, now: Duration) -> Option<AlertChange> {
         self.last_life = self.last_life.max(now);
+        self.carried = Duration::ZERO;
         if self.raised {
             self.raised = false;
             Some(AlertChange::Clear)
@@ -248,7 +290,7 @@ impl StaleTracker {
 
     /// Whether the alert must be raised now.
     pub fn poll(&mut self, now: Duration) -> Option<AlertChange> {
-        if !self.raised && now.saturating_sub(self.last_life) >= self.stale_after {
+        if !self.raised && now.saturating_sub(self.last_life) + self.carried >= self.stale_after {
             self.raised = true;
             Some(AlertChange::Raise)
         } else {
@@ -258,7 +300,7 @@ impl StaleTracker {
 
     /// When [`StaleTracker::poll`] may next raise.
     pub fn next_deadline(&self) -> Option<Duration> {
-        (!self.raised).then(|| self.last_life + self.stale_after)
+        (!self.raised).then(|| self.last_life + self.stale_after.saturating_sub(self.carried))
     }
 }
 
@@ -475,6 +517,38 @@ mod tests {
     }
 
     #[test]
+    fn after_a_restart_the_hub_still_asks_until_the_watermark_reaches_the_last_checkpoint() {
+        let start = SeqStart {
+            view: view(10, false),
+            checkpoint_head: 14,
+        };
+        let mut p = SyncPlanner::resume(start, s(0), Duration::ZERO, 0);
+        // Nothing is sent before the session is up; then at once.
+        p.on_session(true, s(1));
+        assert_eq!(
+            p.poll(s(1)),
+            Some(SyncRequest {
+                from_seq: 11,
+                reason: SyncReason::BehindCheckpoint
+            })
+        );
+        // An event that does not reach the head does not end it.
+        p.on_event(view(12, false), s(2));
+        assert_eq!(p.poll(s(2)).map(|r| r.from_seq), Some(13));
+        p.on_event(view(14, false), s(3));
+        assert_eq!(p.poll(s(1000)), None);
+        assert_eq!(p.next_deadline(), None);
+        // Caught up before the restart: nothing to ask.
+        let caught_up = SeqStart {
+            view: view(14, false),
+            checkpoint_head: 14,
+        };
+        let mut p = SyncPlanner::resume(caught_up, s(0), Duration::ZERO, 0);
+        p.on_session(true, s(0));
+        assert_eq!(p.poll(s(0)), None);
+    }
+
+    #[test]
     fn a_checkpoint_at_the_watermark_asks_for_nothing() {
         let mut p = SyncPlanner::new(view(12, false));
         p.on_checkpoint(12, view(12, false), s(0));
@@ -504,6 +578,23 @@ mod tests {
         assert_eq!(t.on_life(s(2002)), None);
         assert_eq!(t.poll(s(2002 + 899)), None);
         assert_eq!(t.poll(s(2002 + 900)), Some(AlertChange::Raise));
+    }
+
+    #[test]
+    fn a_restart_carries_over_the_silence_since_the_last_sign_of_life() {
+        // 600 s of silence before the restart: 300 s more raise it.
+        let mut t = StaleTracker::resume(s(900), s(0), false, s(600));
+        assert_eq!(t.next_deadline(), Some(s(300)));
+        assert_eq!(t.poll(s(299)), None);
+        assert_eq!(t.poll(s(300)), Some(AlertChange::Raise));
+        // Silent for longer than the period: raised at once.
+        let mut t = StaleTracker::resume(s(900), s(0), false, s(5000));
+        assert_eq!(t.poll(s(0)), Some(AlertChange::Raise));
+        // A sign of life starts a full period again.
+        let mut t = StaleTracker::resume(s(900), s(0), false, s(600));
+        assert_eq!(t.on_life(s(10)), None);
+        assert_eq!(t.poll(s(909)), None);
+        assert_eq!(t.poll(s(910)), Some(AlertChange::Raise));
     }
 
     #[test]

@@ -44,6 +44,8 @@ pub const WINDOW: usize = 64;
 /// How often the backlog is measured and anything missed is retried.
 const TICK: Duration = Duration::from_secs(1);
 const BACKLOG_EVERY_TICKS: u32 = 10;
+/// How soon marking acknowledged rows sent is tried again after it failed.
+const MARK_RETRY: Duration = Duration::from_millis(250);
 /// How long a clean shutdown waits for the broker to take the offline status.
 pub const OFFLINE_ACK_TIMEOUT: Duration = Duration::from_secs(2);
 /// Subject of the `outbox_backlog` alert.
@@ -164,6 +166,10 @@ impl Publisher {
             self.fill();
             let retry = if self.retry_soon {
                 Duration::from_millis(20)
+            } else if !self.acked.is_empty() {
+                // The last mark failed: the rows stay acked in memory and
+                // are marked as soon as the store takes writes again.
+                MARK_RETRY
             } else {
                 Duration::from_secs(3600)
             };
@@ -346,15 +352,22 @@ impl Publisher {
         }
         let ids = std::mem::take(&mut self.acked);
         let n = ids.len();
+        let marked = ids.clone();
         let now = self.clock.now();
         let res = self
             .store
-            .write(Priority::Bulk, move |c| outbox::mark_sent(c, &ids, now))
+            .write(Priority::Bulk, move |c| outbox::mark_sent(c, &marked, now))
             .await;
         match res {
             Ok(()) => tracing::trace!(rows = n, "outbox rows acknowledged"),
-            // They stay unsent and go out again: at least once.
-            Err(e) => tracing::error!(error = %e, "cannot mark outbox rows sent"),
+            // This connection will not queue them again (they are behind
+            // `after_id`), so keep them and retry (`MARK_RETRY`) rather than
+            // leave them unsent until a reconnect. A crash meanwhile only
+            // sends them again: at least once.
+            Err(e) => {
+                tracing::error!(error = %e, rows = n, "cannot mark outbox rows sent; will retry");
+                self.acked.extend(ids);
+            }
         }
     }
 

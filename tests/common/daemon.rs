@@ -112,6 +112,10 @@ pub struct DaemonOptions {
     /// Another site or hub id than the vectors' (a second hub on the broker).
     pub site_id: Option<String>,
     pub hub_id: Option<String>,
+    /// Whole sections appended to hub.toml (`[[osdp]]`, `[[reader]]`, doors).
+    pub hub_extra: String,
+    /// Sections appended to secrets.toml (`[[reader_key]]`).
+    pub secrets_extra: String,
 }
 
 /// A `lockhub run` process and its data folder.
@@ -123,6 +127,13 @@ pub struct Daemon {
 impl Daemon {
     /// Writes the config for a broker at `url` and starts the daemon.
     pub fn start(url: &str, opts: DaemonOptions) -> Daemon {
+        let mut d = Daemon::prepare(url, opts);
+        d.spawn();
+        d
+    }
+
+    /// Writes the config for a broker at `url`; [`Daemon::spawn`] starts it.
+    pub fn prepare(url: &str, opts: DaemonOptions) -> Daemon {
         let dir = tempfile::tempdir().expect("tempdir");
         let policy = if opts.policy.is_empty() {
             String::new()
@@ -157,7 +168,9 @@ serial = \"board-a\"
 index = 0
 unlock_ms = 5000
 
-{policy}",
+{policy}
+{hub_extra}",
+            hub_extra = opts.hub_extra,
             mqtt_extra = opts.mqtt_extra,
             site_id = opts.site_id.as_deref().unwrap_or(SITE_ID),
             hub_id = opts.hub_id.as_deref().unwrap_or(HUB_ID),
@@ -165,11 +178,13 @@ unlock_ms = 5000
         );
         std::fs::write(dir.path().join("hub.toml"), hub).expect("write hub.toml");
         let secrets = dir.path().join("secrets.toml");
-        std::fs::write(&secrets, &*SECRETS_TOML).expect("write secrets");
+        std::fs::write(
+            &secrets,
+            format!("{}\n{}", &*SECRETS_TOML, opts.secrets_extra),
+        )
+        .expect("write secrets");
         std::fs::set_permissions(&secrets, std::fs::Permissions::from_mode(0o600)).unwrap();
-        let mut d = Daemon { dir, child: None };
-        d.spawn();
-        d
+        Daemon { dir, child: None }
     }
 
     pub fn db_path(&self) -> PathBuf {

@@ -5,6 +5,7 @@
 pub mod daemon;
 pub mod db;
 pub mod mosquitto;
+pub mod osdp_peer;
 pub mod rumqttd;
 
 use std::os::unix::fs::PermissionsExt;

@@ -1,0 +1,212 @@
+//! `[[serial]]` and `[[door]]`: lock boards and the doors on boards or readers.
+
+use super::*;
+
+pub(super) fn read_serials(
+    d: &mut Diag<'_>,
+    root: &Table<'_, '_>,
+    base: &Path,
+) -> (Option<Vec<SerialConfig>>, Option<Vec<String>>) {
+    let tables = root.tables(d, "serial", "[[serial]]", &["name", "port", "baud"]);
+    let mut names = Vec::new();
+    let mut ports = Vec::new();
+    let mut serials = Vec::new();
+    for s in &tables {
+        let name = s.name(d, "name");
+        if let Some((n, span)) = &name {
+            names.push((*n, span.clone()));
+        }
+        let port = s.path(d, "port", true, base);
+        let baud = s.int_in::<u32>(d, "baud", true, 1, u32::MAX.into());
+        serials.push((|| {
+            Some(SerialConfig {
+                name: name?.0.to_owned(),
+                port: port.clone()?.0,
+                baud: baud?.0,
+            })
+        })());
+        if let Some((p, span)) = port {
+            ports.push((p, span));
+        }
+    }
+    check_unique(d, "serial name", &names);
+    let port_names: Vec<(String, Range<usize>)> = ports
+        .iter()
+        .map(|(p, span)| (p.display().to_string(), span.clone()))
+        .collect();
+    let port_refs: Vec<(&str, Range<usize>)> = port_names
+        .iter()
+        .map(|(p, span)| (p.as_str(), span.clone()))
+        .collect();
+    check_unique(d, "serial port", &port_refs);
+    // Doors are checked against these names only when every [[serial]] was
+    // readable with a name: otherwise "not configured" would be a cascade.
+    let readable = match root.get("serial") {
+        None => true,
+        Some(v) => matches!(v.get_ref(), DeValue::Array(a) if a.len() == tables.len()),
+    };
+    let all_names = (readable && names.len() == tables.len())
+        .then(|| names.iter().map(|(n, _)| (*n).to_owned()).collect());
+    (serials.into_iter().collect(), all_names)
+}
+
+pub(super) fn read_doors(
+    d: &mut Diag<'_>,
+    root: &Table<'_, '_>,
+    serial_names: &Option<Vec<String>>,
+    reader_names: &Option<Vec<String>>,
+) -> Option<(Vec<DoorConfig>, Vec<ReaderDoorConfig>)> {
+    let tables = root.tables(
+        d,
+        "door",
+        "[[door]]",
+        &[
+            "name",
+            "serial",
+            "index",
+            "unlock_ms",
+            "reader",
+            "output",
+            "contact_input",
+            "contact_inverted",
+        ],
+    );
+    let mut names = Vec::new();
+    let mut places: HashMap<(String, u8), (String, Range<usize>)> = HashMap::new();
+    let mut outputs: HashMap<(String, u8), (String, Range<usize>)> = HashMap::new();
+    let mut doors = Vec::new();
+    let mut reader_doors = Vec::new();
+    let mut ok = true;
+    for t in &tables {
+        let name = t.name(d, "name");
+        if let Some((n, span)) = &name {
+            names.push((*n, span.clone()));
+        }
+        let this = name.as_ref().map_or("?", |n| n.0).to_owned();
+        let on_board = t.get("serial").is_some() || t.get("index").is_some();
+        let on_reader = t.get("reader").is_some();
+        if on_board == on_reader {
+            d.at(
+                t.span.clone(),
+                format!(
+                    "door `{}` must name either `serial` and `index` (a lock board) or `reader` (an OSDP reader){}",
+                    this.escape_debug(),
+                    if on_board { ", not both" } else { "" }
+                ),
+            );
+            ok = false;
+            continue;
+        }
+        let unlock_ms = t.int_in::<u16>(d, "unlock_ms", true, 1, u16::MAX.into());
+        if on_reader {
+            for key in ["serial", "index"] {
+                if let Some(v) = t.get(key) {
+                    d.at(
+                        v.span(),
+                        format!("`{key}` is for a door on a lock board, not on a reader"),
+                    );
+                }
+            }
+            let reader = t
+                .str(d, "reader", true)
+                .and_then(|(s, span)| match reader_names {
+                    Some(names) if !names.iter().any(|n| n == s) => {
+                        d.at(
+                            span,
+                            format!(
+                                "door reader `{}` is not configured in a [[reader]]",
+                                s.escape_debug()
+                            ),
+                        );
+                        None
+                    }
+                    _ => Some(s.to_owned()),
+                });
+            let output = t.int_in::<u8>(d, "output", true, 0, u8::MAX.into());
+            let contact_input = t.int_in::<u8>(d, "contact_input", false, 0, u8::MAX.into());
+            let contact_inverted = t.bool(d, "contact_inverted");
+            if let (Some(r), Some((o, span))) = (&reader, &output) {
+                match outputs.get(&(r.clone(), *o)) {
+                    Some((other, first)) => {
+                        let line = d.line_of(first);
+                        d.at(
+                            span.clone(),
+                            format!(
+                                "door `{this}` uses output {o} of reader `{r}`, already used by door `{other}` (line {line})"
+                            ),
+                        );
+                    }
+                    None => {
+                        outputs.insert((r.clone(), *o), (this.clone(), span.clone()));
+                    }
+                }
+            }
+            reader_doors.push((|| {
+                Some(ReaderDoorConfig {
+                    name: name?.0.to_owned(),
+                    reader: reader?,
+                    output: output?.0,
+                    contact_input: contact_input.map(|c| c.0),
+                    contact_inverted: contact_inverted?,
+                    unlock_ms: unlock_ms?.0,
+                })
+            })());
+            continue;
+        }
+        for key in ["output", "contact_input", "contact_inverted"] {
+            if let Some(v) = t.get(key) {
+                d.at(
+                    v.span(),
+                    format!("`{key}` is for a door on an OSDP reader, not on a lock board"),
+                );
+            }
+        }
+        let serial = t
+            .str(d, "serial", true)
+            .and_then(|(s, span)| match serial_names {
+                Some(names) if !names.iter().any(|n| n == s) => {
+                    d.at(
+                        span,
+                        format!(
+                            "door serial `{}` is not configured in a [[serial]]",
+                            s.escape_debug()
+                        ),
+                    );
+                    None
+                }
+                _ => Some(s.to_owned()),
+            });
+        let index = t.int_in::<u8>(d, "index", true, 0, MAX_DOOR_INDEX.into());
+        if let (Some(s), Some((i, span))) = (&serial, &index) {
+            match places.get(&(s.clone(), *i)) {
+                Some((other, first)) => {
+                    let line = d.line_of(first);
+                    d.at(
+                        span.clone(),
+                        format!(
+                            "door `{this}` has index {i} on serial `{s}`, already used by door `{other}` (line {line})"
+                        ),
+                    );
+                }
+                None => {
+                    places.insert((s.clone(), *i), (this, span.clone()));
+                }
+            }
+        }
+        doors.push((|| {
+            Some(DoorConfig {
+                name: name?.0.to_owned(),
+                serial: serial?,
+                index: index?.0,
+                unlock_ms: unlock_ms?.0,
+            })
+        })());
+    }
+    check_unique(d, "door name", &names);
+    let doors: Option<Vec<DoorConfig>> = doors.into_iter().collect();
+    let reader_doors: Option<Vec<ReaderDoorConfig>> = reader_doors.into_iter().collect();
+    if !ok {
+        return None;
+    }
+    Some((doors?, reader_doors?))
+}

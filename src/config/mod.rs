@@ -1,0 +1,616 @@
+//! The installer's contract: `hub.toml` and `secrets.toml` (config.md).
+//!
+//! Loading is all-or-nothing: [`load`] reads both files, checks every rule,
+//! and either returns a [`Config`] the rest of the daemon can trust without
+//! re-checking, or every problem at once, each with file, line and column.
+//! Nothing here writes anything.
+//!
+//! Layout: this file holds the types, the errors and [`load`]; `diag` the
+//! positioned diagnostics and file checks; `table` the typed TOML reader and
+//! the name rules; one file per section (`hub`, `mqtt`, `trust`, `doors` for
+//! `[[serial]]` and `[[door]]`, `osdp` for `[[osdp]]` and `[[reader]]`,
+//! `policy`); `secrets` the secrets file.
+
+use crate::crypto;
+use crate::time::Timestamp;
+use ed25519_dalek::{SigningKey, VerifyingKey};
+use std::collections::HashMap;
+use std::fmt;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use toml::Spanned;
+use toml::de::{DeTable, DeValue};
+use uuid::Uuid;
+
+mod diag;
+mod doors;
+mod hub;
+mod mqtt;
+mod osdp;
+mod policy;
+mod secrets;
+mod table;
+mod trust;
+
+use diag::*;
+use doors::*;
+use hub::*;
+use mqtt::*;
+use osdp::*;
+use policy::*;
+use secrets::*;
+use table::*;
+use trust::*;
+
+pub use mqtt::parse_mqtt_url;
+pub use table::is_id;
+
+/// The SQLite file's name inside `data_dir`.
+pub const DATABASE_FILE: &str = "lockhub.db";
+
+/// A loaded, validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Where `hub.toml` was read from (relative paths in it resolve from its folder).
+    pub path: PathBuf,
+    pub hub: HubConfig,
+    pub mqtt: MqttConfig,
+    pub trust: Vec<Signer>,
+    pub serials: Vec<SerialConfig>,
+    /// Doors on a lock board (`serial` + `index`).
+    pub doors: Vec<DoorConfig>,
+    /// `[[osdp]]`: buses of OSDP readers.
+    pub osdp: Vec<OsdpBusConfig>,
+    /// `[[reader]]`: OSDP readers.
+    pub readers: Vec<ReaderConfig>,
+    /// Doors on an OSDP reader (`reader` + `output`).
+    pub reader_doors: Vec<ReaderDoorConfig>,
+    pub policy: Policy,
+    pub secrets_file: PathBuf,
+    pub secrets: Secrets,
+}
+
+#[derive(Debug, Clone)]
+pub struct HubConfig {
+    pub site_id: Uuid,
+    /// 1..=64 of `[A-Za-z0-9._-]`.
+    pub hub_id: String,
+    pub data_dir: PathBuf,
+}
+
+#[derive(Debug, Clone)]
+pub struct MqttConfig {
+    /// `mqtt://host:port` or `mqtts://host:port`.
+    pub url: String,
+    pub tls: bool,
+    pub host: String,
+    pub port: u16,
+    /// Defaults to the hub id.
+    pub client_id: String,
+    /// Defaults to `lockhub/v1`.
+    pub topic_prefix: String,
+    pub ca_file: Option<PathBuf>,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    pub username: Option<String>,
+    pub password_file: Option<PathBuf>,
+}
+
+/// A cloud signing key the hub trusts.
+#[derive(Debug, Clone)]
+pub struct Signer {
+    pub id: String,
+    /// Checked at load: a valid point, not of small order (weak).
+    pub public_key: VerifyingKey,
+    pub not_after: Option<Timestamp>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SerialConfig {
+    pub name: String,
+    pub port: PathBuf,
+    pub baud: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DoorConfig {
+    /// The name grants use.
+    pub name: String,
+    /// Names a `[[serial]]`.
+    pub serial: String,
+    /// Board-local door number, 0..=15, unique per serial.
+    pub index: u8,
+    /// 1..=65535.
+    pub unlock_ms: u16,
+}
+
+/// The baud rates osdp.md allows on a bus.
+pub const OSDP_BAUDS: [u32; 6] = [9600, 19200, 38400, 57600, 115200, 230400];
+
+/// The highest reader address (0x7F is broadcast).
+pub const MAX_READER_ADDRESS: u8 = 126;
+
+/// `[[osdp]]`: one RS-485 bus of readers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OsdpBusConfig {
+    pub name: String,
+    pub port: PathBuf,
+    /// One of [`OSDP_BAUDS`].
+    pub baud: u32,
+}
+
+/// `[[reader]]`: one OSDP reader on a bus.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReaderConfig {
+    pub name: String,
+    /// Names an `[[osdp]]` bus.
+    pub bus: String,
+    /// 0..=126, unique per bus.
+    pub address: u8,
+    /// No Secure Channel (only for a reader on the secured side).
+    pub insecure_plaintext: bool,
+}
+
+/// A `[[door]]` served by an OSDP reader.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReaderDoorConfig {
+    pub name: String,
+    /// Names a `[[reader]]`.
+    pub reader: String,
+    /// The reader's output that drives the strike.
+    pub output: u8,
+    /// The reader's input wired to the door contact.
+    pub contact_input: Option<u8>,
+    /// The input is active when the door is closed.
+    pub contact_inverted: bool,
+    /// 1..=65535.
+    pub unlock_ms: u16,
+}
+
+/// `[[reader_key]]`: a reader's Secure Channel Base Key. Debug redacts it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ReaderKey {
+    pub reader: String,
+    pub scbk: [u8; 16],
+}
+
+impl std::fmt::Debug for ReaderKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReaderKey")
+            .field("reader", &self.reader)
+            .field("scbk", &"<redacted>")
+            .finish()
+    }
+}
+
+/// `[policy]`: every value positive; defaults from config.md.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    pub lockout_threshold: u32,
+    pub lockout_window_s: u32,
+    pub lockout_base_s: u32,
+    pub held_open_s: u32,
+    pub max_grant_days: u32,
+    pub dedupe_retention_days: u32,
+    pub audit_retention_days: u32,
+    pub cloud_stale_s: u32,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            lockout_threshold: 5,
+            lockout_window_s: 300,
+            lockout_base_s: 60,
+            held_open_s: 60,
+            max_grant_days: 60,
+            dedupe_retention_days: 14,
+            audit_retention_days: 90,
+            cloud_stale_s: 900,
+        }
+    }
+}
+
+/// The longest a lockout lasts, whatever the doubling says (serial.md).
+pub const LOCKOUT_MAX_S: u32 = 3600;
+
+/// A PIN key: typed PINs are matched by their HMAC-SHA256 tag under it.
+#[derive(Clone)]
+pub struct PinKey {
+    pub id: String,
+    pub secret: [u8; 32],
+}
+
+impl std::fmt::Debug for PinKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PinKey")
+            .field("id", &self.id)
+            .field("secret", &"<redacted>")
+            .finish()
+    }
+}
+
+/// The secrets file. Its Debug output never shows a secret.
+#[derive(Clone)]
+pub struct Secrets {
+    pub hub_key: SigningKey,
+    pub pin_keys: Vec<PinKey>,
+    pub reader_keys: Vec<ReaderKey>,
+}
+
+impl std::fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Secrets")
+            .field("hub_key", &"<redacted>")
+            .field("pin_keys", &self.pin_keys)
+            .field("reader_keys", &self.reader_keys)
+            .finish()
+    }
+}
+
+impl Config {
+    pub fn door(&self, name: &str) -> Option<&DoorConfig> {
+        self.doors.iter().find(|d| d.name == name)
+    }
+
+    /// Every door name, whatever drives it.
+    pub fn door_names(&self) -> impl Iterator<Item = &str> {
+        self.doors
+            .iter()
+            .map(|d| d.name.as_str())
+            .chain(self.reader_doors.iter().map(|d| d.name.as_str()))
+    }
+
+    pub fn reader(&self, name: &str) -> Option<&ReaderConfig> {
+        self.readers.iter().find(|r| r.name == name)
+    }
+
+    /// A reader's SCBK from the secrets file.
+    pub fn reader_key(&self, reader: &str) -> Option<&ReaderKey> {
+        self.secrets.reader_keys.iter().find(|k| k.reader == reader)
+    }
+
+    pub fn pin_key(&self, id: &str) -> Option<&PinKey> {
+        self.secrets.pin_keys.iter().find(|k| k.id == id)
+    }
+
+    /// `P/S/H/<leaf>` for this hub.
+    pub fn topic(&self, leaf: &str) -> String {
+        format!(
+            "{}/{}/{}/{}",
+            self.mqtt.topic_prefix, self.hub.site_id, self.hub.hub_id, leaf
+        )
+    }
+
+    /// The SQLite file inside `data_dir`.
+    pub fn database_path(&self) -> PathBuf {
+        self.hub.data_dir.join(DATABASE_FILE)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------
+
+/// One problem in `hub.toml` or in a file it names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The file the problem is in (the secrets file's own path for its problems).
+    pub file: PathBuf,
+    /// 1-based; `None` only for a problem with a file as a whole (mode, unreadable).
+    pub line: Option<usize>,
+    /// 1-based, counted in characters; `None` exactly when `line` is.
+    pub column: Option<usize>,
+    /// What is wrong. Never contains a secret value.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.line, self.column) {
+            (Some(l), Some(c)) => write!(f, "{}:{l}:{c}: {}", self.file.display(), self.message),
+            _ => write!(f, "{}: {}", self.file.display(), self.message),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Every problem [`load`] found, in file order then line and column order.
+/// Display prints one problem per line (`FILE:LINE:COL: message`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigErrors {
+    pub errors: Vec<ConfigError>,
+}
+
+impl ConfigErrors {
+    pub fn iter(&self) -> std::slice::Iter<'_, ConfigError> {
+        self.errors.iter()
+    }
+
+    pub fn len(&self) -> usize {
+        self.errors.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.errors.is_empty()
+    }
+}
+
+impl<'a> IntoIterator for &'a ConfigErrors {
+    type Item = &'a ConfigError;
+    type IntoIter = std::slice::Iter<'a, ConfigError>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.errors.iter()
+    }
+}
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.errors.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+/// 1-based (line, column) of byte `offset` in `text`. Columns count
+/// characters, so a multi-byte character is one column. An offset past the
+/// end, or inside a character, is moved back to the nearest boundary.
+pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let mut offset = offset.min(text.len());
+    while !text.is_char_boundary(offset) {
+        offset -= 1;
+    }
+    let before = &text[..offset];
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let line = before.bytes().filter(|&b| b == b'\n').count() + 1;
+    (line, before[line_start..].chars().count() + 1)
+}
+
+// ---------------------------------------------------------------------------
+// Loading
+// ---------------------------------------------------------------------------
+
+/// The default `mqtt.topic_prefix`.
+pub const DEFAULT_TOPIC_PREFIX: &str = "lockhub/v1";
+/// The default port of `mqtt://`.
+pub const MQTT_PORT: u16 = 1883;
+/// The default port of `mqtts://`.
+pub const MQTTS_PORT: u16 = 8883;
+/// Door indices a board knows (serial.md): 0..=15.
+pub const MAX_DOOR_INDEX: u8 = 15;
+
+/// Reads `hub.toml` at `path` and the files it names, and checks every rule
+/// of config.md. Reads only; writes and creates nothing (`data_dir` need not
+/// exist yet). Relative paths resolve against the folder of `path`.
+pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+    let mut errors = Vec::new();
+    let config = load_inner(path, &mut errors);
+    match config {
+        Some(config) if errors.is_empty() => Ok(config),
+        _ => {
+            if errors.is_empty() {
+                // Every path that yields no config reports why; keep that true.
+                errors.push(file_error(path, "could not be loaded"));
+            }
+            Err(ConfigErrors {
+                errors: ordered(errors, path),
+            })
+        }
+    }
+}
+
+fn file_error(file: &Path, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        file: file.to_path_buf(),
+        line: None,
+        column: None,
+        message: message.into(),
+    }
+}
+
+/// The config file first, then other files in the order they came up; within
+/// a file, by line and column (file-level problems first).
+fn ordered(mut errors: Vec<ConfigError>, first: &Path) -> Vec<ConfigError> {
+    let mut files: Vec<PathBuf> = vec![first.to_path_buf()];
+    for e in &errors {
+        if !files.contains(&e.file) {
+            files.push(e.file.clone());
+        }
+    }
+    errors.sort_by_key(|e| {
+        (
+            files.iter().position(|f| *f == e.file),
+            e.line.unwrap_or(0),
+            e.column.unwrap_or(0),
+        )
+    });
+    errors.dedup();
+    errors
+}
+
+fn load_inner(path: &Path, errors: &mut Vec<ConfigError>) -> Option<Config> {
+    let text = match read_text(path) {
+        Ok(t) => t,
+        Err(ReadError::Io(e)) => {
+            errors.push(file_error(path, io_message(&e)));
+            return None;
+        }
+        Err(ReadError::Utf8 { line, column }) => {
+            errors.push(ConfigError {
+                file: path.to_path_buf(),
+                line: Some(line),
+                column: Some(column),
+                message: "not valid UTF-8".to_owned(),
+            });
+            return None;
+        }
+    };
+    let base = match std::path::absolute(path) {
+        Ok(p) => p.parent().map(Path::to_path_buf).unwrap_or_default(),
+        Err(e) => {
+            errors.push(file_error(path, format!("cannot resolve its folder: {e}")));
+            return None;
+        }
+    };
+    let mut d = Diag::new(path, &text, false);
+    let Some(doc) = parse_toml(&mut d, &text) else {
+        errors.append(&mut d.errors);
+        return None;
+    };
+    let root = Table {
+        what: "the config".to_owned(),
+        span: doc.span(),
+        t: doc.get_ref(),
+    };
+    root.check_unknown(
+        &mut d,
+        &[
+            "hub", "mqtt", "trust", "secrets", "serial", "door", "policy", "osdp", "reader",
+        ],
+    );
+
+    let hub = read_hub(&mut d, &root, &base);
+    let hub_id = hub.as_ref().map_or("", |h| h.hub_id.as_str());
+    let mqtt = read_mqtt(&mut d, &root, &base, hub_id);
+    let trust = read_trust(&mut d, &root);
+    let (serials, serial_names) = read_serials(&mut d, &root, &base);
+    let (buses, bus_names) = read_osdp_buses(&mut d, &root, &base);
+    let (readers, reader_spans) = read_readers(&mut d, &root, &bus_names);
+    let reader_names = readers
+        .as_ref()
+        .map(|rs| rs.iter().map(|r| r.name.clone()).collect::<Vec<_>>());
+    let doors = read_doors(&mut d, &root, &serial_names, &reader_names);
+    let policy = read_policy(&mut d, &root);
+    let secrets_ref = root
+        .table(&mut d, "secrets", "[secrets]", &["file"], true)
+        .and_then(|t| t.path(&mut d, "file", true, &base));
+    let secrets = secrets_ref
+        .as_ref()
+        .and_then(|(file, span)| read_secrets(&mut d, errors, file, span));
+
+    if let Some(sec) = &secrets {
+        for (name, span, insecure) in &reader_spans {
+            if !insecure && !sec.reader_keys.iter().any(|k| &k.reader == name) {
+                d.at(
+                    span.clone(),
+                    format!(
+                        "reader `{}` has no [[reader_key]] in the secrets file (a reader without a Secure Channel key needs `insecure_plaintext = true`)",
+                        name.escape_debug()
+                    ),
+                );
+            }
+        }
+    }
+
+    errors.append(&mut d.errors);
+    let (secrets_file, _) = secrets_ref?;
+    let (doors, reader_doors) = doors?;
+    Some(Config {
+        path: path.to_path_buf(),
+        hub: hub?,
+        mqtt: mqtt?,
+        trust: trust?,
+        serials: serials?,
+        doors,
+        osdp: buses?,
+        readers: readers?,
+        reader_doors,
+        policy: policy?,
+        secrets_file,
+        secrets: secrets?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn line_col_is_one_based_and_counts_characters() {
+        let text = "ab\ncdé f\n\nx";
+        assert_eq!(line_col(text, 0), (1, 1));
+        assert_eq!(line_col(text, 1), (1, 2));
+        assert_eq!(line_col(text, 2), (1, 3)); // the newline itself
+        assert_eq!(line_col(text, 3), (2, 1));
+        assert_eq!(line_col(text, 8), (2, 5)); // after the two-byte é
+        assert_eq!(line_col(text, 6), (2, 3)); // inside é: its start
+        assert_eq!(line_col(text, 9), (2, 6));
+        assert_eq!(line_col(text, 10), (3, 1));
+        assert_eq!(line_col(text, 11), (4, 1));
+        assert_eq!(line_col(text, 12), (4, 2));
+        assert_eq!(line_col(text, 999), (4, 2)); // clamped to the end
+        assert_eq!(line_col("", 5), (1, 1));
+    }
+
+    #[test]
+    fn mqtt_urls() {
+        let ok = |u: &str| parse_mqtt_url(u).unwrap();
+        assert_eq!(
+            ok("mqtt://127.0.0.1:1883"),
+            (false, "127.0.0.1".into(), 1883)
+        );
+        assert_eq!(ok("mqtt://broker"), (false, "broker".into(), 1883));
+        assert_eq!(
+            ok("mqtts://broker.example"),
+            (true, "broker.example".into(), 8883)
+        );
+        assert_eq!(ok("mqtts://b:443"), (true, "b".into(), 443));
+        assert_eq!(ok("mqtt://[::1]:1884"), (false, "::1".into(), 1884));
+        assert_eq!(ok("mqtts://[fe80::1]"), (true, "fe80::1".into(), 8883));
+        for bad in [
+            "",
+            "tcp://b",
+            "MQTT://b",
+            "mqtt://",
+            "mqtt://:1883",
+            "mqtt://b:",
+            "mqtt://b:0",
+            "mqtt://b:+1",
+            "mqtt://b:65536",
+            "mqtt://b:1:2",
+            "mqtt://b/",
+            "mqtt://b?x",
+            "mqtt://u:p@b",
+            "mqtt://[::1",
+            "mqtt://[nope]",
+            "mqtt://[::1]x",
+            "mqtt://b c",
+        ] {
+            assert!(parse_mqtt_url(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn ids() {
+        assert!(is_id("hub-lobby-1"));
+        assert!(is_id(&"a".repeat(64)));
+        assert!(!is_id(&"a".repeat(65)));
+        assert!(!is_id(""));
+        assert!(!is_id("a b"));
+        assert!(!is_id("é"));
+    }
+
+    #[test]
+    fn errors_display_one_per_line() {
+        let e = |line: Option<usize>, msg: &str| ConfigError {
+            file: PathBuf::from("/etc/lockhub/hub.toml"),
+            line,
+            column: line.map(|_| 3),
+            message: msg.into(),
+        };
+        let all = ConfigErrors {
+            errors: vec![e(Some(2), "one"), e(None, "two")],
+        };
+        assert_eq!(
+            all.to_string(),
+            "/etc/lockhub/hub.toml:2:3: one\n/etc/lockhub/hub.toml: two"
+        );
+    }
+}

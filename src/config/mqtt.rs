@@ -1,0 +1,279 @@
+//! `[mqtt]`: the broker URL, TLS files, credentials.
+
+use super::*;
+
+/// Parses `mqtt://host[:port]` or `mqtts://host[:port]` into (tls, host,
+/// port). Messages never repeat the url (it might hold a password).
+pub fn parse_mqtt_url(url: &str) -> Result<(bool, String, u16), String> {
+    let (tls, rest) = if let Some(rest) = url.strip_prefix("mqtts://") {
+        (true, rest)
+    } else if let Some(rest) = url.strip_prefix("mqtt://") {
+        (false, rest)
+    } else {
+        return Err("`url` must start with mqtt:// or mqtts://".to_owned());
+    };
+    if rest.contains('@') {
+        return Err(
+            "`url` must not hold credentials: use `username` and `password_file`".to_owned(),
+        );
+    }
+    if rest.contains(['/', '?', '#']) {
+        return Err("`url` must be mqtt(s)://host[:port], with no path or query".to_owned());
+    }
+    let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
+        let Some((addr, after)) = v6.split_once(']') else {
+            return Err("`url` has an unclosed [ in its host".to_owned());
+        };
+        if addr.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err("`url` host in [ ] is not an IPv6 address".to_owned());
+        }
+        let port = match after {
+            "" => None,
+            p => match p.strip_prefix(':') {
+                Some(p) => Some(p),
+                None => return Err("`url` has text after its host".to_owned()),
+            },
+        };
+        (addr.to_owned(), port)
+    } else {
+        match rest.split_once(':') {
+            Some((h, p)) => (h.to_owned(), Some(p)),
+            None => (rest.to_owned(), None),
+        }
+    };
+    if !rest.starts_with('[')
+        && (host.is_empty()
+            || !host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_')))
+    {
+        return Err("`url` needs a host name or address (A-Z a-z 0-9 . - _)".to_owned());
+    }
+    let port = match port {
+        None => {
+            if tls {
+                MQTTS_PORT
+            } else {
+                MQTT_PORT
+            }
+        }
+        Some(p) => match p.parse::<u16>() {
+            Ok(n) if n > 0 && p.bytes().all(|b| b.is_ascii_digit()) => n,
+            _ => return Err("`url` port must be 1..=65535".to_owned()),
+        },
+    };
+    Ok((tls, host, port))
+}
+
+pub(super) fn read_mqtt(
+    d: &mut Diag<'_>,
+    root: &Table<'_, '_>,
+    base: &Path,
+    hub_id: &str,
+) -> Option<MqttConfig> {
+    let t = root.table(
+        d,
+        "mqtt",
+        "[mqtt]",
+        &[
+            "url",
+            "client_id",
+            "topic_prefix",
+            "ca_file",
+            "cert_file",
+            "key_file",
+            "username",
+            "password_file",
+        ],
+        true,
+    )?;
+    let mut ok = true;
+    let url = t
+        .str(d, "url", true)
+        .and_then(|(s, span)| match parse_mqtt_url(s) {
+            Ok((tls, host, port)) => Some((s.to_owned(), tls, host, port)),
+            Err(m) => {
+                d.at(span, m);
+                None
+            }
+        });
+    let tls = url.as_ref().map(|u| u.1);
+
+    let client_id = match t.get("client_id") {
+        None => Some(hub_id.to_owned()),
+        Some(_) => t.str(d, "client_id", false).and_then(|(s, span)| {
+            if s.is_empty() || s.len() > 65535 || s.chars().any(char::is_control) {
+                d.at(
+                    span,
+                    "`client_id` must be a non-empty string without control characters",
+                );
+                None
+            } else {
+                Some(s.to_owned())
+            }
+        }),
+    };
+    let topic_prefix = match t.get("topic_prefix") {
+        None => Some(DEFAULT_TOPIC_PREFIX.to_owned()),
+        Some(_) => t.str(d, "topic_prefix", false).and_then(|(s, span)| {
+            let bad = s.is_empty()
+                || s.starts_with('/')
+                || s.ends_with('/')
+                || s.contains("//")
+                || s.contains(['+', '#', '\0']);
+            if bad {
+                d.at(
+                    span,
+                    "`topic_prefix` must be topic levels joined by / (no wildcards, no empty level, no leading or trailing /)",
+                );
+                None
+            } else {
+                Some(s.to_owned())
+            }
+        }),
+    };
+
+    // TLS files: only with mqtts://, and then the CA is required (the hub
+    // bundles no root store) and a client certificate comes with its key.
+    let mut file = |d: &mut Diag<'_>, key: &str| -> Option<(PathBuf, Range<usize>)> {
+        let before = d.errors.len();
+        let r = t.path(d, key, false, base);
+        if d.errors.len() != before {
+            ok = false;
+        }
+        r
+    };
+    let ca = file(d, "ca_file");
+    let cert = file(d, "cert_file");
+    let key = file(d, "key_file");
+    let password = file(d, "password_file");
+    let username = t.text(d, "username", false);
+    if t.get("username").is_some() && username.is_none() {
+        ok = false;
+    }
+
+    if tls == Some(false) {
+        for (name, f) in [("ca_file", &ca), ("cert_file", &cert), ("key_file", &key)] {
+            if let Some((_, span)) = f {
+                d.at(
+                    span.clone(),
+                    format!("`{name}` is only used with mqtts:// (the url is mqtt://)"),
+                );
+                ok = false;
+            }
+        }
+    }
+    if tls == Some(true) && ca.is_none() && t.get("ca_file").is_none() {
+        d.at(
+            t.span.clone(),
+            "mqtts:// needs `ca_file` (the CA that signed the broker's certificate)",
+        );
+        ok = false;
+    }
+    match (&cert, &key) {
+        (Some((_, span)), None) if t.get("key_file").is_none() => {
+            d.at(span.clone(), "`cert_file` needs `key_file`");
+            ok = false;
+        }
+        (None, Some((_, span))) if t.get("cert_file").is_none() => {
+            d.at(span.clone(), "`key_file` needs `cert_file`");
+            ok = false;
+        }
+        _ => {}
+    }
+    if let Some((_, span)) = &password
+        && t.get("username").is_none()
+    {
+        d.at(span.clone(), "`password_file` needs `username`");
+        ok = false;
+    }
+
+    if tls == Some(true) {
+        for (name, f) in [("ca_file", &ca), ("cert_file", &cert)] {
+            if let Some((p, span)) = f {
+                if check_file(d, name, p, span).is_none() {
+                    ok = false;
+                } else if !has_pem_certificate(p) {
+                    d.at(
+                        span.clone(),
+                        format!("`{name}` {} holds no PEM certificate", p.display()),
+                    );
+                    ok = false;
+                }
+            }
+        }
+        if let Some((p, span)) = &key {
+            match check_file(d, "key_file", p, span) {
+                None => ok = false,
+                Some(meta) => {
+                    let before = d.errors.len();
+                    check_private(d, "the MQTT client key", p, &meta);
+                    if !has_pem_private_key(p) {
+                        d.at(
+                            span.clone(),
+                            format!("`key_file` {} holds no PEM private key", p.display()),
+                        );
+                    }
+                    ok &= d.errors.len() == before;
+                }
+            }
+        }
+    }
+    if let Some((p, span)) = &password {
+        match check_file(d, "password_file", p, span) {
+            None => ok = false,
+            Some(meta) => {
+                let before = d.errors.len();
+                check_private(d, "the MQTT password file", p, &meta);
+                match std::fs::read(p) {
+                    Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => {
+                        d.at(
+                            span.clone(),
+                            format!("`password_file` {} is empty", p.display()),
+                        );
+                    }
+                    Ok(_) => {}
+                    Err(e) => d.at(
+                        span.clone(),
+                        format!("`password_file` {} {}", p.display(), io_message(&e)),
+                    ),
+                }
+                ok &= d.errors.len() == before;
+            }
+        }
+    }
+
+    let (url, tls, host, port) = url?;
+    if !ok {
+        return None;
+    }
+    Some(MqttConfig {
+        url,
+        tls,
+        host,
+        port,
+        client_id: client_id?,
+        topic_prefix: topic_prefix?,
+        ca_file: ca.map(|f| f.0),
+        cert_file: cert.map(|f| f.0),
+        key_file: key.map(|f| f.0),
+        username: username.map(|u| u.0.to_owned()),
+        password_file: password.map(|f| f.0),
+    })
+}
+
+pub(super) fn has_pem_certificate(path: &Path) -> bool {
+    let Ok(bytes) = std::fs::read(path) else {
+        return false;
+    };
+    let mut rd = bytes.as_slice();
+    rustls_pemfile::certs(&mut rd).any(|c| c.is_ok())
+}
+
+pub(super) fn has_pem_private_key(path: &Path) -> bool {
+    let Ok(bytes) = std::fs::read(path) else {
+        return false;
+    };
+    let mut rd = bytes.as_slice();
+    matches!(rustls_pemfile::private_key(&mut rd), Ok(Some(_)))
+}

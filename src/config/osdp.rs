@@ -1,0 +1,119 @@
+//! `[[osdp]]` and `[[reader]]`: OSDP buses and their readers (osdp.md).
+
+use super::*;
+
+/// `[[osdp]]`: the buses, and their names when every one was readable.
+pub(super) fn read_osdp_buses(
+    d: &mut Diag<'_>,
+    root: &Table<'_, '_>,
+    base: &Path,
+) -> (Option<Vec<OsdpBusConfig>>, Option<Vec<String>>) {
+    let tables = root.tables(d, "osdp", "[[osdp]]", &["name", "port", "baud"]);
+    let mut names = Vec::new();
+    let mut buses = Vec::new();
+    for t in &tables {
+        let name = t.name(d, "name");
+        if let Some((n, span)) = &name {
+            names.push((*n, span.clone()));
+        }
+        let port = t.path(d, "port", true, base);
+        let baud = t.int_in::<u32>(d, "baud", true, 1, u32::MAX.into()).and_then(|(b, span)| {
+            if OSDP_BAUDS.contains(&b) {
+                Some(b)
+            } else {
+                d.at(
+                    span,
+                    format!("`baud` must be one of 9600, 19200, 38400, 57600, 115200, 230400; found {b}"),
+                );
+                None
+            }
+        });
+        buses.push((|| {
+            Some(OsdpBusConfig {
+                name: name?.0.to_owned(),
+                port: port?.0,
+                baud: baud?,
+            })
+        })());
+    }
+    check_unique(d, "osdp bus name", &names);
+    let readable = match root.get("osdp") {
+        None => true,
+        Some(v) => matches!(v.get_ref(), DeValue::Array(a) if a.len() == tables.len()),
+    };
+    let all_names = (readable && names.len() == tables.len())
+        .then(|| names.iter().map(|(n, _)| (*n).to_owned()).collect());
+    (buses.into_iter().collect(), all_names)
+}
+
+/// A reader's name, its span and `insecure_plaintext`, for the key check.
+pub(super) type NamedReader = (String, Range<usize>, bool);
+
+/// `[[reader]]`: the readers and the span of each one's name.
+pub(super) fn read_readers(
+    d: &mut Diag<'_>,
+    root: &Table<'_, '_>,
+    bus_names: &Option<Vec<String>>,
+) -> (Option<Vec<ReaderConfig>>, Vec<NamedReader>) {
+    let tables = root.tables(
+        d,
+        "reader",
+        "[[reader]]",
+        &["name", "bus", "address", "insecure_plaintext"],
+    );
+    let mut names = Vec::new();
+    let mut spans = Vec::new();
+    let mut places: HashMap<(String, u8), (String, Range<usize>)> = HashMap::new();
+    let mut readers = Vec::new();
+    for t in &tables {
+        let name = t.name(d, "name");
+        if let Some((n, span)) = &name {
+            names.push((*n, span.clone()));
+        }
+        let this = name.as_ref().map_or("?", |n| n.0).to_owned();
+        let bus = t.str(d, "bus", true).and_then(|(s, span)| match bus_names {
+            Some(names) if !names.iter().any(|n| n == s) => {
+                d.at(
+                    span,
+                    format!(
+                        "reader bus `{}` is not configured in an [[osdp]]",
+                        s.escape_debug()
+                    ),
+                );
+                None
+            }
+            _ => Some(s.to_owned()),
+        });
+        let address = t.int_in::<u8>(d, "address", true, 0, MAX_READER_ADDRESS.into());
+        if let (Some(b), Some((a, span))) = (&bus, &address) {
+            match places.get(&(b.clone(), *a)) {
+                Some((other, first)) => {
+                    let line = d.line_of(first);
+                    d.at(
+                        span.clone(),
+                        format!(
+                            "reader `{this}` has address {a} on bus `{b}`, already used by reader `{other}` (line {line})"
+                        ),
+                    );
+                }
+                None => {
+                    places.insert((b.clone(), *a), (this, span.clone()));
+                }
+            }
+        }
+        let insecure = t.bool(d, "insecure_plaintext");
+        if let (Some((n, span)), Some(i)) = (&name, insecure) {
+            spans.push(((*n).to_owned(), span.clone(), i));
+        }
+        readers.push((|| {
+            Some(ReaderConfig {
+                name: name?.0.to_owned(),
+                bus: bus?,
+                address: address?.0,
+                insecure_plaintext: insecure?,
+            })
+        })());
+    }
+    check_unique(d, "reader name", &names);
+    (readers.into_iter().collect(), spans)
+}

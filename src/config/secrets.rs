@@ -1,0 +1,138 @@
+//! The secrets file: `[hub_key]`, `[[pin_key]]`, `[[reader_key]]`. Nothing
+//! in it is ever echoed in a message.
+
+use super::*;
+
+/// Reads the secrets file named at `span` in hub.toml. Its own problems are
+/// reported with its own path; a file that cannot be opened at all is
+/// reported at `span`. No message ever holds a secret value.
+pub(super) fn read_secrets(
+    hub: &mut Diag<'_>,
+    errors: &mut Vec<ConfigError>,
+    file: &Path,
+    span: &Range<usize>,
+) -> Option<Secrets> {
+    let meta = check_file(hub, "file", file, span)?;
+    let mode_before = hub.errors.len();
+    check_private(hub, "the secrets file", file, &meta);
+    let mode_ok = hub.errors.len() == mode_before;
+    let text = match read_text(file) {
+        Ok(t) => t,
+        Err(ReadError::Io(e)) => {
+            hub.at(
+                span.clone(),
+                format!("secrets file {} {}", file.display(), io_message(&e)),
+            );
+            return None;
+        }
+        Err(ReadError::Utf8 { line, column }) => {
+            errors.push(ConfigError {
+                file: file.to_path_buf(),
+                line: Some(line),
+                column: Some(column),
+                message: "not valid UTF-8".to_owned(),
+            });
+            return None;
+        }
+    };
+    let mut d = Diag::new(file, &text, true);
+    let secrets = parse_secrets(&mut d, &text);
+    errors.append(&mut d.errors);
+    secrets.filter(|_| mode_ok)
+}
+
+pub(super) fn parse_secrets(d: &mut Diag<'_>, text: &str) -> Option<Secrets> {
+    let doc = parse_toml(d, text)?;
+    let root = Table {
+        what: "the secrets file".to_owned(),
+        span: doc.span(),
+        t: doc.get_ref(),
+    };
+    root.check_unknown(d, &["hub_key", "pin_key", "reader_key"]);
+    let hub_key = root
+        .table(d, "hub_key", "[hub_key]", &["secret"], true)
+        .and_then(|t| secret_32(d, &t))
+        .map(|seed| SigningKey::from_bytes(&seed));
+    let tables = root.tables(d, "pin_key", "[[pin_key]]", &["id", "secret"]);
+    if tables.is_empty() && root.get("pin_key").is_none() {
+        d.at(
+            root.span.clone(),
+            "missing [[pin_key]]: the hub needs at least one PIN key",
+        );
+    }
+    let mut ids = Vec::new();
+    let mut pin_keys = Vec::new();
+    for t in &tables {
+        let id = t.name(d, "id");
+        if let Some((id, span)) = &id {
+            ids.push((*id, span.clone()));
+        }
+        let secret = secret_32(d, t);
+        pin_keys.push((|| {
+            Some(PinKey {
+                id: id?.0.to_owned(),
+                secret: secret?,
+            })
+        })());
+    }
+    check_unique(d, "pin key id", &ids);
+    let mut readers = Vec::new();
+    let mut reader_keys = Vec::new();
+    for t in &root.tables(d, "reader_key", "[[reader_key]]", &["reader", "scbk"]) {
+        let reader = t.name(d, "reader");
+        if let Some((r, span)) = &reader {
+            readers.push((*r, span.clone()));
+        }
+        let scbk = scbk_16(d, t);
+        reader_keys.push((|| {
+            Some(ReaderKey {
+                reader: reader?.0.to_owned(),
+                scbk: scbk?,
+            })
+        })());
+    }
+    check_unique(d, "reader_key reader", &readers);
+    let reader_keys: Option<Vec<ReaderKey>> = reader_keys.into_iter().collect();
+    let pin_keys: Option<Vec<PinKey>> = pin_keys.into_iter().collect();
+    let pin_keys = pin_keys.filter(|k| !k.is_empty())?;
+    Some(Secrets {
+        hub_key: hub_key?,
+        pin_keys,
+        reader_keys: reader_keys?,
+    })
+}
+
+/// `secret`: base64url of exactly 32 bytes. Messages say what is wrong with
+/// it without showing it.
+pub(super) fn secret_32(d: &mut Diag<'_>, t: &Table<'_, '_>) -> Option<[u8; 32]> {
+    let (s, span) = t.str(d, "secret", true)?;
+    if let Some(bytes) = crypto::b64u_decode_32(s) {
+        return Some(bytes);
+    }
+    let message = match crypto::b64u_decode(s) {
+        Some(b) => format!(
+            "`secret` must be 32 bytes (base64url, 43 characters); it decodes to {} bytes",
+            b.len()
+        ),
+        None => "`secret` is not base64url; it must be 32 bytes (43 characters)".to_owned(),
+    };
+    d.at(span, message);
+    None
+}
+
+/// `scbk`: base64url of exactly 16 bytes, never shown.
+pub(super) fn scbk_16(d: &mut Diag<'_>, t: &Table<'_, '_>) -> Option<[u8; 16]> {
+    let (s, span) = t.str(d, "scbk", true)?;
+    let message = match crypto::b64u_decode(s) {
+        Some(b) => match <[u8; 16]>::try_from(b.as_slice()) {
+            Ok(k) => return Some(k),
+            Err(_) => format!(
+                "`scbk` must be 16 bytes (base64url, 22 characters); it decodes to {} bytes",
+                b.len()
+            ),
+        },
+        None => "`scbk` is not base64url; it must be 16 bytes (22 characters)".to_owned(),
+    };
+    d.at(span, message);
+    None
+}

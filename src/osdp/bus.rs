@@ -1,0 +1,1047 @@
+//! One task per `[[osdp]]` bus: it owns the port, polls its readers in
+//! turn (one command on the wire at a time, as RS-485 half duplex needs),
+//! and turns each reader's [`cp::Event`]s into alerts, identity checks,
+//! link state and door actions. A bus that disappears is reopened with
+//! backoff; a reader that is silent only costs the others its probe every
+//! 5 s.
+//!
+//! Doors: a reader's keypad opens the first door configured on it. A
+//! submitted entry goes through the flood limit ([`crate::watch`]) and the
+//! per-door decision queue and decision ([`crate::entry`]), exactly as a
+//! lock board's Keypad does; a grant, committed, becomes an osdp_OUT, then
+//! LED and buzzer feedback. The door contact is the reader's input, kept
+//! durably like a board's door sensor (`door_state`).
+//!
+//! Trust: a reader's key presses, card reads and inputs are believed only
+//! from a session that is up (Secure Channel, or plain text where the
+//! config allows it) and from a reader that is not quarantined; outputs are
+//! only driven under the same conditions.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{Notify, mpsc, watch};
+use tokio::task::JoinHandle;
+
+use super::cp::{self, Caps, Event, Fault, Identity, Outcome, Reader, Security, Timing};
+use super::door as cmds;
+use super::keypad::{Entry, Submitted};
+use super::packet::Deframer;
+use crate::backoff::Backoff;
+use crate::config::{Config, PinKey, Policy, ReaderDoorConfig};
+use crate::entry::{self, Answer, DecisionQueue, Queued};
+use crate::serial::TimeSource;
+use crate::serial::port::open;
+use crate::store::alerts::{self, Condition};
+use crate::store::audit::AuditKind;
+use crate::store::door::record_door_event;
+use crate::store::door::{
+    door_states, record_card_denied, record_flood, record_sensor, record_storage_failure,
+    record_unlock,
+};
+use crate::store::osdp::{self as db, ReaderIdentity, ReaderLink};
+use crate::store::{Priority, Store, StoreError};
+use crate::watch::{Admit, DoorAlarm, DoorState, DoorWatch, FloodLimit};
+
+/// How long [`OsdpHandle::shutdown`] waits for a bus task.
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(3);
+/// Records waiting for the store, per bus (see `serial::record`: the bus
+/// loop never waits on the disk; past this, a record is dropped and logged).
+const RECORD_QUEUE: usize = 64;
+/// A Secure Channel that has held this long clears `reader_link_fault`
+/// (mqtt.md 'Alerts').
+const LINK_FAULT_CLEARS_AFTER: Duration = Duration::from_secs(60);
+/// The bus counters in `osdp_buses` are written at most this often.
+const COUNTERS_EVERY: Duration = Duration::from_secs(5);
+/// Nothing to send (every reader waiting): look again after this.
+const IDLE_TICK: Duration = Duration::from_millis(20);
+/// Bytes read from the port at once.
+const READ_CHUNK: usize = 256;
+/// Decisions finished and not yet acted on, per bus (at most one in flight
+/// per reader, so this only needs to hold a bus's worth).
+const DECIDED_QUEUE: usize = 32;
+
+/// One reader as the bus task needs it.
+#[derive(Clone)]
+pub struct ReaderSettings {
+    pub name: String,
+    pub address: u8,
+    pub security: Security,
+    pub doors: Vec<ReaderDoorConfig>,
+}
+
+impl std::fmt::Debug for ReaderSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReaderSettings")
+            .field("name", &self.name)
+            .field("address", &self.address)
+            .field("security", &self.security)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One `[[osdp]]` bus and its readers.
+#[derive(Debug, Clone)]
+pub struct BusSettings {
+    pub name: String,
+    pub path: PathBuf,
+    pub baud: u32,
+    pub readers: Vec<ReaderSettings>,
+}
+
+/// Everything the OSDP driver needs from the config.
+#[derive(Debug, Clone)]
+pub struct OsdpSettings {
+    pub buses: Vec<BusSettings>,
+    pub policy: Policy,
+    pub pin_keys: Arc<[PinKey]>,
+    pub timing: Timing,
+    /// Reopen delays: 100 ms doubling to 5 s, as for serial ports.
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+}
+
+impl OsdpSettings {
+    pub fn from_config(config: &Config) -> Self {
+        let buses = config
+            .osdp
+            .iter()
+            .map(|b| BusSettings {
+                name: b.name.clone(),
+                path: b.port.clone(),
+                baud: b.baud,
+                readers: config
+                    .readers
+                    .iter()
+                    .filter(|r| r.bus == b.name)
+                    .map(|r| ReaderSettings {
+                        name: r.name.clone(),
+                        address: r.address,
+                        // A reader with a key always uses it: never plain
+                        // text, never SCBK-D (osdp.md).
+                        security: match config.reader_key(&r.name) {
+                            Some(k) => Security::Secure(k.scbk),
+                            None => Security::Plaintext,
+                        },
+                        doors: config
+                            .reader_doors
+                            .iter()
+                            .filter(|d| d.reader == r.name)
+                            .cloned()
+                            .collect(),
+                    })
+                    .collect(),
+            })
+            .collect();
+        OsdpSettings {
+            buses,
+            policy: config.policy,
+            pin_keys: config.secrets.pin_keys.clone().into(),
+            timing: Timing::CONTRACT,
+            backoff_initial: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The running driver.
+pub struct OsdpHandle {
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl OsdpHandle {
+    /// Stops every bus and waits for them, bounded.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        for task in self.tasks {
+            crate::task::join_or_abort(task, SHUTDOWN_TIMEOUT).await;
+        }
+    }
+}
+
+type Job = Box<dyn FnOnce(&rusqlite::Connection) -> Result<(), StoreError> + Send>;
+
+/// Writes a bus's records in order (alerts raised before they clear).
+async fn recorder(store: Store, mut rx: mpsc::Receiver<(String, Job)>, wake: Option<Arc<Notify>>) {
+    while let Some((what, job)) = rx.recv().await {
+        match store.write(Priority::Bulk, job).await {
+            Ok(()) => {
+                if let Some(w) = &wake {
+                    w.notify_one();
+                }
+            }
+            Err(e) => tracing::error!(record = %what, error = %e, "cannot record"),
+        }
+    }
+}
+
+/// Starts one task per bus. Identities recorded by `lockhub osdp install`
+/// are read here, once: install runs with the daemon stopped.
+pub fn spawn(
+    settings: OsdpSettings,
+    store: Store,
+    now: TimeSource,
+    outbox_wake: Option<Arc<Notify>>,
+) -> OsdpHandle {
+    let (stop, stop_rx) = watch::channel(false);
+    let mut tasks = Vec::new();
+    let known: HashMap<String, ReaderIdentity> = match store.reader() {
+        Ok(conn) => settings
+            .buses
+            .iter()
+            .flat_map(|b| b.readers.iter())
+            .filter_map(|r| match db::identity(&conn, &r.name) {
+                Ok(id) => id.map(|id| (r.name.clone(), id)),
+                Err(e) => {
+                    tracing::error!(reader = %r.name, error = %e, "cannot read the reader's recorded identity");
+                    None
+                }
+            })
+            .collect(),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot read recorded reader identities");
+            HashMap::new()
+        }
+    };
+    let ctx = Arc::new(DecideCtx {
+        store: store.clone(),
+        pin_keys: settings.pin_keys.clone(),
+        policy: settings.policy,
+        now: now.clone(),
+        wake: outbox_wake.clone(),
+    });
+    for bus in settings.buses.clone() {
+        let (tx, rx) = mpsc::channel(RECORD_QUEUE);
+        tasks.push(tokio::spawn(recorder(
+            store.clone(),
+            rx,
+            outbox_wake.clone(),
+        )));
+        let task = BusTask::new(bus, &settings, &known, ctx.clone(), tx);
+        tasks.push(tokio::spawn(task.run(stop_rx.clone())));
+    }
+    OsdpHandle { stop, tasks }
+}
+
+/// The bus task's view of one reader, beyond the protocol.
+struct Slot {
+    cfg: ReaderSettings,
+    cp: Reader,
+    /// The identity to compare PDID with (recorded, or first seen).
+    known: Option<ReaderIdentity>,
+    quarantined: bool,
+    seen_serial: Option<u32>,
+    online: bool,
+    secure_since: Option<Instant>,
+    link_fault_raised: bool,
+    tamper: Option<bool>,
+    faults: u64,
+    /// The door its keypad opens: the first door configured on it.
+    door: Option<ReaderDoorConfig>,
+    entry: Entry,
+    /// osdp_OUT commands awaiting their reply: token -> key id.
+    outputs: HashMap<u64, String>,
+    watch: DoorWatch,
+}
+
+impl Slot {
+    /// Key presses, card reads and outputs count only now.
+    fn trusted(&self) -> bool {
+        self.cp.is_ready() && !self.quarantined
+    }
+}
+
+struct BusTask {
+    name: String,
+    path: PathBuf,
+    baud: u32,
+    timing: Timing,
+    backoff: Backoff,
+    slots: Vec<Slot>,
+    /// Round robin: the slot to offer the wire to first.
+    turn: usize,
+    epoch: Instant,
+    now: TimeSource,
+    records: mpsc::Sender<(String, Job)>,
+    deframer: Deframer,
+    counters_written: Option<(Instant, u64, u64)>,
+    ctx: Arc<DecideCtx>,
+    decided_tx: mpsc::Sender<(usize, Answer)>,
+    decided_rx: mpsc::Receiver<(usize, Answer)>,
+    /// One decision at a time per reader's door (keyed by slot index).
+    queue: DecisionQueue<(Submitted, Instant)>,
+    flood: FloodLimit<u8>,
+}
+
+/// What every decision of the driver shares.
+struct DecideCtx {
+    store: Store,
+    pin_keys: Arc<[PinKey]>,
+    policy: Policy,
+    now: TimeSource,
+    wake: Option<Arc<Notify>>,
+}
+
+impl BusTask {
+    fn new(
+        bus: BusSettings,
+        settings: &OsdpSettings,
+        known: &HashMap<String, ReaderIdentity>,
+        ctx: Arc<DecideCtx>,
+        records: mpsc::Sender<(String, Job)>,
+    ) -> Self {
+        let (decided_tx, decided_rx) = mpsc::channel(DECIDED_QUEUE);
+        let slots = bus
+            .readers
+            .into_iter()
+            .map(|r| Slot {
+                cp: Reader::new(r.address, r.security.clone(), settings.timing, 0),
+                known: known.get(&r.name).copied(),
+                door: r.doors.first().cloned(),
+                cfg: r,
+                quarantined: false,
+                seen_serial: None,
+                online: false,
+                secure_since: None,
+                link_fault_raised: false,
+                tamper: None,
+                faults: 0,
+                entry: Entry::new(),
+                outputs: HashMap::new(),
+                watch: DoorWatch::new(),
+            })
+            .collect();
+        BusTask {
+            name: bus.name,
+            path: bus.path,
+            baud: bus.baud,
+            timing: settings.timing,
+            backoff: Backoff::new(settings.backoff_initial, settings.backoff_max),
+            slots,
+            turn: 0,
+            epoch: Instant::now(),
+            now: ctx.now.clone(),
+            records,
+            deframer: Deframer::new(),
+            counters_written: None,
+            ctx,
+            decided_tx,
+            decided_rx,
+            queue: DecisionQueue::new(),
+            flood: FloodLimit::new(),
+        }
+    }
+
+    fn ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn record(&self, what: String, job: Job) {
+        if let Err(e) = self.records.try_send((what, job)) {
+            let what = match e {
+                mpsc::error::TrySendError::Full((w, _))
+                | mpsc::error::TrySendError::Closed((w, _)) => w,
+            };
+            tracing::error!(bus = %self.name, record = %what, "record queue full; dropped");
+        }
+    }
+
+    fn raise(&self, condition: Condition, subject: &str) {
+        let at = (self.now)();
+        let s = subject.to_owned();
+        self.record(
+            format!("raise {} for {subject}", condition.as_str()),
+            Box::new(move |c| alerts::raise(c, condition, &s, 1, at).map(drop)),
+        );
+    }
+
+    fn clear(&self, condition: Condition, subject: &str) {
+        let at = (self.now)();
+        let s = subject.to_owned();
+        self.record(
+            format!("clear {} for {subject}", condition.as_str()),
+            Box::new(move |c| alerts::clear(c, condition, &s, at).map(drop)),
+        );
+    }
+
+    fn write_link(&self, i: usize) {
+        let s = &self.slots[i];
+        let link = ReaderLink {
+            reader: s.cfg.name.clone(),
+            bus: self.name.clone(),
+            address: s.cfg.address,
+            online: s.online,
+            secure: s.cp.is_secure() && s.cp.is_ready(),
+            quarantined: s.quarantined,
+            seen_serial: s.seen_serial,
+            since: (self.now)(),
+        };
+        self.record(
+            format!("link of reader {}", s.cfg.name),
+            Box::new(move |c| db::set_link(c, &link)),
+        );
+    }
+
+    fn write_counters(&mut self, force: bool) {
+        let (bad, garbage) = (self.deframer.bad_packets, self.deframer.garbage_bytes);
+        let due = match self.counters_written {
+            None => true,
+            Some((t, b, g)) => (b, g) != (bad, garbage) && (force || t.elapsed() >= COUNTERS_EVERY),
+        };
+        if !due {
+            return;
+        }
+        self.counters_written = Some((Instant::now(), bad, garbage));
+        let bus = self.name.clone();
+        let at = (self.now)();
+        self.record(
+            format!("counters of bus {bus}"),
+            Box::new(move |c| db::set_bus_counters(c, &bus, bad, garbage, at)),
+        );
+    }
+
+    async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        let mut reported_absent = false;
+        for i in 0..self.slots.len() {
+            self.write_link(i);
+        }
+        self.restore_doors().await;
+        loop {
+            if *stop.borrow() {
+                break;
+            }
+            match open(&self.path, self.baud) {
+                Ok(stream) => {
+                    reported_absent = false;
+                    tracing::info!(bus = %self.name, path = %self.path.display(), "osdp bus open");
+                    let end = self.session(stream, &mut stop).await;
+                    let now = self.ms();
+                    for i in 0..self.slots.len() {
+                        let ev = self.slots[i].cp.restart(now);
+                        self.handle(i, ev);
+                    }
+                    match end {
+                        Ok(()) => break,
+                        Err(e) => {
+                            tracing::warn!(bus = %self.name, error = %e, "osdp bus lost; reopening")
+                        }
+                    }
+                }
+                Err(e) => {
+                    if !reported_absent {
+                        tracing::warn!(bus = %self.name, error = %e, "osdp bus cannot be opened; retrying");
+                        reported_absent = true;
+                    }
+                }
+            }
+            // Silence while the port is away still makes readers offline.
+            let now = self.ms();
+            for i in 0..self.slots.len() {
+                let ev = self.slots[i].cp.tick(now);
+                self.handle(i, ev);
+            }
+            let delay = self.backoff.next_step();
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = stop.changed() => break,
+            }
+        }
+        self.finish().await;
+        self.write_counters(true);
+        tracing::info!(bus = %self.name, "osdp bus task stopped");
+    }
+
+    /// Each door's last reported state, as the previous run left it (read
+    /// on a reader connection, so a stalled writer does not hold the bus).
+    async fn restore_doors(&mut self) {
+        let names: Vec<String> = self
+            .slots
+            .iter()
+            .filter_map(|s| s.door.as_ref().map(|d| d.name.clone()))
+            .collect();
+        let store = self.ctx.store.clone();
+        let loaded = tokio::task::spawn_blocking(move || {
+            let conn = store.reader()?;
+            door_states(&conn, &names)
+        })
+        .await;
+        match loaded {
+            Ok(Ok(states)) => {
+                let (now_ms, now) = (self.ms(), (self.now)());
+                for (name, state) in states {
+                    if let Some(s) = self
+                        .slots
+                        .iter_mut()
+                        .find(|s| s.door.as_ref().is_some_and(|d| d.name == name))
+                    {
+                        s.watch = DoorWatch::restore(state, now_ms, now);
+                    }
+                }
+            }
+            Ok(Err(e)) => {
+                tracing::error!(bus = %self.name, error = %e, "cannot read the doors' last states")
+            }
+            Err(e) => {
+                tracing::error!(bus = %self.name, error = %e, "cannot read the doors' last states")
+            }
+        }
+    }
+
+    /// The task is stopping: every entry still waiting is decided and on
+    /// record (a grant that can no longer reach the reader is recorded
+    /// unconfirmed), and the flood counts are written.
+    async fn finish(&mut self) {
+        let now = self.ms();
+        for (key, count) in self.flood.drain(now) {
+            if let Some(door) = self
+                .slots
+                .get(usize::from(key))
+                .and_then(|s| s.door.clone())
+            {
+                self.flood_row(&door.name, count);
+            }
+        }
+        for (key, waiting) in self.queue.take_waiting() {
+            let Some(door) = self
+                .slots
+                .get(usize::from(key))
+                .and_then(|s| s.door.clone())
+            else {
+                continue;
+            };
+            for (entry, received) in waiting {
+                let pin: &[u8] = match &entry {
+                    Submitted::Pin(p) => p,
+                    Submitted::BadFormat => &[],
+                };
+                let answer = entry::decide(
+                    &self.ctx.store,
+                    &self.ctx.pin_keys,
+                    self.ctx.policy,
+                    entry::Entry {
+                        driver: &self.name,
+                        door: &door.name,
+                        known: true,
+                        pin,
+                        at: (self.now)(),
+                        received,
+                    },
+                    self.ctx.wake.as_deref(),
+                )
+                .await;
+                if let Answer::Unlock { key_id } = answer {
+                    self.record_unlock(&door.name, key_id, false);
+                }
+            }
+        }
+    }
+
+    /// One opening of the port: poll until it fails or `stop`.
+    async fn session(
+        &mut self,
+        mut port: tokio_serial::SerialStream,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Result<(), std::io::Error> {
+        loop {
+            if *stop.borrow() {
+                return Ok(());
+            }
+            while let Ok((i, answer)) = self.decided_rx.try_recv() {
+                self.on_decided(i, answer);
+            }
+            let now = self.ms();
+            for i in 0..self.slots.len() {
+                let ev = self.slots[i].cp.tick(now);
+                self.handle(i, ev);
+                self.periodic(i);
+            }
+            self.write_counters(false);
+            let n = self.slots.len();
+            let mut chosen = None;
+            for k in 0..n {
+                let i = (self.turn + k) % n;
+                if let Some(bytes) = self.slots[i].cp.next(now, rand::random()) {
+                    chosen = Some((i, bytes));
+                    break;
+                }
+            }
+            let Some((i, bytes)) = chosen else {
+                tokio::select! {
+                    _ = tokio::time::sleep(IDLE_TICK) => {}
+                    _ = stop.changed() => return Ok(()),
+                }
+                continue;
+            };
+            self.turn = (i + 1) % n;
+            let addr = self.slots[i].cfg.address;
+            let epoch = self.epoch;
+            let ev = exchange(
+                &mut port,
+                &mut self.slots[i].cp,
+                addr,
+                &mut self.deframer,
+                &bytes,
+                epoch,
+                Duration::from_millis(self.timing.reply_timeout_ms),
+            )
+            .await?;
+            self.handle(i, ev);
+        }
+    }
+
+    /// Time-based alert endings, idle entries, doors held open.
+    fn periodic(&mut self, i: usize) {
+        let now = self.ms();
+        let held_open_ms = u64::from(self.ctx.policy.held_open_s) * 1_000;
+        self.slots[i].entry.tick(now);
+        if let Some(alarm) = self.slots[i].watch.poll(now, held_open_ms) {
+            let state = self.slots[i].watch.state();
+            if let Some(door) = self.slots[i].door.as_ref().map(|d| d.name.clone()) {
+                self.on_alarm(&door, state, Some(alarm));
+            }
+        }
+        if i == 0 {
+            for (key, count) in self.flood.poll(now) {
+                if let Some(door) = self
+                    .slots
+                    .get(usize::from(key))
+                    .and_then(|s| s.door.clone())
+                {
+                    self.flood_row(&door.name, count);
+                }
+            }
+        }
+        let s = &self.slots[i];
+        if s.link_fault_raised
+            && s.secure_since
+                .is_some_and(|t| t.elapsed() >= LINK_FAULT_CLEARS_AFTER)
+        {
+            let name = s.cfg.name.clone();
+            self.slots[i].link_fault_raised = false;
+            self.clear(Condition::ReaderLinkFault, &name);
+        }
+    }
+
+    fn handle(&mut self, i: usize, events: Vec<Event>) {
+        for e in events {
+            self.event(i, e);
+        }
+    }
+
+    fn event(&mut self, i: usize, e: Event) {
+        let name = self.slots[i].cfg.name.clone();
+        match e {
+            Event::Online => {
+                // The port works: a later loss starts its backoff afresh.
+                self.backoff.reset();
+                self.slots[i].online = true;
+                tracing::info!(bus = %self.name, reader = %name, "reader answers");
+                self.clear(Condition::BoardOffline, &name);
+                self.write_link(i);
+            }
+            Event::Offline => {
+                self.slots[i].online = false;
+                tracing::warn!(bus = %self.name, reader = %name, "reader offline");
+                self.raise(Condition::BoardOffline, &name);
+                self.write_link(i);
+            }
+            Event::SessionUp { secure } => {
+                if secure {
+                    tracing::info!(bus = %self.name, reader = %name, "secure channel up");
+                    self.slots[i].secure_since = Some(Instant::now());
+                } else {
+                    tracing::warn!(bus = %self.name, reader = %name, "reader in plain text (insecure_plaintext)");
+                    self.raise(Condition::LinkInsecure, &name);
+                }
+                self.write_link(i);
+            }
+            Event::SessionDown => {
+                self.slots[i].secure_since = None;
+                tracing::info!(bus = %self.name, reader = %name, "reader session ended");
+                self.write_link(i);
+            }
+            Event::LinkFault(f) => {
+                let s = &mut self.slots[i];
+                s.faults += 1;
+                s.secure_since = None;
+                s.link_fault_raised = true;
+                tracing::warn!(bus = %self.name, reader = %name, fault = ?f, faults = s.faults, "reader link fault");
+                self.raise(Condition::ReaderLinkFault, &name);
+                if f == Fault::Refused {
+                    tracing::warn!(bus = %self.name, reader = %name, "the reader refuses a Secure Channel; it is not used in plain text");
+                }
+            }
+            Event::Identity(id) => self.identity(i, id),
+            Event::Caps(caps) => self.caps(i, caps),
+            Event::Ready => {
+                tracing::info!(bus = %self.name, reader = %name, quarantined = self.slots[i].quarantined, "reader ready");
+                self.write_link(i);
+            }
+            Event::Local { tamper, .. } => self.tamper(i, tamper),
+            Event::Inputs(inputs) => self.inputs(i, &inputs),
+            Event::Keys(keys) => {
+                if !self.slots[i].trusted() {
+                    tracing::warn!(bus = %self.name, reader = %name, "key presses from an untrusted reader ignored");
+                    return;
+                }
+                let now = self.ms();
+                let submitted = self.slots[i].entry.keys(&keys, now);
+                for s in submitted {
+                    self.submit(i, s);
+                }
+            }
+            Event::Card => {
+                let Some(door) = self.slots[i].door.clone() else {
+                    return;
+                };
+                if !self.slots[i].trusted() {
+                    tracing::warn!(bus = %self.name, reader = %name, "card read from an untrusted reader ignored");
+                    return;
+                }
+                tracing::info!(bus = %self.name, reader = %name, door = %door.name, "card read: denied, PINs only");
+                let at = (self.now)();
+                let d = door.name.clone();
+                self.record(
+                    format!("door.denied/unsupported_credential at {}", door.name),
+                    Box::new(move |c| record_card_denied(c, &d, at).map(drop)),
+                );
+                self.feedback(i, &cmds::denied());
+            }
+            Event::Done { token, outcome } => self.output_done(i, token, outcome),
+        }
+    }
+
+    /// A submitted entry: past the flood limit it is denied undecided;
+    /// otherwise decided now, or queued behind the one in flight.
+    fn submit(&mut self, i: usize, entry: Submitted) {
+        let Some(door) = self.slots[i].door.clone() else {
+            tracing::warn!(bus = %self.name, reader = %self.slots[i].cfg.name, "a PIN at a reader with no door; ignored");
+            return;
+        };
+        let key = i as u8;
+        let now = self.ms();
+        if let Admit::Flood { row } = self.flood.admit(key, now) {
+            drop(entry);
+            if let Some(count) = row {
+                tracing::warn!(bus = %self.name, door = %door.name, count, "keypad flood");
+                self.flood_row(&door.name, count);
+            }
+            self.feedback(i, &cmds::denied());
+            return;
+        }
+        tracing::info!(bus = %self.name, reader = %self.slots[i].cfg.name, door = %door.name, "keypad entry");
+        match self.queue.push(key, (entry, Instant::now())) {
+            Queued::Start(e) => self.start_decision(i, e),
+            Queued::Waiting => {}
+            Queued::Full(_) => {
+                // Fail closed: only a stuck store gets here. Still on record.
+                tracing::error!(bus = %self.name, door = %door.name, "too many keypad entries waiting; denied undecided");
+                let at = (self.now)();
+                let d = door.name.clone();
+                self.record(
+                    format!("door.denied/storage_failure at {}", door.name),
+                    Box::new(move |c| record_storage_failure(c, &d, at).map(drop)),
+                );
+                self.feedback(i, &cmds::denied());
+            }
+        }
+    }
+
+    fn flood_row(&self, door: &str, count: u64) {
+        let at = (self.now)();
+        let d = door.to_owned();
+        self.record(
+            format!("door.flood x{count} at {door}"),
+            Box::new(move |c| record_flood(c, &d, count, at).map(drop)),
+        );
+    }
+
+    fn start_decision(&mut self, i: usize, (entry, received): (Submitted, Instant)) {
+        let Some(door) = self.slots[i].door.as_ref().map(|d| d.name.clone()) else {
+            return;
+        };
+        let ctx = self.ctx.clone();
+        let tx = self.decided_tx.clone();
+        let records = self.records.clone();
+        let bus = self.name.clone();
+        tokio::spawn(async move {
+            let pin: &[u8] = match &entry {
+                Submitted::Pin(p) => p,
+                // Not 4..=12 digits: the decision's own bad_format.
+                Submitted::BadFormat => &[],
+            };
+            let answer = entry::decide(
+                &ctx.store,
+                &ctx.pin_keys,
+                ctx.policy,
+                entry::Entry {
+                    driver: &bus,
+                    door: &door,
+                    known: true,
+                    pin,
+                    at: (ctx.now)(),
+                    received,
+                },
+                ctx.wake.as_deref(),
+            )
+            .await;
+            drop(entry);
+            if let Err(mpsc::error::SendError((_, Answer::Unlock { key_id }))) =
+                tx.send((i, answer)).await
+            {
+                // The bus task is gone: the grant is on record, the output
+                // never went out.
+                let at = (ctx.now)();
+                let job: Job =
+                    Box::new(move |c| record_unlock(c, &door, &key_id, false, at).map(drop));
+                let _ = records.try_send(("door.unlock_unconfirmed".to_owned(), job));
+            }
+        });
+    }
+
+    fn on_decided(&mut self, i: usize, answer: Answer) {
+        let Some(door) = self.slots[i].door.clone() else {
+            return;
+        };
+        match answer {
+            Answer::Unlock { key_id } => {
+                let sent = if self.slots[i].trusted() {
+                    self.slots[i].cp.send(cmds::unlock(&door)).ok()
+                } else {
+                    None
+                };
+                match sent {
+                    Some(token) => {
+                        let now = self.ms();
+                        let s = &mut self.slots[i];
+                        s.outputs.insert(token, key_id);
+                        s.watch.unlock_sent(now, door.unlock_ms);
+                        self.feedback(i, &cmds::granted(&door));
+                    }
+                    None => {
+                        tracing::warn!(bus = %self.name, door = %door.name, "the reader's session ended before the output went out");
+                        self.record_unlock(&door.name, key_id, false);
+                    }
+                }
+            }
+            Answer::Deny => self.feedback(i, &cmds::denied()),
+            Answer::LockedOut => self.feedback(i, &cmds::locked_out()),
+        }
+        if let Some(next) = self.queue.done(i as u8) {
+            self.start_decision(i, next);
+        }
+    }
+
+    /// LED and buzzer after the output, best effort: a reader without them
+    /// NAKs and is not faulted.
+    fn feedback(&mut self, i: usize, commands: &[cp::Command]) {
+        for c in commands {
+            if self.slots[i].cp.send(c.clone()).is_err() {
+                break;
+            }
+        }
+    }
+
+    fn output_done(&mut self, i: usize, token: u64, outcome: Outcome) {
+        let Some(key_id) = self.slots[i].outputs.remove(&token) else {
+            return;
+        };
+        let Some(door) = self.slots[i].door.clone() else {
+            return;
+        };
+        let confirmed = match &outcome {
+            Outcome::Ack => true,
+            Outcome::OutputStatus(status) => cmds::output_on(status, door.output),
+            Outcome::Nak(_) | Outcome::Failed => false,
+        };
+        if !confirmed {
+            tracing::warn!(bus = %self.name, door = %door.name, outcome = ?outcome, "osdp_OUT not confirmed");
+        }
+        self.record_unlock(&door.name, key_id, confirmed);
+    }
+
+    fn record_unlock(&self, door: &str, key_id: String, confirmed: bool) {
+        let at = (self.now)();
+        let d = door.to_owned();
+        self.record(
+            format!(
+                "{} at {door}",
+                if confirmed {
+                    "door.unlocked"
+                } else {
+                    "door.unlock_unconfirmed"
+                }
+            ),
+            Box::new(move |c| record_unlock(c, &d, &key_id, confirmed, at).map(drop)),
+        );
+    }
+
+    /// An input report: the door contact, when the door has one.
+    fn inputs(&mut self, i: usize, inputs: &[bool]) {
+        if self.slots[i].quarantined {
+            return;
+        }
+        let Some(door) = self.slots[i].door.clone() else {
+            return;
+        };
+        let Some(open) = cmds::contact_open(&door, inputs) else {
+            return;
+        };
+        let now = self.ms();
+        let at = (self.now)();
+        let watch = &mut self.slots[i].watch;
+        let before = watch.state();
+        let mut alarm = watch.sensor(open, now, at);
+        let state = watch.state();
+        tracing::info!(bus = %self.name, door = %door.name, open, "door contact");
+        if !open && alarm.is_none() {
+            // Closed, and closed as far as the hub knows (every session
+            // starts with a full input report): clear any door alert left
+            // over from a state the hub never saw end.
+            alarm = Some(DoorAlarm::Closed {
+                forced: true,
+                held_open: true,
+            });
+        } else if alarm.is_none() && state == before {
+            return;
+        }
+        self.on_alarm(&door.name, state, alarm);
+    }
+
+    /// The door's new state and what it means, in one transaction
+    /// (`door_state` keeps it for the next run).
+    fn on_alarm(&self, door: &str, state: DoorState, alarm: Option<DoorAlarm>) {
+        match alarm {
+            Some(DoorAlarm::Forced) => {
+                tracing::warn!(bus = %self.name, door = %door, "door forced")
+            }
+            Some(DoorAlarm::HeldOpen) => {
+                tracing::warn!(bus = %self.name, door = %door, "door held open")
+            }
+            _ => {}
+        }
+        let at = (self.now)();
+        let d = door.to_owned();
+        self.record(
+            format!("door {door} contact ({alarm:?})"),
+            Box::new(move |c| record_sensor(c, &d, &state, alarm, at)),
+        );
+    }
+
+    fn identity(&mut self, i: usize, id: Identity) {
+        let name = self.slots[i].cfg.name.clone();
+        let seen = ReaderIdentity {
+            vendor: id.vendor,
+            model: id.model,
+            version: id.version,
+            serial: id.serial,
+            firmware: id.firmware,
+        };
+        let s = &mut self.slots[i];
+        s.seen_serial = Some(id.serial);
+        match s.known {
+            None => {
+                // Keyed by hand, never installed: its first authenticated
+                // identity is the reference from now on.
+                s.known = Some(seen);
+                s.quarantined = false;
+                let at = (self.now)();
+                self.record(
+                    format!("identity of reader {name}"),
+                    Box::new(move |c| db::record_identity(c, &name, &seen, at)),
+                );
+            }
+            Some(k) if k.serial != id.serial => {
+                if !s.quarantined {
+                    s.quarantined = true;
+                    tracing::error!(bus = %self.name, reader = %name, "reader serial changed: quarantined until `lockhub osdp install`");
+                }
+                self.raise(Condition::ReaderReplaced, &name);
+            }
+            Some(_) => s.quarantined = false,
+        }
+    }
+
+    fn caps(&mut self, i: usize, caps: Caps) {
+        let s = &self.slots[i];
+        let name = s.cfg.name.clone();
+        let mismatch =
+            s.cfg.doors.iter().any(|d| {
+                d.output >= caps.outputs || d.contact_input.is_some_and(|c| c >= caps.inputs)
+            });
+        if mismatch {
+            tracing::error!(bus = %self.name, reader = %name, outputs = caps.outputs, inputs = caps.inputs, "the reader lacks an output or input a door on it needs");
+            self.raise(Condition::BoardMismatch, &name);
+        } else {
+            self.clear(Condition::BoardMismatch, &name);
+        }
+    }
+
+    fn tamper(&mut self, i: usize, tamper: bool) {
+        let name = self.slots[i].cfg.name.clone();
+        let before = self.slots[i].tamper.replace(tamper);
+        if tamper && before != Some(true) {
+            let at = (self.now)();
+            let n = name.clone();
+            self.record(
+                format!("board.tamper at {name}"),
+                Box::new(move |c| record_door_event(c, AuditKind::BoardTamper, &n, at).map(drop)),
+            );
+        } else if !tamper && before != Some(false) {
+            // Back to normal (also after a restart, for an alert raised
+            // before it): the alert ends (mqtt.md 'Alerts').
+            self.clear(Condition::Tamper, &name);
+        }
+    }
+}
+
+/// One exchange with one reader: puts `bytes` on the wire and feeds what
+/// comes back to `reader` until it has its reply or the reply timeout
+/// passes. Packets from other addresses (or our own command, echoed by an
+/// RS-485 adapter) are not part of it. Times are ms since `epoch`.
+pub(crate) async fn exchange(
+    port: &mut tokio_serial::SerialStream,
+    reader: &mut Reader,
+    addr: u8,
+    deframer: &mut Deframer,
+    bytes: &[u8],
+    epoch: Instant,
+    timeout: Duration,
+) -> Result<Vec<Event>, std::io::Error> {
+    let ms = || epoch.elapsed().as_millis() as u64;
+    let mut buf = [0u8; READ_CHUNK];
+    let mut events = Vec::new();
+    // A new exchange: whatever is half-received is noise.
+    deframer.clear();
+    port.write_all(bytes).await?;
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        match tokio::time::timeout_at(deadline, port.read(&mut buf)).await {
+            Err(_) => {
+                events.extend(reader.on_timeout(ms()));
+                return Ok(events);
+            }
+            Ok(Err(e)) => return Err(e),
+            Ok(Ok(0)) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the port reads end-of-file",
+                ));
+            }
+            Ok(Ok(got)) => {
+                for pkt in deframer.push(&buf[..got]) {
+                    if pkt.is_reply() && pkt.addr() == addr {
+                        events.extend(reader.on_reply(&pkt, ms()));
+                    }
+                }
+                if !reader.awaiting_reply() {
+                    return Ok(events);
+                }
+            }
+        }
+    }
+}
