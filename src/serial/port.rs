@@ -67,7 +67,7 @@ const DECIDED_QUEUE: usize = 32;
 /// so the decisions at other doors (an Unlock among them) always find room.
 const FLOOD_SPARE_SLOTS: usize = PENDING_MAX / 2;
 /// Door indexes a board can have (serial.md: 0..=15).
-const BOARD_DOORS: u8 = 16;
+const BOARD_DOORS: u8 = crate::config::MAX_DOOR_INDEX + 1;
 
 /// Opens a port the way production opens `/dev/ttyAMA0`: 8N1 at `baud`,
 /// exclusive.
