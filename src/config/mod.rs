@@ -42,7 +42,7 @@ use secrets::*;
 use table::*;
 use trust::*;
 
-pub use mqtt::parse_mqtt_url;
+pub use mqtt::{MqttUrl, parse_mqtt_url};
 pub use table::is_name;
 
 /// The SQLite file's name inside `data_dir`.
@@ -552,7 +552,10 @@ mod tests {
 
     #[test]
     fn mqtt_urls() {
-        let ok = |u: &str| parse_mqtt_url(u).unwrap();
+        let ok = |u: &str| {
+            let p = parse_mqtt_url(u).unwrap();
+            (p.tls, p.host, p.port)
+        };
         assert_eq!(
             ok("mqtt://127.0.0.1:1883"),
             (false, "127.0.0.1".into(), 1883)
