@@ -24,8 +24,11 @@
 mod glibc {
     use std::ffi::c_int;
 
-    // SAFETY: both are thread-safe glibc functions taking plain integers;
-    // any value is accepted (an unknown `mallopt` parameter returns 0).
+    // The crate's one unsafe item outside tests (`unsafe_code` is denied
+    // elsewhere): declaring two glibc functions. SAFETY: both are
+    // thread-safe and take plain integers; any value is accepted (an
+    // unknown `mallopt` parameter returns 0), so calling them is safe.
+    #[allow(unsafe_code)]
     unsafe extern "C" {
         pub safe fn mallopt(param: c_int, value: c_int) -> c_int;
         pub safe fn malloc_trim(pad: usize) -> c_int;

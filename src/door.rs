@@ -174,6 +174,13 @@ pub fn locked_until(facts: &LockoutFacts, now: Timestamp) -> Option<Timestamp> {
     facts.last.filter(|l| now < l.until).map(|l| l.until)
 }
 
+/// The open start of the lockout window at `now`: a denial counts only if
+/// it is later than this (the store's range scan and [`counted_denials`]
+/// both use it).
+pub fn lockout_window_start(now: Timestamp, policy: &Policy) -> Timestamp {
+    now.saturating_add_secs(-i64::from(policy.lockout_window_s))
+}
+
 /// How many earlier denials count at `now`: those in the window
 /// `(now - lockout_window_s, ..]` and not before the last lockout ended.
 ///
@@ -182,7 +189,7 @@ pub fn locked_until(facts: &LockoutFacts, now: Timestamp) -> Option<Timestamp> {
 /// floor reading across a restart) still counts: a power cut must never
 /// forgive attempts.
 pub fn counted_denials(facts: &LockoutFacts, now: Timestamp, policy: &Policy) -> usize {
-    let window_start = now.saturating_add_secs(-i64::from(policy.lockout_window_s));
+    let window_start = lockout_window_start(now, policy);
     let since = facts.last.map(|l| l.until);
     facts
         .denials

@@ -18,6 +18,8 @@
 //! | pure decisions | [`verify`] | step 1 of an event: size, envelope, signer, `verify_strict`, ids |
 //! | | [`lifecycle`] | the key state machine and the plan for one grant or revoke |
 //! | | [`door`] | the door decision and the lockout arithmetic |
+//! | | [`backoff`] | retry delays (capped doubling, full jitter) for every retry loop |
+//! | | [`task`] | stopping a task at shutdown: a bounded wait, then abort |
 //! | | [`watch`] | what a door driver watches besides the decision: the door sensor (forced, held open) and the keypad flood limit |
 //! | | [`clock`] | the effective time (system clock, durable floor, monotonic time) and its trust |
 //! | the mirror | [`store`] | SQLite: migrations, the one writer thread, applying events, door entries, audit, outbox, alerts, the daemon's run state |
@@ -43,6 +45,7 @@
 
 pub mod alert_clear;
 pub mod alloc;
+pub mod backoff;
 pub mod clock;
 pub mod config;
 pub mod crypto;
@@ -61,6 +64,7 @@ pub mod sim;
 pub mod status;
 pub mod store;
 pub mod sync;
+pub mod task;
 pub mod time;
 pub mod verify;
 pub mod watch;

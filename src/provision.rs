@@ -16,9 +16,11 @@
 //!   from the command line (other users can read `/proc/*/cmdline`), never
 //!   printed, and never logged; what is printed is the hub's *public* key, for
 //!   registration with the cloud.
-//! - **Valid by construction.** Every value is checked before anything is
-//!   written, with the same rules as `check-config`, so a provisioned hub
-//!   passes `check-config` (the round trip is tested).
+//! - **Valid by construction.** The files are staged beside their final
+//!   names and checked by `check-config`'s own loader (`config::load`), the
+//!   one home of every rule, before anything is committed; a refusal leaves
+//!   no file and no folder behind. So provision accepts exactly what
+//!   `check-config` accepts (tested name by name).
 //!
 //! ## Provisioning bundle (JSON, version 1)
 //! What a cloud hands an installer for one hub. Unknown fields are refused so
@@ -49,9 +51,7 @@
 //! it into the reader. A bundle with `pin_keys` holds secrets: treat it
 //! like the secrets file (delete it after provisioning).
 
-use crate::config::{is_id, parse_mqtt_url};
-use crate::crypto::{b64u_decode_32, b64u_encode, parse_public_key};
-use crate::time::Timestamp;
+use crate::crypto::{b64u_decode_32, b64u_encode};
 use ed25519_dalek::SigningKey;
 use rand::TryRng;
 use serde::{Deserialize, Serialize};
@@ -542,104 +542,19 @@ struct PinKeyEntry {
 /// A PIN key about to be written: id, secret, generated here.
 type NewPinKey = (String, [u8; 32], bool);
 
-/// Checks a request against config.md's rules and normalises it (lowercase
-/// site id, trimmed values). Returns the hub key seed and the PIN keys.
+/// Normalises a request (lowercase site id, trimmed URL) and decodes or
+/// makes its keys. Returns the hub key seed and the PIN keys.
+///
+/// Every rule of config.md is `config::load`'s: [`provision`] runs it on the
+/// staged files before anything is committed, so provision refuses exactly
+/// what check-config refuses (names, ids, URLs, signers, doors, readers),
+/// with the same messages. Here is only what `load` cannot see: the input
+/// before it is written (a site id to normalise, secrets to decode).
 fn validate(req: &mut Request) -> Result<([u8; 32], Vec<NewPinKey>), ProvisionError> {
     let site = Uuid::parse_str(req.site_id.trim())
         .map_err(|_| invalid(format!("site id {:?} is not a UUID", req.site_id)))?;
     req.site_id = site.hyphenated().to_string();
-    if !is_id(&req.hub_id) {
-        return Err(invalid(format!(
-            "hub id {:?} must be 1..=64 of [A-Za-z0-9._-]",
-            req.hub_id
-        )));
-    }
-    let url = req.mqtt.url.trim().to_owned();
-    parse_mqtt_url(&url).map_err(|e| invalid(format!("MQTT URL {url:?}: {e}")))?;
-    req.mqtt.url = url;
-    if let Some(id) = &req.mqtt.client_id
-        && id.is_empty()
-    {
-        return Err(invalid("mqtt client_id is empty"));
-    }
-
-    if req.trust.is_empty() {
-        return Err(invalid(
-            "at least one trusted signer is needed (--trust ID=PUBLIC_KEY[,NOT_AFTER])",
-        ));
-    }
-    let mut seen = std::collections::HashSet::new();
-    for t in &req.trust {
-        if !is_id(&t.id) {
-            return Err(invalid(format!(
-                "signer id {:?} must be 1..=64 of [A-Za-z0-9._-]",
-                t.id
-            )));
-        }
-        if !seen.insert(t.id.clone()) {
-            return Err(invalid(format!("signer {:?} is listed twice", t.id)));
-        }
-        parse_public_key(&t.public_key)
-            .map_err(|e| invalid(format!("signer {:?}: public key is {e}", t.id)))?;
-        if let Some(n) = &t.not_after {
-            Timestamp::parse_rfc3339(n).map_err(|_| {
-                invalid(format!(
-                    "signer {:?}: not_after {n:?} is not RFC 3339",
-                    t.id
-                ))
-            })?;
-        }
-    }
-
-    let mut names = std::collections::HashSet::new();
-    for s in &req.serials {
-        if !is_id(&s.name) || !names.insert(s.name.as_str()) {
-            return Err(invalid(format!(
-                "serial name {:?} is invalid or repeated",
-                s.name
-            )));
-        }
-        if s.baud == 0 {
-            return Err(invalid(format!(
-                "serial {:?}: baud must be positive",
-                s.name
-            )));
-        }
-    }
-    let mut doors = std::collections::HashSet::new();
-    let mut slots = std::collections::HashSet::new();
-    for d in &req.doors {
-        if !is_id(&d.name) || !doors.insert(d.name.as_str()) {
-            return Err(invalid(format!(
-                "door name {:?} is invalid or repeated",
-                d.name
-            )));
-        }
-        if !names.contains(d.serial.as_str()) {
-            return Err(invalid(format!(
-                "door {:?}: unknown serial {:?}",
-                d.name, d.serial
-            )));
-        }
-        if d.index > 15 {
-            return Err(invalid(format!(
-                "door {:?}: index {} is outside 0..=15",
-                d.name, d.index
-            )));
-        }
-        if !slots.insert((d.serial.as_str(), d.index)) {
-            return Err(invalid(format!(
-                "door {:?}: serial {:?} index {} is already used",
-                d.name, d.serial, d.index
-            )));
-        }
-        if d.unlock_ms == 0 {
-            return Err(invalid(format!(
-                "door {:?}: unlock_ms must be 1..=65535",
-                d.name
-            )));
-        }
-    }
+    req.mqtt.url = req.mqtt.url.trim().to_owned();
 
     let hub_seed = match &req.hub_key {
         Some(b) => b64u_decode_32(b.trim())
@@ -650,12 +565,8 @@ fn validate(req: &mut Request) -> Result<([u8; 32], Vec<NewPinKey>), ProvisionEr
         req.pin_keys
             .push((DEFAULT_PIN_KEY_ID.to_owned(), PinKeySource::Generate));
     }
-    let mut ids = std::collections::HashSet::new();
     let mut pins = Vec::new();
     for (id, source) in &req.pin_keys {
-        if !is_id(id) || !ids.insert(id.clone()) {
-            return Err(invalid(format!("PIN key id {id:?} is invalid or repeated")));
-        }
         let (secret, generated) = match source {
             PinKeySource::Generate => (random32()?, true),
             PinKeySource::Given(s) => (
@@ -751,14 +662,15 @@ pub fn provision(mut req: Request, target: &Target) -> Result<Provisioned, Provi
     );
 
     // Folders first: the config's may be world-readable, the secrets' only
-    // when it already is.
-    make_dir(parent(&config), CONFIG_DIR_MODE, None)?;
-    make_dir(parent(&secrets), PRIVATE_DIR_MODE, None)?;
+    // when it already is. Folders made here go again if provision fails.
+    let mut staged = Staged::default();
+    staged.make_dir(parent(&config), CONFIG_DIR_MODE, None)?;
+    staged.make_dir(parent(&secrets), PRIVATE_DIR_MODE, None)?;
 
     // Stage both files beside their final names, then run check-config's own
-    // loader on the staged pair: a config it would refuse (an mqtts URL
-    // without its `ca_file`, say) is reported and nothing is left behind.
-    let mut staged = Staged::default();
+    // loader on the staged pair: a config it would refuse (a door name, an
+    // index, an mqtts URL without its `ca_file`, ...) is reported and nothing
+    // is left behind.
     let secrets_tmp = staged.stage(
         &secrets,
         secrets_text.as_bytes(),
@@ -785,10 +697,11 @@ pub fn provision(mut req: Request, target: &Target) -> Result<Provisioned, Provi
         None,
     )?;
 
-    make_dir(&data_dir, PRIVATE_DIR_MODE, target.owner)?;
+    staged.make_dir(&data_dir, PRIVATE_DIR_MODE, target.owner)?;
     // Secrets first: a config never names a secrets file that is not there.
     commit(&secrets_tmp, &secrets, target.force)?;
     commit(&config_tmp, &config, target.force)?;
+    staged.committed = true;
     drop(staged);
 
     Ok(Provisioned {
@@ -813,35 +726,55 @@ fn parent(p: &Path) -> &Path {
     p.parent().unwrap_or(Path::new("/"))
 }
 
-/// Creates `dir` (and missing parents) with `mode`; an existing folder is
-/// left as it is, except that a newly created data folder gets its owner.
-fn make_dir(dir: &Path, mode: u32, owner: Option<Owner>) -> Result<(), ProvisionError> {
-    let err = |source| ProvisionError::Write {
-        path: dir.to_owned(),
-        source,
-    };
-    if dir.is_dir() {
-        return Ok(());
-    }
-    DirBuilder::new()
-        .recursive(true)
-        .mode(mode)
-        .create(dir)
-        .map_err(err)?;
-    // The umask may have narrowed the mode; set it exactly.
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).map_err(err)?;
-    if let Some(o) = owner {
-        std::os::unix::fs::chown(dir, Some(o.uid), Some(o.gid)).map_err(err)?;
-    }
-    Ok(())
+/// Temporary files in the target folders, and the folders made for them;
+/// whatever is still there when this is dropped (an error on the way, or
+/// the check copy) is removed, and the folders too unless the files were
+/// committed.
+#[derive(Default)]
+struct Staged {
+    files: Vec<PathBuf>,
+    /// Folders this run created, parents first.
+    dirs: Vec<PathBuf>,
+    committed: bool,
 }
 
-/// Temporary files in the target folders; whatever is still there when
-/// this is dropped (an error on the way, or the check copy) is removed.
-#[derive(Default)]
-struct Staged(Vec<PathBuf>);
-
 impl Staged {
+    /// Creates `dir` (and missing parents) with `mode`; an existing folder
+    /// is left as it is, except that a newly created data folder gets its
+    /// owner.
+    fn make_dir(
+        &mut self,
+        dir: &Path,
+        mode: u32,
+        owner: Option<Owner>,
+    ) -> Result<(), ProvisionError> {
+        let err = |source| ProvisionError::Write {
+            path: dir.to_owned(),
+            source,
+        };
+        if dir.is_dir() {
+            return Ok(());
+        }
+        let mut missing: Vec<PathBuf> = dir
+            .ancestors()
+            .take_while(|a| !a.as_os_str().is_empty() && a.symlink_metadata().is_err())
+            .map(Path::to_owned)
+            .collect();
+        missing.reverse();
+        DirBuilder::new()
+            .recursive(true)
+            .mode(mode)
+            .create(dir)
+            .map_err(err)?;
+        self.dirs.extend(missing);
+        // The umask may have narrowed the mode; set it exactly.
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).map_err(err)?;
+        if let Some(o) = owner {
+            std::os::unix::fs::chown(dir, Some(o.uid), Some(o.gid)).map_err(err)?;
+        }
+        Ok(())
+    }
+
     /// Writes `bytes` to a new temporary file beside `path`, created with
     /// `mode` by `open(2)` (O_CREAT|O_EXCL: never with a looser mode, never
     /// through an attacker's symlink), chowned before a byte is written, and
@@ -864,7 +797,7 @@ impl Staged {
                 .create_new(true)
                 .mode(mode)
                 .open(&tmp)?;
-            self.0.push(tmp.clone());
+            self.files.push(tmp.clone());
             if let Some(o) = owner {
                 std::os::unix::fs::fchown(&f, Some(o.uid), Some(o.gid))?;
             }
@@ -883,8 +816,15 @@ impl Staged {
 
 impl Drop for Staged {
     fn drop(&mut self) {
-        for p in &self.0 {
+        for p in &self.files {
             let _ = std::fs::remove_file(p);
+        }
+        if !self.committed {
+            // Deepest first; `remove_dir` leaves a folder someone else
+            // filled meanwhile.
+            for d in self.dirs.iter().rev() {
+                let _ = std::fs::remove_dir(d);
+            }
         }
     }
 }
@@ -1047,6 +987,19 @@ mod tests {
                     unlock_ms: 1,
                 })
             },
+            |r| {
+                r.serials.push(SerialSpec {
+                    name: "board-a".into(),
+                    port: "/dev/ttyAMA0".into(),
+                    baud: default_baud(),
+                });
+                r.doors.push(DoorSpec {
+                    name: "101".into(),
+                    serial: "board-a".into(),
+                    index: crate::config::MAX_DOOR_INDEX + 1,
+                    unlock_ms: 1,
+                })
+            },
         ];
         for (i, f) in cases.iter().enumerate() {
             let mut r = request();
@@ -1057,6 +1010,64 @@ mod tests {
             assert!(e.is_input_problem(), "case {i}: {e}");
         }
         assert!(!dir.path().join("etc").exists(), "nothing written");
+    }
+
+    /// One name rule: whatever check-config accepts as a door, serial,
+    /// signer or PIN key name, provision writes; whatever it refuses,
+    /// provision refuses, before anything is left on disk.
+    #[test]
+    fn provision_accepts_every_name_check_config_accepts_and_no_other() {
+        let names = [
+            "101",
+            "Room 101",
+            "Tür 3 (Hof)",
+            "a\"quote\" and \\ back # not a comment",
+            "dot.dash-under_score",
+            &"é".repeat(64),
+            "",
+            " leading",
+            "trailing ",
+            "tab\there",
+            "new\nline",
+            &"a".repeat(65),
+        ];
+        for name in names {
+            let dir = tempfile::tempdir().unwrap();
+            let target = Target {
+                config: dir.path().join("etc/hub.toml"),
+                secrets: dir.path().join("etc/secrets.toml"),
+                data_dir: dir.path().join("data"),
+                force: false,
+                owner: None,
+            };
+            let mut r = request();
+            r.trust[0].id = name.into();
+            r.serials.push(SerialSpec {
+                name: name.into(),
+                port: "/dev/ttyAMA0".into(),
+                baud: default_baud(),
+            });
+            r.doors.push(DoorSpec {
+                name: name.into(),
+                serial: name.into(),
+                index: crate::config::MAX_DOOR_INDEX,
+                unlock_ms: DEFAULT_UNLOCK_MS,
+            });
+            r.pin_keys.push((name.into(), PinKeySource::Generate));
+            let got = provision(r, &target);
+            if crate::config::is_name(name) {
+                let done = got.unwrap_or_else(|e| panic!("{name:?}: {e}"));
+                let c = crate::config::load(&done.config).expect("check-config accepts it");
+                assert_eq!(c.doors[0].name, name);
+                assert_eq!(c.serials[0].name, name);
+                assert_eq!(c.trust[0].id, name);
+                assert_eq!(c.secrets.pin_keys[0].id, name);
+            } else {
+                let e = got.err().unwrap_or_else(|| panic!("{name:?} accepted"));
+                assert!(e.is_input_problem(), "{name:?}: {e}");
+                assert!(!dir.path().join("etc").exists(), "{name:?}: left files");
+            }
+        }
     }
 
     #[test]

@@ -14,6 +14,7 @@
 //!   PIN tag that status would print; it reports counts and states only.
 
 use crate::store::alerts::{AlertRow, open_alerts};
+use crate::store::keys::KeyCounts;
 use crate::store::links::{self, LinkRow};
 use crate::store::runtime;
 use crate::store::{MIGRATIONS, outbox, schema_version};
@@ -121,16 +122,6 @@ impl Target {
                 .collect(),
         })
     }
-}
-
-/// Key counts by state, plus tombstones.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct KeyCounts {
-    pub pre_issued: i64,
-    pub active: i64,
-    pub revoked: i64,
-    pub expired: i64,
-    pub tombstones: i64,
 }
 
 /// Sync progress (`seq_state`).
@@ -412,28 +403,7 @@ pub fn gather(target: &Target, now: Timestamp) -> Result<Status, StatusError> {
     conn.execute_batch("BEGIN DEFERRED").map_err(db)?;
     let version = schema_version(&conn).map_err(store)?;
 
-    let mut keys = KeyCounts::default();
-    {
-        let mut stmt = conn
-            .prepare("SELECT state, count(*) FROM keys GROUP BY state")
-            .map_err(db)?;
-        let rows = stmt
-            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
-            .map_err(db)?;
-        for row in rows {
-            let (state, n) = row.map_err(db)?;
-            match state.as_str() {
-                "pre_issued" => keys.pre_issued = n,
-                "active" => keys.active = n,
-                "revoked" => keys.revoked = n,
-                "expired" => keys.expired = n,
-                _ => {}
-            }
-        }
-    }
-    keys.tombstones = conn
-        .query_row("SELECT count(*) FROM key_tombstones", [], |r| r.get(0))
-        .map_err(db)?;
+    let keys = crate::store::keys::counts(&conn).map_err(store)?;
 
     let (watermark, head_seq, last_life): (i64, i64, Option<i64>) = conn
         .query_row(

@@ -14,7 +14,7 @@ use lockhub::crypto;
 /// The whole story takes a few seconds; this bound is for a loaded CI box.
 const TIMEOUT: Duration = Duration::from_secs(120);
 
-/// The demo's made-up PINs (examples/demo.rs). Each must appear in the
+/// The demo's made-up PINs (examples/demo/main.rs). Each must appear in the
 /// story, which proves this list is the one the demo used.
 const PINS: [&str; 7] = [
     "482913", "517204", "735046", "111111", "222222", "333333", "444444",
@@ -36,7 +36,7 @@ fn demo_binary() -> PathBuf {
         .unwrap_or_else(|_| panic!("{} is missing: {hint}", bin.display()));
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let newest = newest_mtime(&root.join("src"))
-        .max(newest_mtime(&root.join("examples/demo.rs")))
+        .max(newest_mtime(&root.join("examples/demo")))
         .max(newest_mtime(&root.join("tests/common/pty.rs")));
     assert!(
         built >= newest,

@@ -18,7 +18,7 @@ pub(super) fn read_hub(d: &mut Diag<'_>, root: &Table<'_, '_>, base: &Path) -> O
         }
     });
     let hub_id = t.str(d, "hub_id", true).and_then(|(s, span)| {
-        if is_id(s) {
+        if crate::event::is_key_id(s) {
             Some(s.to_owned())
         } else {
             d.at(

@@ -42,8 +42,8 @@ use secrets::*;
 use table::*;
 use trust::*;
 
-pub use mqtt::parse_mqtt_url;
-pub use table::is_id;
+pub use mqtt::{MqttUrl, parse_mqtt_url};
+pub use table::is_name;
 
 /// The SQLite file's name inside `data_dir`.
 pub const DATABASE_FILE: &str = "lockhub.db";
@@ -383,8 +383,9 @@ pub const DEFAULT_TOPIC_PREFIX: &str = "lockhub/v1";
 pub const MQTT_PORT: u16 = 1883;
 /// The default port of `mqtts://`.
 pub const MQTTS_PORT: u16 = 8883;
-/// Door indices a board knows (serial.md): 0..=15.
-pub const MAX_DOOR_INDEX: u8 = 15;
+/// Door indices a board knows (serial.md): 0..=15, from the wire
+/// contract's own count of doors.
+pub const MAX_DOOR_INDEX: u8 = (firmware_bridge::board::MAX_DOORS - 1) as u8;
 
 /// Reads `hub.toml` at `path` and the files it names, and checks every rule
 /// of config.md. Reads only; writes and creates nothing (`data_dir` need not
@@ -551,7 +552,10 @@ mod tests {
 
     #[test]
     fn mqtt_urls() {
-        let ok = |u: &str| parse_mqtt_url(u).unwrap();
+        let ok = |u: &str| {
+            let p = parse_mqtt_url(u).unwrap();
+            (p.tls, p.host, p.port)
+        };
         assert_eq!(
             ok("mqtt://127.0.0.1:1883"),
             (false, "127.0.0.1".into(), 1883)
@@ -589,12 +593,32 @@ mod tests {
 
     #[test]
     fn ids() {
-        assert!(is_id("hub-lobby-1"));
-        assert!(is_id(&"a".repeat(64)));
-        assert!(!is_id(&"a".repeat(65)));
-        assert!(!is_id(""));
-        assert!(!is_id("a b"));
-        assert!(!is_id("é"));
+        // The hub id is the mqtt.md id alphabet, checked by event's rule.
+        use crate::event::is_key_id;
+        assert!(is_key_id("hub-lobby-1"));
+        assert!(is_key_id(&"a".repeat(64)));
+        assert!(!is_key_id(&"a".repeat(65)));
+        assert!(!is_key_id(""));
+        assert!(!is_key_id("a b"));
+        assert!(!is_key_id("é"));
+    }
+
+    #[test]
+    fn names_are_any_1_to_64_characters_without_control_characters_or_surrounding_spaces() {
+        for ok in ["101", "Room 101", "Tür 3", "board-a", &"é".repeat(64)] {
+            assert!(is_name(ok), "{ok:?}");
+        }
+        for bad in ["", " 101", "101 ", "a\tb", "a\nb", "nul\0", &"a".repeat(65)] {
+            assert!(!is_name(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_door_index_limit_is_the_wire_contracts() {
+        assert_eq!(
+            usize::from(MAX_DOOR_INDEX) + 1,
+            firmware_bridge::board::MAX_DOORS
+        );
     }
 
     #[test]

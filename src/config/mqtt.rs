@@ -2,9 +2,20 @@
 
 use super::*;
 
-/// Parses `mqtt://host[:port]` or `mqtts://host[:port]` into (tls, host,
-/// port). Messages never repeat the url (it might hold a password).
-pub fn parse_mqtt_url(url: &str) -> Result<(bool, String, u16), String> {
+/// A broker URL, parsed: `mqtt://host[:port]` or `mqtts://host[:port]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MqttUrl {
+    /// `mqtts://`.
+    pub tls: bool,
+    /// A name or an address (an IPv6 one without its brackets).
+    pub host: String,
+    /// The given port, else [`MQTT_PORT`] or [`MQTTS_PORT`].
+    pub port: u16,
+}
+
+/// Parses a broker URL. Messages never repeat the url (it might hold a
+/// password).
+pub fn parse_mqtt_url(url: &str) -> Result<MqttUrl, String> {
     let (tls, rest) = if let Some(rest) = url.strip_prefix("mqtts://") {
         (true, rest)
     } else if let Some(rest) = url.strip_prefix("mqtt://") {
@@ -62,7 +73,7 @@ pub fn parse_mqtt_url(url: &str) -> Result<(bool, String, u16), String> {
             _ => return Err("`url` port must be 1..=65535".to_owned()),
         },
     };
-    Ok((tls, host, port))
+    Ok(MqttUrl { tls, host, port })
 }
 
 pub(super) fn read_mqtt(
@@ -91,13 +102,13 @@ pub(super) fn read_mqtt(
     let url = t
         .str(d, "url", true)
         .and_then(|(s, span)| match parse_mqtt_url(s) {
-            Ok((tls, host, port)) => Some((s.to_owned(), tls, host, port)),
+            Ok(parsed) => Some((s.to_owned(), parsed)),
             Err(m) => {
                 d.at(span, m);
                 None
             }
         });
-    let tls = url.as_ref().map(|u| u.1);
+    let tls = url.as_ref().map(|(_, u)| u.tls);
 
     let client_id = match t.get("client_id") {
         None => Some(hub_id.to_owned()),
@@ -243,7 +254,7 @@ pub(super) fn read_mqtt(
         }
     }
 
-    let (url, tls, host, port) = url?;
+    let (url, MqttUrl { tls, host, port }) = url?;
     if !ok {
         return None;
     }

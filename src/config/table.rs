@@ -167,15 +167,10 @@ impl<'a, 'i> Table<'a, 'i> {
         Some((s, span))
     }
 
-    /// A name or id: 1..=64 characters, no control characters, no
-    /// surrounding spaces.
+    /// A name or id ([`is_name`]).
     pub(super) fn name(&self, d: &mut Diag<'_>, key: &str) -> Option<(&'a str, Range<usize>)> {
         let (s, span) = self.str(d, key, true)?;
-        if s.is_empty()
-            || s.chars().count() > 64
-            || s.chars().any(char::is_control)
-            || s.trim() != s
-        {
+        if !is_name(s) {
             d.at(
                 span,
                 format!("`{key}` must be 1..=64 characters without control characters or surrounding spaces"),
@@ -281,9 +276,11 @@ pub(super) fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
-/// 1..=64 of `[A-Za-z0-9._-]` (hub ids; mqtt.md key ids).
-pub fn is_id(s: &str) -> bool {
-    (1..=64).contains(&s.len())
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+/// The one rule for the names and ids an installer picks (doors, serials,
+/// buses, readers, signers, PIN keys): 1..=64 characters, no control
+/// characters, no surrounding spaces. `lockhub provision` writes whatever
+/// this accepts, because it checks what it wrote with [`super::load`].
+/// (The hub id is the mqtt.md id alphabet instead: [`crate::event::is_key_id`].)
+pub fn is_name(s: &str) -> bool {
+    !s.is_empty() && s.chars().count() <= 64 && !s.chars().any(char::is_control) && s.trim() == s
 }

@@ -10,7 +10,11 @@ pub(super) fn read_trust(d: &mut Diag<'_>, root: &Table<'_, '_>) -> Option<Vec<S
         "[[trust.signer]]",
         &["id", "public_key", "not_after"],
     );
-    if tables.is_empty() && t.get("signer").is_none() {
+    // `signer = []` trusts nobody either.
+    let empty_list = t
+        .get("signer")
+        .is_none_or(|v| matches!(v.get_ref(), DeValue::Array(a) if a.is_empty()));
+    if tables.is_empty() && empty_list {
         d.at(t.span.clone(), "no signer: add a [[trust.signer]]");
         return None;
     }

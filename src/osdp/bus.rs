@@ -30,10 +30,11 @@ use super::cp::{self, Caps, Event, Fault, Identity, Outcome, Reader, Security, T
 use super::door as cmds;
 use super::keypad::{Entry, Submitted};
 use super::packet::Deframer;
+use crate::backoff::Backoff;
 use crate::config::{Config, PinKey, Policy, ReaderDoorConfig};
 use crate::entry::{self, Answer, DecisionQueue, Queued};
 use crate::serial::TimeSource;
-use crate::serial::port::{Backoff, open};
+use crate::serial::port::open;
 use crate::store::alerts::{self, Condition};
 use crate::store::audit::AuditKind;
 use crate::store::door::record_door_event;
@@ -156,14 +157,8 @@ impl OsdpHandle {
     /// Stops every bus and waits for them, bounded.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
-        for mut task in self.tasks {
-            if tokio::time::timeout(SHUTDOWN_TIMEOUT, &mut task)
-                .await
-                .is_err()
-            {
-                task.abort();
-                let _ = task.await;
-            }
+        for task in self.tasks {
+            crate::task::join_or_abort(task, SHUTDOWN_TIMEOUT).await;
         }
     }
 }
@@ -449,7 +444,7 @@ impl BusTask {
                 let ev = self.slots[i].cp.tick(now);
                 self.handle(i, ev);
             }
-            let delay = self.backoff.next_delay();
+            let delay = self.backoff.next_step();
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
                 _ = stop.changed() => break,

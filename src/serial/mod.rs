@@ -183,14 +183,8 @@ impl SerialHandle {
     /// bounded; the recorders finish what was queued.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
-        for mut task in self.ports.into_iter().chain(self.others) {
-            if tokio::time::timeout(SHUTDOWN_TIMEOUT, &mut task)
-                .await
-                .is_err()
-            {
-                task.abort();
-                let _ = task.await;
-            }
+        for task in self.ports.into_iter().chain(self.others) {
+            crate::task::join_or_abort(task, SHUTDOWN_TIMEOUT).await;
         }
     }
 }

@@ -16,7 +16,7 @@
 //! A USB adapter that is unplugged leaves a descriptor whose reads return
 //! `Ok(0)` forever (or `EIO`); a pseudo-terminal whose master closed does the
 //! same. Either ends the session: the port is closed and opened again by
-//! path, with [`Backoff`], so a board that comes back under the same path
+//! path, with [`Backoff`](crate::backoff::Backoff), so a board that comes back under the same path
 //! (`/dev/serial/by-id/...` is a symlink the kernel re-points) is picked up.
 //!
 //! ## Doors across openings
@@ -28,6 +28,7 @@
 //! change, and every door again after the hub's Hello.) A session that ends
 //! still finishes every decision it acked (see `Session::finish`).
 
+use crate::backoff::Backoff;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -66,41 +67,7 @@ const DECIDED_QUEUE: usize = 32;
 /// so the decisions at other doors (an Unlock among them) always find room.
 const FLOOD_SPARE_SLOTS: usize = PENDING_MAX / 2;
 /// Door indexes a board can have (serial.md: 0..=15).
-const BOARD_DOORS: u8 = 16;
-
-/// Reopen delays: `initial`, doubling up to `max`.
-///
-/// Why reset only after the board answered: a port that opens and then fails
-/// at once (a half-dead adapter) would otherwise be reopened every 100 ms
-/// forever.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Backoff {
-    initial: Duration,
-    max: Duration,
-    next: Duration,
-}
-
-impl Backoff {
-    pub fn new(initial: Duration, max: Duration) -> Self {
-        Self {
-            initial,
-            max,
-            next: initial,
-        }
-    }
-
-    /// The delay before the next attempt; the one after is twice as long.
-    pub fn next_delay(&mut self) -> Duration {
-        let d = self.next;
-        self.next = (self.next * 2).min(self.max);
-        d
-    }
-
-    /// The board answered: the next failure starts from `initial` again.
-    pub fn reset(&mut self) {
-        self.next = self.initial;
-    }
-}
+const BOARD_DOORS: u8 = crate::config::MAX_DOOR_INDEX + 1;
 
 /// Opens a port the way production opens `/dev/ttyAMA0`: 8N1 at `baud`,
 /// exclusive.
@@ -151,6 +118,10 @@ impl Presence {
 /// Runs one port until `stop` says so: open, session, backoff, repeat.
 pub(crate) async fn run_port(shared: Arc<PortShared>, mut stop: watch::Receiver<bool>) {
     let serial = shared.port.name.clone();
+    // Reopen delays: `backoff_initial`, doubling up to `backoff_max`, reset
+    // only after the board answered: a port that opens and then fails at
+    // once (a half-dead adapter) would otherwise be reopened every 100 ms
+    // forever. No jitter: one hub alone waits on its port.
     let mut backoff = Backoff::new(shared.backoff_initial, shared.backoff_max);
     let mut presence = Presence {
         offline: false,
@@ -211,7 +182,7 @@ pub(crate) async fn run_port(shared: Arc<PortShared>, mut stop: watch::Receiver<
                 at: shared.now(),
             });
         }
-        let delay = backoff.next_delay();
+        let delay = backoff.next_step();
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
             _ = stop.changed() => break,
@@ -930,22 +901,6 @@ impl DoorTarget {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn backoff_starts_small_and_doubles_up_to_the_cap() {
-        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-        let got: Vec<u64> = (0..9).map(|_| b.next_delay().as_millis() as u64).collect();
-        assert_eq!(got, [100, 200, 400, 800, 1600, 3200, 5000, 5000, 5000]);
-    }
-
-    #[test]
-    fn backoff_starts_over_after_a_reset() {
-        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-        b.next_delay();
-        b.next_delay();
-        b.reset();
-        assert_eq!(b.next_delay(), Duration::from_millis(100));
-    }
 
     #[test]
     fn an_unconfigured_door_index_gets_a_label_no_door_can_have() {

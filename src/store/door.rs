@@ -145,7 +145,7 @@ pub fn lockout_facts(
     policy: &Policy,
 ) -> Result<LockoutFacts, StoreError> {
     let last = last_lockout(conn, door)?;
-    let window_start = now.saturating_add_secs(-i64::from(policy.lockout_window_s));
+    let window_start = door::lockout_window_start(now, policy);
     let since = last.map_or(i64::MIN, |l| l.until.0);
     let sql = format!(
         "SELECT at FROM audit

@@ -23,13 +23,15 @@ pub struct KeyListing {
     pub reservation_id: Option<String>,
 }
 
-/// How many keys are in each state.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// How many keys are in each state, plus tombstones (`lockhub keys` and
+/// `lockhub status` both show these).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct KeyCounts {
     pub pre_issued: u64,
     pub active: u64,
     pub revoked: u64,
     pub expired: u64,
+    pub tombstones: u64,
 }
 
 /// Every key, by key id, with its doors.
@@ -64,7 +66,7 @@ pub fn list(conn: &Connection) -> Result<Vec<KeyListing>, StoreError> {
     Ok(out)
 }
 
-/// Key counts by state.
+/// Key counts by state, and tombstones.
 pub fn counts(conn: &Connection) -> Result<KeyCounts, StoreError> {
     let mut c = KeyCounts::default();
     let mut stmt = conn.prepare_cached("SELECT state, count(*) FROM keys GROUP BY state")?;
@@ -79,6 +81,9 @@ pub fn counts(conn: &Connection) -> Result<KeyCounts, StoreError> {
             _ => {}
         }
     }
+    c.tombstones = conn
+        .prepare_cached("SELECT count(*) FROM key_tombstones")?
+        .query_row([], |r| r.get::<_, i64>(0))? as u64;
     Ok(c)
 }
 

@@ -13,7 +13,8 @@
 //! - `client`: the poll task, the only one that touches the event loop; it
 //!   pauses reading while the hub's receive window (`window`) is full, and
 //!   writes the acks the [`client::Gate`] queues; every other task queues
-//!   its requests through the gate.
+//!   its requests through the gate. Its connection state (epoch, backoffs,
+//!   a poisoned session, refusals) is [`client::PollState`], plain data.
 //! - `ingest`: step 1, then batched commits, then in-order acks.
 //! - `publisher`: outbox rows, signed, out; marked sent after PUBACK.
 //! - `plan` / `ratelimit` / `window`: pure rules, unit-tested without a
@@ -259,24 +260,11 @@ impl SyncHandle {
         {
             let _ = tokio::time::timeout(SHUTDOWN_TIMEOUT, done_rx).await;
         }
-        let mut poll = self.poll;
-        if tokio::time::timeout(Duration::from_secs(1), &mut poll)
-            .await
-            .is_err()
-        {
-            poll.abort();
-            let _ = poll.await;
-        }
+        crate::task::join_or_abort(self.poll, Duration::from_secs(1)).await;
         // The poll task is gone, so the ingest channel is closed: ingest
         // finishes its batch (committed work is kept; its acks are moot).
-        for mut task in self.others {
-            if tokio::time::timeout(SHUTDOWN_TIMEOUT, &mut task)
-                .await
-                .is_err()
-            {
-                task.abort();
-                let _ = task.await;
-            }
+        for task in self.others {
+            crate::task::join_or_abort(task, SHUTDOWN_TIMEOUT).await;
         }
     }
 }

@@ -6,6 +6,7 @@
 //! [`Duration`] since any fixed origin) and what the store said, and act on
 //! what comes back. That keeps every timing rule testable without a runtime.
 
+use crate::backoff::{Backoff, Jitter};
 use std::time::Duration;
 
 /// Why the hub asks for events (the `reason` of a sync request).
@@ -96,7 +97,7 @@ pub struct SyncPlanner {
     /// The reason of the last request sent, while conditions hold.
     last_reason: Option<SyncReason>,
     next_at: Option<Duration>,
-    backoff: Duration,
+    backoff: Backoff,
     /// Spread of a first request, and the generator that draws it.
     jitter: Duration,
     rng: Jitter,
@@ -117,7 +118,7 @@ impl SyncPlanner {
             behind: None,
             last_reason: None,
             next_at: None,
-            backoff: SYNC_BACKOFF_START,
+            backoff: Backoff::new(SYNC_BACKOFF_START, SYNC_BACKOFF_MAX),
             jitter,
             rng: Jitter::new(seed),
         }
@@ -159,14 +160,14 @@ impl SyncPlanner {
             None => {
                 self.last_reason = None;
                 self.next_at = None;
-                self.backoff = SYNC_BACKOFF_START;
+                self.backoff.reset();
             }
             Some(r) if Some(r) != self.last_reason => {
                 // New condition or a more specific one: ask now, give or
                 // take the jitter. A request already due sooner stays.
                 let at = now + self.rng.within(self.jitter);
                 self.next_at = Some(self.next_at.map_or(at, |t| t.min(at)).max(now));
-                self.backoff = SYNC_BACKOFF_START;
+                self.backoff.reset();
             }
             Some(_) => {}
         }
@@ -216,8 +217,7 @@ impl SyncPlanner {
             return None;
         }
         self.last_reason = Some(reason);
-        self.next_at = Some(now + self.backoff);
-        self.backoff = (self.backoff * 2).min(SYNC_BACKOFF_MAX);
+        self.next_at = Some(now + self.backoff.next_step());
         Some(SyncRequest {
             from_seq: self.view.watermark.saturating_add(1),
             reason,
@@ -350,7 +350,9 @@ impl BacklogMonitor {
     }
 }
 
-/// Reconnect delays: capped exponential backoff with full jitter.
+/// Reconnect delays: a [`Backoff`] from [`RECONNECT_START`] to
+/// [`RECONNECT_MAX`], each delay a full-jitter draw
+/// ([`Backoff::next_delay`]).
 ///
 /// rumqttc reconnects as fast as it is polled; without this a down broker
 /// would be hammered in a tight loop, and a fleet of hubs would reconnect in
@@ -361,85 +363,12 @@ impl BacklogMonitor {
 /// the broker sees about N connects in that second rather than N at once,
 /// and each later round is spread over a window twice as long. A single
 /// hub on a flaky link is back within 0.5 s on average.
-#[derive(Debug, Clone)]
-pub struct ReconnectBackoff {
-    start: Duration,
-    max: Duration,
-    step: Duration,
+pub fn reconnect_backoff() -> Backoff {
+    Backoff::new(RECONNECT_START, RECONNECT_MAX)
 }
 
 pub const RECONNECT_START: Duration = Duration::from_secs(1);
 pub const RECONNECT_MAX: Duration = Duration::from_secs(30);
-
-impl Default for ReconnectBackoff {
-    fn default() -> Self {
-        Self::new(RECONNECT_START, RECONNECT_MAX)
-    }
-}
-
-impl ReconnectBackoff {
-    pub fn new(start: Duration, max: Duration) -> Self {
-        ReconnectBackoff {
-            start,
-            max,
-            step: start,
-        }
-    }
-
-    /// The delay before the next attempt; `random` is any uniformly random u64.
-    pub fn next_delay(&mut self, random: u64) -> Duration {
-        let step = self.step;
-        self.step = (self.step * 2).min(self.max);
-        uniform_up_to(step, random)
-    }
-
-    /// The longest the next delay can be (for log lines).
-    pub fn peek(&self) -> Duration {
-        self.step
-    }
-
-    /// A connection succeeded: start again from the shortest delay.
-    pub fn reset(&mut self) {
-        self.step = self.start;
-    }
-}
-
-/// A duration uniform in `[0, max]` from one random u64.
-fn uniform_up_to(max: Duration, random: u64) -> Duration {
-    let span = u64::try_from(max.as_nanos()).unwrap_or(u64::MAX);
-    if span == 0 {
-        return Duration::ZERO;
-    }
-    Duration::from_nanos(random % span.saturating_add(1))
-}
-
-/// A small deterministic generator (SplitMix64) for the planners' jitter:
-/// seeded once from the OS by the caller, reproducible in tests.
-#[derive(Debug, Clone)]
-pub struct Jitter(u64);
-
-impl Jitter {
-    pub fn new(seed: u64) -> Self {
-        Jitter(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[0, max]`.
-    pub fn within(&mut self, max: Duration) -> Duration {
-        if max.is_zero() {
-            return Duration::ZERO;
-        }
-        let r = self.next_u64();
-        uniform_up_to(max, r)
-    }
-}
 
 /// When the retained status must be published again (mqtt.md 'Status'):
 /// at least every [`HEALTH_EVERY`], and at once when what the cloud
@@ -688,7 +617,7 @@ mod tests {
 
     #[test]
     fn reconnect_delays_are_uniform_up_to_a_step_that_doubles_from_1_s_to_30_s() {
-        let mut b = ReconnectBackoff::default();
+        let mut b = reconnect_backoff();
         assert_eq!(b.next_delay(0), Duration::ZERO, "full jitter starts at 0");
         let mut steps = vec![];
         for _ in 0..8 {
@@ -716,7 +645,7 @@ mod tests {
         let mut rng = Jitter::new(12345);
         let mut per_100ms = [0usize; 10];
         for _ in 0..n {
-            let mut b = ReconnectBackoff::default();
+            let mut b = reconnect_backoff();
             let d = b.next_delay(rng.next_u64());
             assert!(d <= RECONNECT_START);
             per_100ms[(d.as_millis() as usize / 100).min(9)] += 1;

@@ -1,0 +1,165 @@
+//! The connection options: rumqttc settings (persistent session, manual
+//! acks, packet limits, the offline last will), credentials and TLS, and the
+//! retained status payloads.
+
+use crate::config::MqttConfig;
+use crate::sync::SyncError;
+use rumqttc::{LastWill, MqttOptions, QoS, TlsConfiguration, Transport};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_rustls::rustls;
+
+/// Largest MQTT packet accepted from the broker.
+pub const MAX_INCOMING_PACKET: usize = 2 * 1024 * 1024;
+/// Largest packet the hub sends (its envelopes are small).
+pub const MAX_OUTGOING_PACKET: usize = 256 * 1024;
+/// rumqttc's request channel: the hub's own publishes (bounded by the
+/// publisher's window), subscriptions and the disconnect. Acks do not use
+/// it. If it is full, `try_*` says so and the caller retries.
+pub const REQUEST_CAPACITY: usize = 1024;
+/// Unacked hub publishes rumqttc tracks (packet ids cycle through 1..=this).
+/// The publisher keeps fewer than this in flight, so ids never collide.
+pub const CLIENT_INFLIGHT: u16 = 100;
+pub const KEEP_ALIVE: Duration = Duration::from_secs(30);
+
+/// The retained status payload (plain JSON, not signed: it is a hint).
+pub fn status_payload(hub_id: &str, online: bool, at: crate::time::Timestamp) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "state": if online { "online" } else { "offline" },
+        "hub_id": hub_id,
+        "version": env!("CARGO_PKG_VERSION"),
+        "at": at.to_rfc3339(),
+    }))
+    .unwrap_or_default()
+}
+
+/// The retained online status with the hub's health (mqtt.md 'Status':
+/// the contract's four fields, and `health` as an extra one; the last will
+/// stays [`status_payload`]'s offline form).
+pub fn online_status_payload(
+    hub_id: &str,
+    at: crate::time::Timestamp,
+    health: Option<&crate::status::Health>,
+) -> Vec<u8> {
+    let mut v = serde_json::json!({
+        "state": "online",
+        "hub_id": hub_id,
+        "version": env!("CARGO_PKG_VERSION"),
+        "at": at.to_rfc3339(),
+    });
+    if let Some(h) = health {
+        v["health"] = serde_json::to_value(h).unwrap_or_default();
+    }
+    serde_json::to_vec(&v).unwrap_or_default()
+}
+
+/// Builds the connection options: persistent session under a stable client
+/// id, manual acks, offline last will, TLS and credentials from the config.
+pub fn mqtt_options(
+    cfg: &MqttConfig,
+    status_topic: &str,
+    offline_status: Vec<u8>,
+) -> Result<MqttOptions, SyncError> {
+    let mut o = MqttOptions::new(cfg.client_id.clone(), cfg.host.clone(), cfg.port);
+    o.set_clean_session(false)
+        .set_manual_acks(true)
+        .set_keep_alive(KEEP_ALIVE)
+        .set_inflight(CLIENT_INFLIGHT)
+        .set_request_channel_capacity(REQUEST_CAPACITY)
+        .set_max_packet_size(MAX_INCOMING_PACKET, MAX_OUTGOING_PACKET)
+        .set_last_will(LastWill::new(
+            status_topic,
+            offline_status,
+            QoS::AtLeastOnce,
+            true,
+        ));
+    if let Some(user) = &cfg.username {
+        let password = match &cfg.password_file {
+            Some(p) => read_password(p)?,
+            None => String::new(),
+        };
+        o.set_credentials(user.clone(), password);
+    }
+    if cfg.tls {
+        o.set_transport(Transport::Tls(TlsConfiguration::Rustls(Arc::new(
+            tls_config(cfg)?,
+        ))));
+    }
+    Ok(o)
+}
+
+fn read_password(path: &Path) -> Result<String, SyncError> {
+    let raw = std::fs::read_to_string(path).map_err(|source| SyncError::File {
+        path: path.to_owned(),
+        source,
+    })?;
+    // One line; the trailing newline editors add is not part of it.
+    Ok(raw.trim_end_matches(['\r', '\n']).to_owned())
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>, SyncError> {
+    std::fs::read(path).map_err(|source| SyncError::File {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn tls_err(path: Option<&Path>, detail: impl std::fmt::Display) -> SyncError {
+    SyncError::Tls {
+        path: path.map(Path::to_owned),
+        detail: detail.to_string(),
+    }
+}
+
+/// rustls with the `ring` provider (no OpenSSL, no aws-lc): the CA from
+/// `ca_file` only (a hub trusts its own broker, not the web PKI), and the
+/// client certificate when both `cert_file` and `key_file` are set.
+pub fn tls_config(cfg: &MqttConfig) -> Result<rustls::ClientConfig, SyncError> {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| tls_err(None, e))?;
+
+    let ca_path = cfg
+        .ca_file
+        .as_deref()
+        .ok_or_else(|| tls_err(None, "mqtts needs mqtt.ca_file"))?;
+    let mut roots = rustls::RootCertStore::empty();
+    let ca_pem = read_file(ca_path)?;
+    let mut n = 0;
+    for cert in rustls_pemfile::certs(&mut ca_pem.as_slice()) {
+        let cert: CertificateDer<'static> = cert.map_err(|e| tls_err(Some(ca_path), e))?;
+        roots.add(cert).map_err(|e| tls_err(Some(ca_path), e))?;
+        n += 1;
+    }
+    if n == 0 {
+        return Err(tls_err(Some(ca_path), "no PEM certificate in it"));
+    }
+    let builder = builder.with_root_certificates(roots);
+
+    match (&cfg.cert_file, &cfg.key_file) {
+        (Some(cert_path), Some(key_path)) => {
+            let pem = read_file(cert_path)?;
+            let chain: Vec<CertificateDer<'static>> = rustls_pemfile::certs(&mut pem.as_slice())
+                .collect::<Result<_, _>>()
+                .map_err(|e| tls_err(Some(cert_path), e))?;
+            if chain.is_empty() {
+                return Err(tls_err(Some(cert_path), "no PEM certificate in it"));
+            }
+            let key_pem = read_file(key_path)?;
+            let key: PrivateKeyDer<'static> = rustls_pemfile::private_key(&mut key_pem.as_slice())
+                .map_err(|e| tls_err(Some(key_path), e))?
+                .ok_or_else(|| tls_err(Some(key_path), "no PEM private key in it"))?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| tls_err(Some(key_path), e))
+        }
+        (None, None) => Ok(builder.with_no_client_auth()),
+        _ => Err(tls_err(
+            None,
+            "mqtt.cert_file and mqtt.key_file go together",
+        )),
+    }
+}

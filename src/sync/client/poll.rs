@@ -1,0 +1,371 @@
+//! The poll task: the only code that touches rumqttc's event loop. It
+//! turns what the event loop says into [`PollState`] calls and does what
+//! they return: hands messages and link events on (never waiting on a full
+//! channel), writes the queued PUBACKs itself, sleeps the backoff, logs.
+
+use super::gate::Gate;
+use super::state::{Access, ConnAckStep, PollState, Refusal, SubAckStep};
+use crate::sync::window::ReceiveWindow;
+use rumqttc::{Event, EventLoop, Outgoing, Packet, PubAck, Publish};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{Notify, mpsc, watch};
+
+/// How long writing acks to the socket may take before the connection is
+/// considered dead (rumqttc's own flush timeout is its connection timeout).
+const ACK_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// An incoming event message, tagged with the connection that delivered it.
+#[derive(Debug)]
+pub struct Inbound {
+    pub epoch: u64,
+    pub publish: Publish,
+}
+
+/// What the publisher needs to hear from the event loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkEvent {
+    /// CONNACK: a new connection `epoch`; `session_present` as the broker said.
+    Connected { epoch: u64, session_present: bool },
+    /// The connection `epoch` is gone; nothing queued for it will be sent.
+    Lost { epoch: u64 },
+    /// rumqttc wrote a publish of ours with this packet id (in request order).
+    Sent { epoch: u64, pkid: u16 },
+    /// The broker acknowledged our publish with this packet id.
+    Acked { epoch: u64, pkid: u16 },
+    /// The event loop ended (shutdown).
+    Closed,
+}
+
+/// Where the poll task forwards what it sees.
+pub struct PollSinks {
+    pub inbound: mpsc::Sender<Inbound>,
+    /// Publisher: Sent / Acked / Connected / Lost.
+    pub link: mpsc::Sender<LinkEvent>,
+    /// Everyone else who cares about Connected / Lost (sync planner).
+    pub session: mpsc::Sender<LinkEvent>,
+    /// The control task: refusals and grants (`broker_denied`).
+    pub access: mpsc::Sender<Access>,
+}
+
+/// Messages the poll task has taken from the event loop but not yet handed
+/// on. The poll task must never wait on a full channel: if it did, rumqttc
+/// would stop reading the socket, PUBACKs would stop arriving, the
+/// publisher's window and rumqttc's in-flight slots would stay full, the
+/// ingest task's acks could not be queued, and ingest would stop draining
+/// the channel the poll task waits on — a deadlock. So it parks what does
+/// not fit here and hands it on as capacity frees, while it keeps polling.
+///
+/// The backlog is bounded by the hub's [`ReceiveWindow`] (reading pauses
+/// while it is full); past [`MAX_PARKED`], which the window keeps out of
+/// reach, the connection is dropped and the broker redelivers what was
+/// unacked.
+struct Parked<T> {
+    tx: mpsc::Sender<T>,
+    queue: VecDeque<T>,
+}
+
+/// Beyond this many parked messages the connection is recycled.
+const MAX_PARKED: usize = 8192;
+
+impl<T> Parked<T> {
+    fn new(tx: mpsc::Sender<T>) -> Self {
+        Parked {
+            tx,
+            queue: VecDeque::new(),
+        }
+    }
+
+    /// Hands `item` on now if there is room, otherwise parks it (behind
+    /// anything parked earlier, so order is kept). `false` when the receiver
+    /// is gone.
+    fn push(&mut self, item: T) -> bool {
+        if self.queue.is_empty() {
+            match self.tx.try_send(item) {
+                Ok(()) => return true,
+                Err(mpsc::error::TrySendError::Full(item)) => self.queue.push_back(item),
+                Err(mpsc::error::TrySendError::Closed(_)) => return false,
+            }
+        } else {
+            self.queue.push_back(item);
+        }
+        true
+    }
+
+    fn overflowing(&self) -> bool {
+        self.queue.len() > MAX_PARKED
+    }
+
+    /// Waits for room for the oldest parked item and sends it. Only polled
+    /// while something is parked.
+    async fn drain_one(&mut self) -> bool {
+        match self.tx.reserve().await {
+            Ok(permit) => {
+                if let Some(item) = self.queue.pop_front() {
+                    permit.send(item);
+                }
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+/// Writes PUBACKs straight to the connection, bypassing rumqttc's request
+/// channel (see the module docs). rumqttc keeps no state for an incoming
+/// QoS 1 message under manual acks, so there is nothing to update there.
+/// `Framed` encodes each packet whole into its write buffer, so these never
+/// interleave with rumqttc's own packets, even when a `poll()` was dropped
+/// mid-flush: the next flush sends both, in order.
+async fn write_acks(eventloop: &mut EventLoop, pkids: &[u16]) -> Result<(), String> {
+    let Some(network) = eventloop.network.as_mut() else {
+        return Err("no connection to ack on".to_owned());
+    };
+    let io = async {
+        for &pkid in pkids {
+            network.write(Packet::PubAck(PubAck::new(pkid))).await?;
+        }
+        network.flush().await
+    };
+    match tokio::time::timeout(ACK_WRITE_TIMEOUT, io).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("cannot write acks: {e}")),
+        Err(_) => Err("timed out writing acks".to_owned()),
+    }
+}
+
+/// Sleeps until `at` (never returns for `None`; the select guards it).
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Logs a refusal by the broker: at warn the first time (and whenever what
+/// is refused changes), at debug while the same refusal repeats, so a hub
+/// retrying for days does not flood its log.
+fn log_refusal(r: &Refusal, topic: &str) {
+    let what = r.access.describe();
+    let retry_in = r.retry_in;
+    if r.repeated {
+        tracing::debug!(refused = %what, topic, ?retry_in, "the broker still refuses");
+    } else {
+        tracing::warn!(
+            refused = %what,
+            topic,
+            ?retry_in,
+            "the broker refused the hub (broker_denied); check its ACL and credentials for this hub's identity"
+        );
+    }
+}
+
+/// Throws away what rumqttc holds for a connection that is gone: its
+/// socket state and the requests it drained into `pending` (see the module
+/// docs of [`super`]).
+fn forget_connection(eventloop: &mut EventLoop) {
+    eventloop.clean();
+    eventloop.pending.clear();
+}
+
+/// Polls the event loop until `stop` turns true and the connection is
+/// closed (cleanly by the publisher, or lost). Only forwards; never awaits
+/// the client. Stops reading while `window` is full, and writes the acks the
+/// [`Gate`] queues. `reconnect` drops the current connection on purpose
+/// (the ingest pipeline asks for it after a storage failure, to get the
+/// unacked messages redelivered).
+pub async fn poll_loop(
+    mut eventloop: EventLoop,
+    gate: Arc<Gate>,
+    sinks: PollSinks,
+    events_topic: String,
+    window: ReceiveWindow,
+    reconnect: Arc<Notify>,
+    mut stop: watch::Receiver<bool>,
+) {
+    enum Step {
+        Event(Result<Event, rumqttc::ConnectionError>),
+        Kick,
+        Stop,
+        /// Acks are queued for this connection.
+        Acks,
+        /// A parked message was handed on (or its receiver is gone).
+        Drained(bool),
+        /// Time to ask again for the subscription the broker refused.
+        Resubscribe,
+    }
+    let PollSinks {
+        inbound,
+        link,
+        session,
+        access,
+    } = sinks;
+    let mut inbound = Parked::new(inbound);
+    let mut link = Parked::new(link);
+    let mut session = Parked::new(session);
+    let mut access = Parked::new(access);
+    let mut state = PollState::new();
+    loop {
+        let up = state.is_up();
+        // While connected, `acks_ready` is always armed, so the select never
+        // runs out of branches even with reading paused.
+        let reading = state.reading(&window);
+        let resubscribe_at = state.resubscribe_at();
+        let step = tokio::select! {
+            biased;
+            _ = stop.wait_for(|s| *s), if !up => Step::Stop,
+            _ = reconnect.notified(), if up => Step::Kick,
+            _ = gate.acks_ready.notified(), if up => Step::Acks,
+            ok = inbound.drain_one(), if !inbound.queue.is_empty() => Step::Drained(ok),
+            ok = link.drain_one(), if !link.queue.is_empty() => Step::Drained(ok),
+            ok = session.drain_one(), if !session.queue.is_empty() => Step::Drained(ok),
+            ok = access.drain_one(), if !access.queue.is_empty() => Step::Drained(ok),
+            _ = sleep_until_some(resubscribe_at), if resubscribe_at.is_some() => Step::Resubscribe,
+            ev = eventloop.poll(), if reading => Step::Event(ev),
+        };
+        let failure = match step {
+            Step::Stop => break,
+            Step::Drained(true) => continue,
+            Step::Drained(false) => break,
+            Step::Resubscribe => {
+                let epoch = state.on_resubscribe_due();
+                tracing::debug!("asking again for the refused subscription");
+                let _ = gate.subscribe(epoch, &events_topic);
+                continue;
+            }
+            Step::Acks => {
+                let pkids = gate.take_acks(state.epoch());
+                if pkids.is_empty() {
+                    continue;
+                }
+                match write_acks(&mut eventloop, &pkids).await {
+                    Ok(()) => {
+                        state.on_acks_written(&pkids);
+                        continue;
+                    }
+                    Err(e) => e,
+                }
+            }
+            Step::Event(Ok(_)) if inbound.overflowing() || link.overflowing() => {
+                let flow = gate.flow();
+                format!(
+                    "too many messages waiting for the hub's own tasks ({} events, {} link events; \
+                     {} events received and {} acks queued since start)",
+                    inbound.queue.len(),
+                    link.queue.len(),
+                    flow.received,
+                    flow.acks_queued
+                )
+            }
+            Step::Kick => "reconnecting to get unacked events redelivered".to_owned(),
+            Step::Event(Ok(ev)) => {
+                let epoch = state.epoch();
+                match ev {
+                    Event::Incoming(Packet::ConnAck(ack)) => {
+                        match state.on_connack(ack.session_present) {
+                            ConnAckStep::SessionDiscarded => {
+                                eventloop.mqtt_options.set_clean_session(false);
+                                tracing::warn!(
+                                    "discarded the broker session holding an oversized message"
+                                );
+                                gate.lost(|| forget_connection(&mut eventloop));
+                            }
+                            ConnAckStep::Up {
+                                epoch,
+                                session_present,
+                            } => {
+                                gate.connected(epoch);
+                                tracing::info!(epoch, session_present, "mqtt connected");
+                                let _ = gate.subscribe(epoch, &events_topic);
+                                let ev = LinkEvent::Connected {
+                                    epoch,
+                                    session_present,
+                                };
+                                link.push(ev);
+                                session.push(ev);
+                            }
+                        }
+                    }
+                    Event::Incoming(Packet::Publish(publish)) => {
+                        gate.note_received(state.on_publish(&publish));
+                        // `false`: the ingest task is gone; so is the daemon.
+                        let handed_on = inbound.push(Inbound { epoch, publish });
+                        if !handed_on {
+                            break;
+                        }
+                    }
+                    Event::Incoming(Packet::PubAck(ack)) => {
+                        link.push(LinkEvent::Acked {
+                            epoch,
+                            pkid: ack.pkid,
+                        });
+                    }
+                    Event::Incoming(Packet::SubAck(ack)) => {
+                        let step = state.on_suback(
+                            &ack.return_codes,
+                            tokio::time::Instant::now(),
+                            rand::random(),
+                        );
+                        match step {
+                            SubAckStep::Granted { after_refusal } => {
+                                tracing::debug!(codes = ?ack.return_codes, "subscribed");
+                                if after_refusal {
+                                    tracing::info!(topic = %events_topic, "the broker now grants the subscription");
+                                }
+                            }
+                            SubAckStep::Refused(r) => log_refusal(&r, &events_topic),
+                        }
+                        access.push(step.access());
+                    }
+                    Event::Outgoing(Outgoing::Publish(pkid)) => {
+                        link.push(LinkEvent::Sent { epoch, pkid });
+                    }
+                    Event::Outgoing(Outgoing::Disconnect) => {
+                        // Our own clean disconnect (shutdown): stop here, so
+                        // rumqttc does not reconnect.
+                        state.on_disconnected();
+                        gate.lost(|| {});
+                        break;
+                    }
+                    _ => {}
+                }
+                continue;
+            }
+            Step::Event(Err(e)) => {
+                let step = state.on_connection_error(&e);
+                if step.start_clean {
+                    eventloop.mqtt_options.set_clean_session(true);
+                }
+                if let Some(r) = step.refusal {
+                    log_refusal(&r, &events_topic);
+                    access.push(r.access);
+                }
+                e.to_string()
+            }
+        };
+        let lost = state.on_lost(rand::random());
+        gate.lost(|| forget_connection(&mut eventloop));
+        if let Some(epoch) = lost.epoch {
+            tracing::warn!(epoch, error = %failure, "mqtt connection lost");
+            link.push(LinkEvent::Lost { epoch });
+            session.push(LinkEvent::Lost { epoch });
+        } else {
+            tracing::debug!(error = %failure, "mqtt connect failed");
+        }
+        if *stop.borrow() {
+            break;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(lost.retry_in) => {}
+            _ = stop.wait_for(|s| *s) => break,
+        }
+        // Anything queued while we slept belonged to no connection.
+        gate.lost(|| forget_connection(&mut eventloop));
+    }
+    // The end is told after everything parked: nothing is lost on the way out.
+    while !link.queue.is_empty() && link.drain_one().await {}
+    let _ = link.tx.send(LinkEvent::Closed).await;
+    while !session.queue.is_empty() && session.drain_one().await {}
+    while !inbound.queue.is_empty() && inbound.drain_one().await {}
+}
