@@ -94,6 +94,35 @@ fn raised_then_cleared() -> Vec<(String, String)> {
     ]
 }
 
+/// SQLite's write lock, taken and held by a second connection on its own
+/// thread, as another process would (`BEGIN IMMEDIATE`), until released.
+struct WriteLock {
+    release: std::sync::mpsc::Sender<()>,
+    holder: std::thread::JoinHandle<()>,
+}
+
+impl WriteLock {
+    fn take(path: &Path) -> WriteLock {
+        let path = path.to_owned();
+        let (locked_tx, locked_rx) = std::sync::mpsc::channel::<()>();
+        let (release, release_rx) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            let c = rusqlite::Connection::open(&path).unwrap();
+            c.execute_batch("BEGIN IMMEDIATE").unwrap();
+            locked_tx.send(()).unwrap();
+            release_rx.recv().unwrap();
+            c.execute_batch("ROLLBACK").unwrap();
+        });
+        locked_rx.recv().unwrap();
+        WriteLock { release, holder }
+    }
+
+    fn release(self) {
+        self.release.send(()).unwrap();
+        self.holder.join().unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_door_is_denied_within_3_s_while_another_connection_holds_the_write_lock_and_the_alert_follows()
  {
@@ -103,17 +132,7 @@ async fn a_door_is_denied_within_3_s_while_another_connection_holds_the_write_lo
 
     // A second connection, as another process would, takes the write lock
     // and keeps it.
-    let path = db.store.path().to_owned();
-    let (locked_tx, locked_rx) = std::sync::mpsc::channel::<()>();
-    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
-    let holder = std::thread::spawn(move || {
-        let c = rusqlite::Connection::open(&path).unwrap();
-        c.execute_batch("BEGIN IMMEDIATE").unwrap();
-        locked_tx.send(()).unwrap();
-        release_rx.recv().unwrap();
-        c.execute_batch("ROLLBACK").unwrap();
-    });
-    locked_rx.recv().unwrap();
+    let lock = WriteLock::take(db.store.path());
 
     let (opened, took) = type_pin(&mut sim, "482913").await;
     assert!(!opened, "no door opens unrecorded");
@@ -122,8 +141,7 @@ async fn a_door_is_denied_within_3_s_while_another_connection_holds_the_write_lo
     // Still stalled: the alert waits in memory, nothing is written.
     assert!(!db.raised("storage_failure", "101"));
 
-    release_tx.send(()).unwrap();
-    holder.join().unwrap();
+    lock.release();
     assert!(
         until_db(&mut sim, &db, |db| db.raised("storage_failure", "101")).await,
         "storage_failure is raised once the lock is released"
@@ -150,17 +168,7 @@ async fn an_entry_waiting_behind_another_at_a_stalled_door_is_still_answered_wit
     let (hub, mut sim, _keep) = hub_on(&db).await;
     db.add_key("k-1", "482913", &["101"]).await;
 
-    let path = db.store.path().to_owned();
-    let (locked_tx, locked_rx) = std::sync::mpsc::channel::<()>();
-    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
-    let holder = std::thread::spawn(move || {
-        let c = rusqlite::Connection::open(&path).unwrap();
-        c.execute_batch("BEGIN IMMEDIATE").unwrap();
-        locked_tx.send(()).unwrap();
-        release_rx.recv().unwrap();
-        c.execute_batch("ROLLBACK").unwrap();
-    });
-    locked_rx.recv().unwrap();
+    let lock = WriteLock::take(db.store.path());
 
     // Two entries at one door: the second waits for the first's decision,
     // which waits for the lock. Its bound counts from its own typing.
@@ -191,8 +199,7 @@ async fn an_entry_waiting_behind_another_at_a_stalled_door_is_still_answered_wit
     );
     eprintln!("figure: second entry behind a stalled one -> Deny read in {took:?}");
 
-    release_tx.send(()).unwrap();
-    holder.join().unwrap();
+    lock.release();
     assert!(
         until_db(&mut sim, &db, |db| db.count("SELECT count(*) FROM audit")
             == 2)
