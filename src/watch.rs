@@ -137,6 +137,35 @@ impl DoorWatch {
         }
     }
 
+    /// A sensor report as a door driver records it: the door's state after
+    /// it and the alarm it means, or `None` when there is nothing to record.
+    /// A closed report for a door the hub already holds closed still gives
+    /// `Closed` with both flags set: every driver's session starts with a
+    /// full report (the board's after each Hello, the reader's input
+    /// status), so it clears any door alert left over from a state the hub
+    /// never saw end (one kept across a restart, say).
+    pub fn report(
+        &mut self,
+        open: bool,
+        now: u64,
+        at: Timestamp,
+    ) -> Option<(DoorState, Option<DoorAlarm>)> {
+        let before = self.state();
+        let alarm = self.sensor(open, now, at);
+        let state = self.state();
+        match alarm {
+            None if !open => Some((
+                state,
+                Some(DoorAlarm::Closed {
+                    forced: true,
+                    held_open: true,
+                }),
+            )),
+            None if state == before => None,
+            alarm => Some((state, alarm)),
+        }
+    }
+
     /// Advance to `now`: `HeldOpen` once, when the door has been open for
     /// `held_open_ms`.
     pub fn poll(&mut self, now: u64, held_open_ms: u64) -> Option<DoorAlarm> {
@@ -351,6 +380,36 @@ mod tests {
         assert_eq!(w.sensor(true, 20, T), None);
         assert!(w.is_open());
         assert_eq!(w.state(), before);
+    }
+
+    #[test]
+    fn a_report_records_changes_and_every_closed_report_but_not_a_repeated_opening() {
+        let mut w = DoorWatch::new();
+        let all_clear = Some(DoorAlarm::Closed {
+            forced: true,
+            held_open: true,
+        });
+        // Closed while already closed: still recorded, clearing leftovers.
+        assert_eq!(w.report(false, 0, T), Some((w.state(), all_clear)));
+        // Opening without an unlock is forced; the same opening again is nothing.
+        let (state, alarm) = w.report(true, 10, T).unwrap();
+        assert_eq!(alarm, Some(DoorAlarm::Forced));
+        assert!(state.is_open());
+        assert_eq!(w.report(true, 20, T), None);
+        // Opening inside the unlock window changes the state without an alarm.
+        let mut w = DoorWatch::new();
+        w.unlock_sent(0, 5_000);
+        let (state, alarm) = w.report(true, 100, T).unwrap();
+        assert_eq!(alarm, None);
+        assert!(state.is_open());
+        // Closing it reports what the opening raised (nothing here).
+        assert_eq!(
+            w.report(false, 200, T).map(|(_, a)| a),
+            Some(Some(DoorAlarm::Closed {
+                forced: false,
+                held_open: false
+            }))
+        );
     }
 
     #[test]

@@ -893,23 +893,11 @@ impl BusTask {
         };
         let now = self.ms();
         let at = (self.now)();
-        let watch = &mut self.slots[i].watch;
-        let before = watch.state();
-        let mut alarm = watch.sensor(open, now, at);
-        let state = watch.state();
+        let report = self.slots[i].watch.report(open, now, at);
         tracing::info!(bus = %self.name, door = %door.name, open, "door contact");
-        if !open && alarm.is_none() {
-            // Closed, and closed as far as the hub knows (every session
-            // starts with a full input report): clear any door alert left
-            // over from a state the hub never saw end.
-            alarm = Some(DoorAlarm::Closed {
-                forced: true,
-                held_open: true,
-            });
-        } else if alarm.is_none() && state == before {
-            return;
+        if let Some((state, alarm)) = report {
+            self.on_alarm(&door.name, state, alarm);
         }
-        self.on_alarm(&door.name, state, alarm);
     }
 
     /// The door's new state and what it means, in one transaction

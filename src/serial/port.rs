@@ -469,23 +469,16 @@ impl Session {
     fn on_sensor(&mut self, door: u8, open: bool, now: u64) {
         let target = self.shared.door(door);
         let at = self.shared.now();
-        let watch = self.doors.watches.entry(door).or_default();
-        let before = watch.state();
-        let mut alarm = watch.sensor(open, now, at);
-        let state = watch.state();
+        let report = self
+            .doors
+            .watches
+            .entry(door)
+            .or_default()
+            .report(open, now, at);
         tracing::info!(serial = %self.serial(), door = %target.name, open, "door sensor");
-        if !open && alarm.is_none() {
-            // Reported closed, and closed as far as the hub knows (the
-            // board re-reports every door after each Hello): clear any
-            // door alert left over from a state the hub never saw end.
-            alarm = Some(DoorAlarm::Closed {
-                forced: true,
-                held_open: true,
-            });
-        } else if alarm.is_none() && state == before {
-            return;
+        if let Some((state, alarm)) = report {
+            self.on_alarm(&target.name, state, alarm);
         }
-        self.on_alarm(&target.name, state, alarm);
     }
 
     fn on_keypad(&mut self, door: u8, pin: firmware_bridge::Pin, now: u64) {
