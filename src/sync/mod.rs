@@ -493,6 +493,24 @@ impl BrokerLink {
     }
 }
 
+/// Raises or clears one alert of the sync layer, at `now` (the hub's
+/// effective time), for the three conditions it watches (`cloud_stale`,
+/// `broker_denied`, `outbox_backlog`).
+async fn write_alert(
+    store: &Store,
+    condition: Condition,
+    subject: &'static str,
+    change: AlertChange,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    store
+        .write(Priority::Bulk, move |c| match change {
+            AlertChange::Raise => alerts::raise(c, condition, subject, 1, now).map(|_| ()),
+            AlertChange::Clear => alerts::clear(c, condition, subject, now).map(|_| ()),
+        })
+        .await
+}
+
 async fn denied_alert(
     store: &Store,
     change: AlertChange,
@@ -500,17 +518,7 @@ async fn denied_alert(
     wake: &Notify,
     now: Timestamp,
 ) {
-    let res = store
-        .write(Priority::Bulk, move |c| match change {
-            AlertChange::Raise => {
-                alerts::raise(c, Condition::BrokerDenied, subject, 1, now).map(|_| ())
-            }
-            AlertChange::Clear => {
-                alerts::clear(c, Condition::BrokerDenied, subject, now).map(|_| ())
-            }
-        })
-        .await;
-    match res {
+    match write_alert(store, Condition::BrokerDenied, subject, change, now).await {
         Ok(()) => wake.notify_one(),
         Err(e) => tracing::error!(error = %e, "cannot record the broker_denied alert"),
     }
@@ -518,17 +526,15 @@ async fn denied_alert(
 
 async fn stale_alert(store: &Store, change: AlertChange, outbox_wake: &Notify, now: Timestamp) {
     tracing::warn!(?change, "cloud_stale");
-    let res = store
-        .write(Priority::Bulk, move |c| match change {
-            AlertChange::Raise => {
-                alerts::raise(c, Condition::CloudStale, CLOUD_STALE_SUBJECT, 1, now).map(|_| ())
-            }
-            AlertChange::Clear => {
-                alerts::clear(c, Condition::CloudStale, CLOUD_STALE_SUBJECT, now).map(|_| ())
-            }
-        })
-        .await;
-    match res {
+    match write_alert(
+        store,
+        Condition::CloudStale,
+        CLOUD_STALE_SUBJECT,
+        change,
+        now,
+    )
+    .await
+    {
         Ok(()) => outbox_wake.notify_one(),
         Err(e) => tracing::error!(error = %e, "cannot record the cloud_stale alert"),
     }

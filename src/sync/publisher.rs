@@ -25,7 +25,7 @@
 //! [`CLIENT_INFLIGHT`]: super::client::CLIENT_INFLIGHT
 
 use super::client::{Gate, GateRefusal, LinkEvent, online_status_payload, status_payload};
-use super::plan::{AlertChange, BacklogLimits, BacklogMonitor, HEALTH_EVERY, HealthSchedule};
+use super::plan::{BacklogLimits, BacklogMonitor, HEALTH_EVERY, HealthSchedule};
 use crate::clock::SharedClock;
 use crate::crypto;
 use crate::status::{self, BROKER_LINK, Health, HealthKey};
@@ -382,17 +382,14 @@ impl Publisher {
         let change = self.backlog.observe(depth, age);
         let Some(change) = change else { return };
         tracing::warn!(depth, ?change, "outbox backlog");
-        let res = self
-            .store
-            .write(Priority::Bulk, move |c| match change {
-                AlertChange::Raise => {
-                    alerts::raise(c, Condition::OutboxBacklog, BACKLOG_SUBJECT, 1, now).map(|_| ())
-                }
-                AlertChange::Clear => {
-                    alerts::clear(c, Condition::OutboxBacklog, BACKLOG_SUBJECT, now).map(|_| ())
-                }
-            })
-            .await;
+        let res = super::write_alert(
+            &self.store,
+            Condition::OutboxBacklog,
+            BACKLOG_SUBJECT,
+            change,
+            now,
+        )
+        .await;
         if let Err(e) = res {
             tracing::error!(error = %e, "cannot record the outbox_backlog alert");
         }
