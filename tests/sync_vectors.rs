@@ -58,7 +58,8 @@ async fn vectors_through(port: u16) {
     let fx =
         Fixture::with_hub_edits(&[("mqtt://127.0.0.1:1883", &format!("mqtt://127.0.0.1:{port}"))]);
 
-    let mut o = MqttOptions::new("test-cloud", "127.0.0.1", port);
+    // A client id of its own: the two tests of this binary run side by side.
+    let mut o = MqttOptions::new(format!("test-cloud-{port}"), "127.0.0.1", port);
     o.set_max_packet_size(4 << 20, 4 << 20);
     let (client, mut eventloop) = AsyncClient::new(o, 256);
     client
@@ -67,16 +68,26 @@ async fn vectors_through(port: u16) {
         .unwrap();
     let (tx, mut rx) = mpsc::unbounded_channel::<(String, Vec<u8>)>();
     let poll = tokio::spawn(async move {
-        while let Ok(ev) = eventloop.poll().await {
-            if let Event::Incoming(Packet::Publish(p)) = ev {
-                let _ = tx.send((p.topic.clone(), p.payload.to_vec()));
+        loop {
+            match eventloop.poll().await {
+                Ok(Event::Incoming(Packet::Publish(p))) => {
+                    let _ = tx.send((p.topic.clone(), p.payload.to_vec()));
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    eprintln!("the test cloud's connection ended: {e}");
+                    return;
+                }
             }
         }
     });
     let mut next = async |want: &str| -> (String, Vec<u8>) {
         tokio::time::timeout(TIMEOUT, async {
             loop {
-                let (t, p) = rx.recv().await.unwrap();
+                let (t, p) = rx
+                    .recv()
+                    .await
+                    .expect("the test cloud's connection ended (see stderr)");
                 if t.ends_with(want) {
                     return (t, p);
                 }

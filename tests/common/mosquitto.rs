@@ -49,11 +49,25 @@ pub fn mosquitto_bin() -> PathBuf {
     "mosquitto".into()
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+/// A loopback port free now and never handed out before in this process.
+///
+/// The kernel may hand the same ephemeral port to two tests of one binary
+/// that ask at nearly the same time (one bound and released it, the other
+/// got it next): two brokers then race for it, the loser exits, and both
+/// tests talk to the winner. Remembering what was handed out rules that out.
+pub fn free_port() -> u16 {
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free loopback port");
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 impl Mosquitto {
@@ -129,11 +143,14 @@ impl Mosquitto {
             "log_dest file {}/mosquitto.log\n",
             self.dir.path().display()
         ));
-        c.push_str("log_type error\nlog_type warning\nlog_type notice\n");
+        // `information` logs "running" once every listener is bound: how
+        // `spawn` knows the broker answering is this one.
+        c.push_str("log_type error\nlog_type warning\nlog_type notice\nlog_type information\n");
         std::fs::write(self.dir.path().join("mosquitto.conf"), c).expect("write config");
     }
 
     fn spawn(&mut self) {
+        let started_before = self.times_running();
         let child = Command::new(mosquitto_bin())
             .arg("-c")
             .arg(self.dir.path().join("mosquitto.conf"))
@@ -144,7 +161,24 @@ impl Mosquitto {
             .expect("start mosquitto");
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+        loop {
+            // Our broker must be the one answering: a port taken by someone
+            // else between `free_port` and Mosquitto's bind makes it exit.
+            let exited = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            assert!(
+                exited.is_none(),
+                "mosquitto exited ({exited:?}) before listening on {}: {}",
+                self.port,
+                self.log()
+            );
+            if self.times_running() > started_before
+                && TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+            {
+                break;
+            }
             assert!(
                 Instant::now() < deadline,
                 "mosquitto did not start: {}",
@@ -152,6 +186,14 @@ impl Mosquitto {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// How many times this broker has logged that it runs (all listeners bound).
+    fn times_running(&self) -> usize {
+        self.log()
+            .lines()
+            .filter(|l| l.contains("mosquitto version") && l.ends_with(" running"))
+            .count()
     }
 
     /// The broker's log so far (for assertion messages).

@@ -9,9 +9,10 @@
 //! test that leaves rumqttd out says why.
 #![allow(dead_code)]
 
+use super::mosquitto::free_port;
 use rumqttd::{Broker, Config, ConnectionSettings, RouterConfig, ServerSettings};
 use std::collections::HashMap;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 pub struct Rumqttd {
@@ -19,13 +20,6 @@ pub struct Rumqttd {
     pub port: u16,
     /// MQTT 5 (the test cloud).
     pub v5_port: u16,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
 }
 
 fn server(name: &str, port: u16) -> ServerSettings {
