@@ -108,7 +108,10 @@ fn entry(i: usize, at: Timestamp) -> DoorEntry {
 }
 
 fn run(n: usize, base: &std::path::Path) -> Result<(), StoreError> {
-    let dir = tempfile::tempdir_in(base).map_err(|e| StoreError::Invalid(e.to_string()))?;
+    let dir = tempfile::tempdir_in(base).map_err(|source| StoreError::DataDir {
+        path: base.to_owned(),
+        source,
+    })?;
     let policy = Policy::default();
     let store = Store::open(&dir.path().join("bench.db"), &policy)?;
     let now = Timestamp::now_system();

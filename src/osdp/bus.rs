@@ -36,8 +36,7 @@ use crate::entry::{self, Answer, DecisionQueue, Queued};
 use crate::serial::TimeSource;
 use crate::serial::port::open;
 use crate::store::alerts::{self, Condition};
-use crate::store::audit::AuditKind;
-use crate::store::door::record_door_event;
+use crate::store::door::{DoorEvent, record_door_event};
 use crate::store::door::{
     door_states, record_card_denied, record_flood, record_sensor, record_storage_failure,
     record_unlock,
@@ -977,7 +976,7 @@ impl BusTask {
             let n = name.clone();
             self.record(
                 format!("board.tamper at {name}"),
-                Box::new(move |c| record_door_event(c, AuditKind::BoardTamper, &n, at).map(drop)),
+                Box::new(move |c| record_door_event(c, DoorEvent::Tamper, &n, at).map(drop)),
             );
         } else if !tamper && before != Some(false) {
             // Back to normal (also after a restart, for an alert raised

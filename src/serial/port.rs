@@ -46,7 +46,7 @@ use super::record::Record;
 use super::{DoorSettings, PortShared, SerialError};
 use crate::entry::{DecisionQueue, Queued};
 use crate::store::alerts::Condition;
-use crate::store::audit::AuditKind;
+use crate::store::door::DoorEvent;
 use crate::store::links::LinkState;
 use crate::watch::{Admit, DoorAlarm, DoorWatch, FloodLimit};
 
@@ -427,7 +427,7 @@ impl Session {
             Uplink::Tamper { .. } => {
                 tracing::warn!(serial = %self.serial(), "board tamper");
                 self.shared.record(Record::DoorEvent {
-                    kind: AuditKind::BoardTamper,
+                    kind: DoorEvent::Tamper,
                     door: self.serial().to_owned(),
                     at: self.shared.now(),
                 });

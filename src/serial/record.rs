@@ -21,9 +21,9 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
 use crate::store::alerts::{self, Condition};
-use crate::store::audit::AuditKind;
 use crate::store::door::{
-    record_door_event, record_flood, record_sensor, record_storage_failure, record_unlock,
+    DoorEvent, record_door_event, record_flood, record_sensor, record_storage_failure,
+    record_unlock,
 };
 use crate::store::links::{self, LinkState};
 use crate::store::{Priority, Store};
@@ -67,7 +67,7 @@ pub(crate) enum Record {
     Undecided { door: String, at: Timestamp },
     /// `board.tamper` with its alert.
     DoorEvent {
-        kind: AuditKind,
+        kind: DoorEvent,
         door: String,
         at: Timestamp,
     },
@@ -155,7 +155,7 @@ impl Record {
             Record::Sensor { door, alarm, .. } => format!("door {door} sensor ({alarm:?})"),
             Record::Flood { door, count, .. } => format!("door.flood x{count} at {door}"),
             Record::Undecided { door, .. } => format!("undecided entry at {door}"),
-            Record::DoorEvent { kind, door, .. } => format!("{} at {door}", kind.as_str()),
+            Record::DoorEvent { kind, door, .. } => format!("{kind:?} at {door}"),
             Record::RaiseAlert {
                 condition, subject, ..
             } => format!("raise {} for {subject}", condition.as_str()),

@@ -151,7 +151,10 @@ fn publish(
         first_at: row.first_at.to_rfc3339(),
         last_at: row.last_at.to_rfc3339(),
     };
-    let json = serde_json::to_vec(&body).map_err(|e| StoreError::Invalid(e.to_string()))?;
+    let json = serde_json::to_vec(&body).map_err(|source| StoreError::Encode {
+        what: "an alert body",
+        source,
+    })?;
     outbox::enqueue(conn, Topic::Alerts, &json, None, now)?;
     Ok(())
 }

@@ -242,8 +242,9 @@ fn replay_duplicate(
     first: &str,
     now: Timestamp,
 ) -> Result<Applied, StoreError> {
-    let mut result = result_from_json(first)
-        .ok_or_else(|| StoreError::Invalid("a stored dedupe result is unreadable".into()))?;
+    let mut result = result_from_json(first).ok_or_else(|| StoreError::Unreadable {
+        what: format!("dedupe row {event_id}: result"),
+    })?;
     result.duplicate = true;
     if !outbox::is_held(conn, event_id)? {
         outbox::enqueue(conn, Topic::Results, &result.to_json(), None, now)?;
@@ -341,8 +342,9 @@ fn store_dedupe(
     result: &EventResult,
     now: Timestamp,
 ) -> Result<(), StoreError> {
-    let json = String::from_utf8(result.to_json())
-        .map_err(|_| StoreError::Invalid("result is not UTF-8".into()))?;
+    let json = String::from_utf8(result.to_json()).map_err(|_| StoreError::Unreadable {
+        what: format!("the result of {event_id}: not UTF-8"),
+    })?;
     conn.prepare_cached(
         "INSERT INTO dedupe (site_id, event_id, body_sha256, seq, outcome, reason, result, received_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
@@ -1054,8 +1056,9 @@ fn load_key(conn: &Connection, key_id: &str) -> Result<Option<KeyView>, StoreErr
         .query_row([key_id], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
     row.map(|(version, state)| {
-        let state = KeyState::parse(&state)
-            .ok_or_else(|| StoreError::Invalid(format!("key {key_id}: unknown state")))?;
+        let state = KeyState::parse(&state).ok_or_else(|| StoreError::Unreadable {
+            what: format!("key {key_id}: state"),
+        })?;
         Ok(KeyView {
             version: version as u64,
             state,

@@ -147,7 +147,10 @@ pub fn record(conn: &Connection, rec: &AuditRecord) -> Result<Uuid, StoreError> 
         condition: rec.condition,
         count: rec.count,
     };
-    let json = serde_json::to_vec(&body).map_err(|e| StoreError::Invalid(e.to_string()))?;
+    let json = serde_json::to_vec(&body).map_err(|source| StoreError::Encode {
+        what: "an audit body",
+        source,
+    })?;
     outbox::enqueue(conn, Topic::Audit, &json, Some(&id), rec.at)?;
     Ok(audit_id)
 }

@@ -315,26 +315,33 @@ pub fn record_unlock(
     audit::record(conn, &rec)
 }
 
+/// A door happening that is audited and raises its alert without any
+/// decision behind it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DoorEvent {
+    /// `door.forced`, alert `door_forced`.
+    Forced,
+    /// `door.held_open`, alert `door_held_open`.
+    HeldOpen,
+    /// `board.tamper`, alert `tamper`.
+    Tamper,
+}
+
 /// Records a door-sensor or board event (`door.forced`, `door.held_open`,
 /// `board.tamper`) and raises its alert (`door_forced`, `door_held_open`,
 /// `tamper`) for `door`; the driver clears the alert when the condition ends.
-/// Any other kind is refused: decisions go through [`door_entry`].
+/// Only these three can be recorded this way: a grant or a denial is the
+/// outcome of a decision and goes through [`door_entry`].
 pub fn record_door_event(
     conn: &Connection,
-    kind: AuditKind,
+    event: DoorEvent,
     door: &str,
     at: Timestamp,
 ) -> Result<Uuid, StoreError> {
-    let condition = match kind {
-        AuditKind::DoorForced => Condition::DoorForced,
-        AuditKind::DoorHeldOpen => Condition::DoorHeldOpen,
-        AuditKind::BoardTamper => Condition::Tamper,
-        other => {
-            return Err(StoreError::Invalid(format!(
-                "{} is not a door event",
-                other.as_str()
-            )));
-        }
+    let (kind, condition) = match event {
+        DoorEvent::Forced => (AuditKind::DoorForced, Condition::DoorForced),
+        DoorEvent::HeldOpen => (AuditKind::DoorHeldOpen, Condition::DoorHeldOpen),
+        DoorEvent::Tamper => (AuditKind::BoardTamper, Condition::Tamper),
     };
     let mut rec = AuditRecord::new(kind, at);
     rec.door = Some(door.to_owned());
@@ -374,10 +381,10 @@ pub fn record_sensor(
     ])?;
     match alarm {
         Some(DoorAlarm::Forced) => {
-            record_door_event(conn, AuditKind::DoorForced, door, at)?;
+            record_door_event(conn, DoorEvent::Forced, door, at)?;
         }
         Some(DoorAlarm::HeldOpen) => {
-            record_door_event(conn, AuditKind::DoorHeldOpen, door, at)?;
+            record_door_event(conn, DoorEvent::HeldOpen, door, at)?;
         }
         Some(DoorAlarm::Closed { forced, held_open }) => {
             if forced {

@@ -172,5 +172,8 @@ pub fn format_keys(keys: &[KeyListing], counts: &KeyCounts) -> String {
 pub fn print_keys(conn: &Connection, out: &mut dyn std::io::Write) -> Result<(), StoreError> {
     let text = format_keys(&list(conn)?, &counts(conn)?);
     out.write_all(text.as_bytes())
-        .map_err(|e| StoreError::Invalid(format!("cannot write the key list: {e}")))
+        .map_err(|source| StoreError::Output {
+            what: "the key list",
+            source,
+        })
 }

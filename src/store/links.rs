@@ -119,8 +119,9 @@ pub fn all(conn: &Connection) -> Result<Vec<LinkRow>, StoreError> {
     let mut out = Vec::new();
     for row in rows {
         let (serial, state, board_id, fw_major, fw_minor, since, last) = row?;
-        let state = LinkState::parse(&state)
-            .ok_or_else(|| StoreError::Invalid(format!("links row {serial}: state {state}")))?;
+        let state = LinkState::parse(&state).ok_or_else(|| StoreError::Unreadable {
+            what: format!("links row {serial}: state {state}"),
+        })?;
         out.push(LinkRow {
             serial,
             state,

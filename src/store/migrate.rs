@@ -81,9 +81,7 @@ fn run_steps(conn: &mut Connection, found: i64, known: i64) -> Result<(), StoreE
         r.get(0)
     })?;
     if broken > 0 {
-        return Err(StoreError::Invalid(format!(
-            "the migrations leave {broken} rows with a broken foreign key"
-        )));
+        return Err(StoreError::BrokenForeignKeys { rows: broken });
     }
     tx.pragma_update(None, "user_version", known)?;
     tx.commit()?;

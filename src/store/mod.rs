@@ -122,8 +122,46 @@ pub enum StoreError {
     Deadline,
     #[error("no database at {0} (has the daemon run with this config?)")]
     NoDatabase(PathBuf),
-    #[error("{0}")]
-    Invalid(String),
+    #[error(
+        "database {path} has schema version {found}; start the daemon once to upgrade it to {known}"
+    )]
+    NotUpgraded {
+        path: PathBuf,
+        found: i64,
+        known: i64,
+    },
+    /// `PRAGMA foreign_key_check` after the migrations found rows pointing
+    /// nowhere; nothing of the migration was committed.
+    #[error("the migrations leave {rows} rows with a broken foreign key")]
+    BrokenForeignKeys { rows: i64 },
+    /// A stored value this lockhub cannot read back (a damaged database, or
+    /// one written by a newer version); `what` names the row, never its data.
+    #[error("unreadable stored value: {what}")]
+    Unreadable { what: String },
+    #[error("cannot encode {what} as JSON: {source}")]
+    Encode {
+        what: &'static str,
+        source: serde_json::Error,
+    },
+    /// The job's own work succeeded but its transaction did not commit.
+    /// Every job of the group shares the one failure, so it is carried as
+    /// its message.
+    #[error("commit failed: {0}")]
+    Commit(String),
+    /// A TRUNCATE checkpoint found a reader in the way; retry later.
+    #[error("WAL checkpoint blocked by a reader; retry")]
+    CheckpointBlocked,
+    #[error("cannot start the {name} thread: {source}")]
+    Thread {
+        name: &'static str,
+        source: std::io::Error,
+    },
+    /// Writing a command's output (stdout, a pipe) failed.
+    #[error("cannot write {what}: {source}")]
+    Output {
+        what: &'static str,
+        source: std::io::Error,
+    },
 }
 
 impl StoreError {
@@ -401,7 +439,10 @@ impl Checkpointer {
                     }
                 }
             })
-            .map_err(|e| StoreError::Invalid(format!("cannot start the checkpoint thread: {e}")))?;
+            .map_err(|source| StoreError::Thread {
+                name: "checkpoint",
+                source,
+            })?;
         Ok(Checkpointer { stop, thread })
     }
 
@@ -541,10 +582,11 @@ pub fn open_operator(path: &Path) -> Result<Connection, StoreError> {
         });
     }
     if found < known {
-        return Err(StoreError::Invalid(format!(
-            "database {} has schema version {found}; start the daemon once to upgrade it to {known}",
-            path.display()
-        )));
+        return Err(StoreError::NotUpgraded {
+            path: path.to_owned(),
+            found,
+            known,
+        });
     }
     Ok(conn)
 }
@@ -591,7 +633,10 @@ impl Store {
         let thread = std::thread::Builder::new()
             .name("lockhub-writer".into())
             .spawn(move || writer_loop(conn, rx, &patience, &wal))
-            .map_err(|e| StoreError::Invalid(format!("cannot start the writer thread: {e}")))?;
+            .map_err(|source| StoreError::Thread {
+                name: "writer",
+                source,
+            })?;
         Ok(Store {
             inner: Arc::new(Inner {
                 path: path.to_owned(),
@@ -671,7 +716,7 @@ impl Store {
                 let out = match (result, commit) {
                     (Ok(v), Ok(())) => Ok(v),
                     (Ok(_), Err(StoreError::Deadline)) => Err(StoreError::Deadline),
-                    (Ok(_), Err(e)) => Err(StoreError::Invalid(format!("commit failed: {e}"))),
+                    (Ok(_), Err(e)) => Err(StoreError::Commit(e.to_string())),
                     (Err(e), _) => Err(e),
                 };
                 let _ = reply.send(out);
@@ -804,9 +849,7 @@ fn checkpoint_truncate(conn: &Connection) -> Result<(), StoreError> {
     conn.execute_batch(&format!("PRAGMA busy_timeout = {timeout_ms}"))?;
     let busy = busy?;
     if busy != 0 {
-        return Err(StoreError::Invalid(
-            "WAL checkpoint blocked by a reader; retry".into(),
-        ));
+        return Err(StoreError::CheckpointBlocked);
     }
     Ok(())
 }
@@ -1066,6 +1109,56 @@ mod tests {
     }
 
     #[test]
+    fn an_operator_command_refuses_a_database_the_daemon_has_not_upgraded() {
+        let (dir, store) = open_temp();
+        drop(store);
+        let path = dir.path().join("lockhub.db");
+        Connection::open(&path)
+            .unwrap()
+            .pragma_update(None, "user_version", 1)
+            .unwrap();
+        match open_operator(&path) {
+            Err(StoreError::NotUpgraded {
+                found: 1, known, ..
+            }) => {
+                assert_eq!(known, MIGRATIONS.len() as i64)
+            }
+            other => panic!("expected NotUpgraded, got {:?}", other.err()),
+        }
+    }
+
+    #[test]
+    fn a_truncate_checkpoint_behind_a_reader_says_so_at_once() {
+        let (dir, store) = open_temp();
+        store
+            .write_blocking(Priority::Bulk, |c| {
+                c.execute("UPDATE time_floor SET floor = 10 WHERE id = 1", [])?;
+                Ok(())
+            })
+            .unwrap();
+        let reader = store.reader().unwrap();
+        reader.execute_batch("BEGIN").unwrap();
+        let _: i64 = reader
+            .query_row("SELECT floor FROM time_floor", [], |r| r.get(0))
+            .unwrap();
+        let conn = connect(
+            &dir.path().join("lockhub.db"),
+            OpenFlags::SQLITE_OPEN_READ_WRITE,
+        )
+        .unwrap();
+        conn.execute("UPDATE time_floor SET floor = 11 WHERE id = 1", [])
+            .unwrap();
+        let started = Instant::now();
+        assert!(matches!(
+            checkpoint_truncate(&conn),
+            Err(StoreError::CheckpointBlocked)
+        ));
+        assert!(started.elapsed() < Duration::from_secs(1));
+        reader.execute_batch("COMMIT").unwrap();
+        checkpoint_truncate(&conn).unwrap();
+    }
+
+    #[test]
     fn a_fresh_database_is_wal_full_and_at_the_latest_schema() {
         let (_dir, store) = open_temp();
         let r = store.reader().unwrap();
@@ -1086,7 +1179,7 @@ mod tests {
         assert!(ok.is_ok());
         let bad = store.write_blocking(Priority::Bulk, |c| {
             c.execute("UPDATE time_floor SET floor = 20 WHERE id = 1", [])?;
-            Err::<(), _>(StoreError::Invalid("no".into()))
+            Err::<(), _>(StoreError::Closed)
         });
         assert!(bad.is_err());
         let floor: i64 = store
@@ -1115,7 +1208,7 @@ mod tests {
                 }),
                 store.write(Priority::Bulk, |c| {
                     c.execute("UPDATE seq_state SET head_seq = 99 WHERE id = 1", [])?;
-                    Err::<(), _>(StoreError::Invalid("no".into()))
+                    Err::<(), _>(StoreError::Closed)
                 }),
                 store.write(Priority::Bulk, |c| {
                     c.execute("UPDATE time_floor SET floor = 30 WHERE id = 1", [])?;

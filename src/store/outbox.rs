@@ -83,8 +83,9 @@ pub fn unsent(
     let mut out = Vec::new();
     for row in rows {
         let (id, topic, body) = row?;
-        let topic = Topic::parse(&topic)
-            .ok_or_else(|| StoreError::Invalid(format!("outbox row {id}: topic")))?;
+        let topic = Topic::parse(&topic).ok_or_else(|| StoreError::Unreadable {
+            what: format!("outbox row {id}: topic"),
+        })?;
         out.push(OutboxRow { id, topic, body });
     }
     Ok(out)
