@@ -48,8 +48,14 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 /// What the board read from the hub that the measurement cares about.
 #[derive(Debug, Clone, Copy)]
 enum Answer {
-    Unlock { door: u8, at: Instant },
-    Deny { door: u8 },
+    Unlock {
+        door: u8,
+        at: Instant,
+    },
+    Deny {
+        #[expect(dead_code, reason = "read only by the failure message's {:?}")]
+        door: u8,
+    },
 }
 
 type Writer = Arc<Mutex<WriteHalf<Master>>>;
@@ -276,7 +282,7 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
             .collect(),
     );
 
-    let broker = Mosquitto::start(BrokerSettings::default_window(
+    let broker = Mosquitto::start_with(BrokerSettings::default_window(
         (n_events + batches.len()) as u32 + 1000,
     ));
     let pty = Pty::open();

@@ -54,6 +54,11 @@ pub fn pin_for(prefix: &str, i: usize) -> String {
     format!("{:08}", base + i)
 }
 
+/// The bench hub's public key, as its cloud registered it.
+pub fn hub_public_key() -> ed25519_dalek::VerifyingKey {
+    SigningKey::from_bytes(&HUB_SEED).verifying_key()
+}
+
 pub fn cloud() -> Cloud {
     Cloud::new(SigningKey::from_bytes(&CLOUD_SEED), SIGNER, SITE_ID, HUB_ID)
 }

@@ -3,21 +3,9 @@
 
 use super::*;
 
-pub fn free_port() -> Result<u16, Failure> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
+/// Secrets are written as an installer writes them (0600 from the start).
 pub fn write_private(path: &Path, contents: &str) -> Result<(), Failure> {
-    // Created 0600 before anything is written, so no secret is ever readable.
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)?;
-    f.write_all(contents.as_bytes())?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(())
+    Ok(testkit::files::write_private(path, contents)?)
 }
 
 /// Writes hub.toml, secrets.toml, the MQTT password and the simulated

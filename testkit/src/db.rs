@@ -1,5 +1,5 @@
-//! Helpers shared by the integration tests: a real database in a tempdir,
-//! and keys inserted with plain SQL that respects the schema's triggers.
+//! A real database in a tempdir, keys inserted with plain SQL that
+//! respects the schema's triggers, and the PIN keys those keys are under.
 
 use lockhub::config::{PinKey, Policy};
 use lockhub::crypto::pin_tag;
@@ -15,6 +15,7 @@ pub fn t(s: i64) -> Timestamp {
     Timestamp::from_secs(T0 + s)
 }
 
+/// The hub's PIN keys in these tests (`k1`, `k2`).
 pub fn pin_keys() -> Vec<PinKey> {
     vec![
         PinKey {
@@ -35,9 +36,13 @@ pub struct Db {
 }
 
 impl Db {
+    /// A new store under the default policy.
     pub fn open() -> Db {
+        Db::open_with(Policy::default())
+    }
+
+    pub fn open_with(policy: Policy) -> Db {
         let dir = tempfile::tempdir().unwrap();
-        let policy = Policy::default();
         let store = Store::open(&dir.path().join("lockhub.db"), &policy).unwrap();
         Db { dir, store, policy }
     }
@@ -81,6 +86,78 @@ impl Db {
 
     pub fn count(&self, sql: &str) -> i64 {
         self.reader().query_row(sql, [], |r| r.get(0)).unwrap()
+    }
+
+    /// Audit rows as `kind[/reason]@door`, oldest first.
+    pub fn audit(&self) -> Vec<String> {
+        let r = self.reader();
+        let mut stmt = r
+            .prepare("SELECT kind, reason, door FROM audit ORDER BY seqno")
+            .unwrap();
+        stmt.query_map([], |row| {
+            let kind: String = row.get(0)?;
+            let reason: Option<String> = row.get(1)?;
+            let door: Option<String> = row.get(2)?;
+            Ok(match reason {
+                Some(r) => format!("{kind}/{r}@{}", door.unwrap_or_default()),
+                None => format!("{kind}@{}", door.unwrap_or_default()),
+            })
+        })
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+    }
+
+    /// The `links` row of a port: (state, board_id), as `lockhub status` reads it.
+    pub fn link(&self, serial: &str) -> Option<(String, Option<i64>)> {
+        self.reader()
+            .query_row(
+                "SELECT state, board_id FROM links WHERE serial = ?1",
+                [serial],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .ok()
+    }
+
+    /// Whether (condition, subject) is raised.
+    pub fn raised(&self, condition: &str, subject: &str) -> bool {
+        self.reader()
+            .query_row(
+                "SELECT count(*) FROM alerts WHERE condition = ?1 AND subject = ?2 AND state = 'raised'",
+                [condition, subject],
+                |r| r.get::<_, i64>(0),
+            )
+            .unwrap()
+            == 1
+    }
+
+    /// An active key `id` with `pin` (under `k1`) for `doors`, valid from
+    /// an hour ago for a day, inserted on the writer.
+    pub async fn add_key(&self, id: &'static str, pin: &'static str, doors: &[&'static str]) {
+        let now = Timestamp::now_system();
+        let key = K {
+            from: now.saturating_add_secs(-3600),
+            until: now.saturating_add_secs(86_400),
+            ..K::active(id, pin, doors)
+        };
+        self.store
+            .write(Priority::Bulk, move |c| Ok(insert_key(c, &key)?))
+            .await
+            .unwrap();
+    }
+
+    /// Makes every audit insert fail, as a full or failing disk would.
+    pub async fn break_audit(&self) {
+        self.store
+            .write(Priority::Bulk, |c| {
+                c.execute_batch(
+                    "CREATE TRIGGER test_disk_full BEFORE INSERT ON audit
+                     BEGIN SELECT RAISE(ABORT, 'disk full'); END;",
+                )?;
+                Ok(())
+            })
+            .await
+            .unwrap();
     }
 }
 

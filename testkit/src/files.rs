@@ -1,18 +1,16 @@
-//! Test fixtures: a valid hub config built from the spec's MQTT vectors,
-//! written into a temporary folder with the secrets file at mode 0600.
-#![allow(dead_code)]
+//! The files a hub reads: a valid hub config built from the spec's MQTT
+//! vectors, written into a temporary folder with the secrets file at mode
+//! 0600; and the writers every fixture uses for hub.toml and secrets.
 
-pub mod daemon;
-pub mod db;
-pub mod mosquitto;
-pub mod osdp_peer;
-pub mod rumqttd;
-
-use std::os::unix::fs::PermissionsExt;
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// The shared vectors folder (`../shared/spec/vectors/mqtt` from the project root).
-pub const VECTORS_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/spec/vectors/mqtt");
+pub const VECTORS_DIR: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../shared/spec/vectors/mqtt"
+);
 
 fn read_vector(name: &str) -> String {
     std::fs::read_to_string(format!("{VECTORS_DIR}/{name}"))
@@ -146,8 +144,11 @@ impl Fixture {
 
     /// Writes a file with mode 0600.
     pub fn write_private(&self, name: &str, contents: &str) -> PathBuf {
-        let p = self.write(name, contents);
-        set_mode(&p, 0o600);
+        let p = self.path(name);
+        if let Some(parent) = p.parent() {
+            std::fs::create_dir_all(parent).expect("mkdir");
+        }
+        write_private(&p, contents).expect("write");
         p
     }
 
@@ -158,6 +159,19 @@ impl Fixture {
     pub fn write_secrets(&self, contents: &str) -> PathBuf {
         self.write_private("secrets.toml", contents)
     }
+}
+
+/// Writes a secret file the way an installer does: created 0600 before
+/// anything is written, so no secret is ever readable by others.
+pub fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(contents.as_bytes())?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
 }
 
 pub fn set_mode(path: &Path, mode: u32) {

@@ -1,4 +1,4 @@
-//! The OSDP tests' reader: `tests/osdp/peer.py`, the PyPI `libosdp`
+//! The OSDP tests' reader: `testkit/osdp/peer.py`, the PyPI `libosdp`
 //! PeripheralDevice on a pseudo-terminal, driven line by line in JSON.
 //!
 //! The Python comes from `LOCKHUB_OSDP_PYTHON` (set by scripts/test), else
@@ -19,7 +19,7 @@ pub fn python_path() -> PathBuf {
     }
     let target = option_env!("CARGO_TARGET_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"));
+        .unwrap_or_else(|| crate::repo_root().join("target"));
     target.join("osdp-venv/bin/python")
 }
 
@@ -53,7 +53,7 @@ pub fn key_hex(k: &[u8; 16]) -> String {
 
 impl Peer {
     pub fn start(args: &[&str]) -> Peer {
-        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/osdp/peer.py");
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("osdp/peer.py");
         let mut child = Command::new(python())
             .arg(script)
             .args(args)

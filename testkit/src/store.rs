@@ -1,6 +1,6 @@
-//! Shared helpers for the store tests: a store in a tempdir, events built
-//! by hand, and a dump of every table for "nothing changed" comparisons.
-#![allow(dead_code)]
+//! For the store tests: a store in a tempdir with the writer's apply
+//! context, events built by hand, and a dump of every table for "nothing
+//! changed" comparisons.
 
 use lockhub::config::Policy;
 use lockhub::event::{Change, EventHeader, EventKind, Grant, GrantState, PinTag, SchemaError};
@@ -27,7 +27,7 @@ impl Hub {
         let policy = Policy::default();
         let store = Store::open(&dir.path().join("lockhub.db"), &policy).unwrap();
         let ctx = ApplyContext {
-            site_id: Uuid::parse_str("6f1c1c0e-8a51-4d39-9d2e-6a3c5a7d9e10").unwrap(),
+            site_id: Uuid::parse_str(crate::files::SITE_ID).unwrap(),
             policy,
         };
         Hub { dir, store, ctx }

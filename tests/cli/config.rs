@@ -1,12 +1,10 @@
 //! The config loader and `lockhub check-config` (config.md).
 
-mod common;
-
-use common::{Fixture, HUB_ID, HUB_PUBLIC_KEY, SECRETS_TOML, SITE_ID, edit, set_mode};
 use lockhub::config::{self, Config, ConfigError, ConfigErrors, Policy};
 use lockhub::crypto;
 use std::path::Path;
 use std::process::Command;
+use testkit::files::{Fixture, HUB_ID, HUB_PUBLIC_KEY, SECRETS_TOML, SITE_ID, edit, set_mode};
 
 fn load(fx: &Fixture) -> Result<Config, ConfigErrors> {
     config::load(&fx.hub())
@@ -101,7 +99,7 @@ fn the_vectors_config_loads_with_defaults() {
 #[test]
 fn policy_defaults_fill_in_absent_keys() {
     let fx = Fixture::new();
-    let text = common::hub_toml() + "\n[policy]\nheld_open_s = 30\ncloud_stale_s = 0x384\n";
+    let text = testkit::files::hub_toml() + "\n[policy]\nheld_open_s = 30\ncloud_stale_s = 0x384\n";
     fx.write_hub(&text);
     let c = load(&fx).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
@@ -262,7 +260,7 @@ fn a_door_on_an_unconfigured_serial_is_refused() {
 #[test]
 fn duplicate_door_names_are_refused_at_the_second() {
     let fx = Fixture::new();
-    fx.write_hub(&(common::hub_toml() + &edit(SECOND_DOOR, &[("\"102\"", "\"101\"")])));
+    fx.write_hub(&(testkit::files::hub_toml() + &edit(SECOND_DOOR, &[("\"102\"", "\"101\"")])));
     only_error(
         &fx,
         &fx.hub(),
@@ -276,13 +274,13 @@ fn duplicate_door_names_are_refused_at_the_second() {
 fn duplicate_serial_names_and_signer_ids_are_refused() {
     let fx = Fixture::new();
     fx.write_hub(
-        &(common::hub_toml()
+        &(testkit::files::hub_toml()
             + "\n[[serial]]\nname = \"board-a\"\nport = \"/dev/ttyUSB0\"\nbaud = 9600\n"),
     );
     only_error(&fx, &fx.hub(), 28, 8, "duplicate serial name `board-a`");
 
     let fx = Fixture::new();
-    fx.write_hub(&(common::hub_toml() + "\n" + &*common::TRUST_TOML));
+    fx.write_hub(&(testkit::files::hub_toml() + "\n" + &*testkit::files::TRUST_TOML));
     only_error(&fx, &fx.hub(), 28, 6, "duplicate signer id `cloud-2026-11`");
 }
 
@@ -334,7 +332,7 @@ fn door_index_must_be_0_to_15() {
 #[test]
 fn two_doors_on_the_same_serial_and_index_are_refused() {
     let fx = Fixture::new();
-    fx.write_hub(&(common::hub_toml() + &edit(SECOND_DOOR, &[("index = 1", "index = 0")])));
+    fx.write_hub(&(testkit::files::hub_toml() + &edit(SECOND_DOOR, &[("index = 1", "index = 0")])));
     only_error(
         &fx,
         &fx.hub(),
@@ -345,7 +343,7 @@ fn two_doors_on_the_same_serial_and_index_are_refused() {
     // The same index on another serial is fine.
     let fx = Fixture::new();
     fx.write_hub(
-        &(common::hub_toml()
+        &(testkit::files::hub_toml()
             + "\n[[serial]]\nname = \"board-b\"\nport = \"/dev/ttyUSB0\"\nbaud = 9600\n"
             + &edit(
                 SECOND_DOOR,
@@ -381,7 +379,7 @@ fn zero_or_negative_policy_values_are_refused() {
         let fx = Fixture::new();
         fx.write_hub(&format!(
             "{}\n[policy]\nheld_open_s = {value}\n",
-            common::hub_toml()
+            testkit::files::hub_toml()
         ));
         only_error(&fx, &fx.hub(), 28, 15, shown);
         assert!(errors(&fx)[0].message.contains("positive integer"));
@@ -410,7 +408,7 @@ fn unknown_keys_are_refused_by_name() {
         ]
     );
     let fx = Fixture::new();
-    fx.write_hub(&(common::hub_toml() + "\n[polcy]\nheld_open_s = 3\n"));
+    fx.write_hub(&(testkit::files::hub_toml() + "\n[polcy]\nheld_open_s = 3\n"));
     only_error(&fx, &fx.hub(), 27, 2, "unknown key `polcy`");
     secrets_error(
         &(SECRETS_TOML.to_owned() + "note = \"x\"\n"),
@@ -448,7 +446,7 @@ fn wrong_types_are_refused() {
     );
     let fx = Fixture::new();
     let text = edit(
-        &common::hub_toml(),
+        &testkit::files::hub_toml(),
         &[("[mqtt]\nurl = \"mqtt://127.0.0.1:1883\"\n", "")],
     );
     fx.write_hub(&format!("mqtt = 3\n{text}"));
@@ -790,7 +788,7 @@ fn a_wrong_secret_value_never_appears_in_output() {
 #[test]
 fn no_prefix_or_missing_line_of_a_valid_config_panics() {
     let fx = Fixture::new();
-    let text = common::hub_toml();
+    let text = testkit::files::hub_toml();
     for end in (0..text.len()).filter(|i| text.is_char_boundary(*i)) {
         fx.write_hub(&text[..end]);
         let _ = load(&fx);

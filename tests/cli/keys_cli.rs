@@ -2,13 +2,11 @@
 //! mirror holds, safely while a writer has the database open, and never a
 //! PIN tag or a holder name.
 
-mod common;
-
-use common::Fixture;
-use common::db::{K, insert_key, pin_keys};
 use lockhub::crypto::{b64u_encode, pin_tag};
 use lockhub::store::{Priority, Store};
 use std::process::Command;
+use testkit::db::{K, insert_key, pin_keys};
+use testkit::files::Fixture;
 
 fn keys_cmd(fx: &Fixture) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_lockhub"))

@@ -4,17 +4,13 @@
 //! The cleared alert and its `alert.cleared` audit record must reach the
 //! cloud through the running daemon's outbox.
 
-mod common;
-#[path = "common/pty.rs"]
-mod pty;
-#[path = "common/serial_hub.rs"]
-#[allow(unused_imports)]
-mod serial_hub;
+use testkit::board::pty;
 
-use common::daemon::{CloudClient, Daemon, DaemonOptions, WAIT};
-use common::mosquitto::Mosquitto;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
+use testkit::broker::Mosquitto;
+use testkit::cloud::CloudClient;
+use testkit::daemon::{Daemon, DaemonOptions, WAIT};
 
 fn alert_clear(hub: &Daemon, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_lockhub"))
@@ -57,8 +53,8 @@ async fn an_operator_clears_tamper_while_the_daemon_runs_and_the_cloud_hears_it_
     );
     std::fs::write(&toml_path, toml).unwrap();
     hub.spawn();
-    let (mut sim, _keep) = serial_hub::board(pty, 1);
-    serial_hub::until_linked(&mut sim).await;
+    let (mut sim, _keep) = testkit::board::board(pty, 1);
+    testkit::board::until_linked(&mut sim).await;
 
     sim.tamper();
     let deadline = Instant::now() + WAIT;

@@ -3,11 +3,6 @@
 //! lock, and a real full disk (a small tmpfs as the data folder). The hub
 //! opens a real pty, the test plays the board; the store is a real file.
 
-#[path = "common/pty.rs"]
-mod pty;
-#[path = "common/serial_hub.rs"]
-mod serial_hub;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -16,8 +11,9 @@ use firmware_bridge::Downlink;
 use lockhub::config::Policy;
 use lockhub::sim::board::SimEvent;
 use lockhub::store::Store;
-use pty::Pty;
-use serial_hub::*;
+use testkit::board::pty::Pty;
+use testkit::board::*;
+use testkit::db::Db;
 
 /// The contract's bound for the answer at the door.
 const ANSWER_BOUND: Duration = Duration::from_secs(3);
@@ -126,7 +122,7 @@ impl WriteLock {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_door_is_denied_within_3_s_while_another_connection_holds_the_write_lock_and_the_alert_follows()
  {
-    let db = Db::open(Policy::default());
+    let db = Db::open();
     let (hub, mut sim, _keep) = hub_on(&db).await;
     db.add_key("k-1", "482913", &["101"]).await;
 
@@ -164,7 +160,7 @@ async fn a_door_is_denied_within_3_s_while_another_connection_holds_the_write_lo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_entry_waiting_behind_another_at_a_stalled_door_is_still_answered_within_3_s_of_its_typing()
  {
-    let db = Db::open(Policy::default());
+    let db = Db::open();
     let (hub, mut sim, _keep) = hub_on(&db).await;
     db.add_key("k-1", "482913", &["101"]).await;
 

@@ -2,15 +2,13 @@
 //! PeripheralDevice (tests/osdp/peer.py) on a pseudo-terminal, the real
 //! `lockhub run` binary, a real Mosquitto and SQLite file.
 
-mod common;
-
-use common::daemon::{Daemon, DaemonOptions};
-use common::mosquitto::{BrokerOptions, Mosquitto};
-use common::osdp_peer::{Peer, key_hex};
 use lockhub::crypto::b64u_encode;
 use rusqlite::Connection;
 use std::path::Path;
 use std::time::Duration;
+use testkit::broker::{BrokerOptions, Mosquitto};
+use testkit::daemon::{Daemon, DaemonOptions};
+use testkit::osdp_peer::{Peer, key_hex};
 
 const KEY_1: [u8; 16] = [
     0x10, 0x21, 0x32, 0x43, 0x54, 0x65, 0x76, 0x87, 0x98, 0xA9, 0xBA, 0xCB, 0xDC, 0xED, 0xFE, 0x0F,
@@ -344,8 +342,7 @@ async fn osdp_install_moves_a_factory_reader_to_its_own_key_and_run_then_works()
     assert_eq!(out.status.code(), Some(2));
 }
 
-#[path = "common/pty.rs"]
-mod pty;
+use testkit::board::pty;
 
 /// Joins peers onto one pty, as an RS-485 pair joins readers: what the hub
 /// writes reaches every peer, what any peer writes reaches the hub.
@@ -613,8 +610,8 @@ async fn a_replaced_reader_is_quarantined_until_it_is_installed_again() {
 // Doors on readers (phase 2): PIN entry, osdp_OUT, feedback, contact, cards.
 // ---------------------------------------------------------------------------
 
-use common::daemon::{CloudClient, cloud, pin_key};
 use lockhub::sim::cloud::GrantSpec;
+use testkit::cloud::{CloudClient, cloud, pin_key};
 
 const PIN: &str = "482913";
 

@@ -2,19 +2,15 @@
 //! hub opens the slave path with tokio-serial, the test plays the board
 //! (firmware_bridge's `Board`) on the master.
 
-#[path = "common/pty.rs"]
-mod pty;
-#[path = "common/serial_hub.rs"]
-mod serial_hub;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use firmware_bridge::{DenyReason, Downlink, Pin, Uplink, to_frame};
 use lockhub::config::Policy;
 use lockhub::sim::board::SimEvent;
-use pty::Pty;
-use serial_hub::*;
+use testkit::board::pty::Pty;
+use testkit::board::*;
+use testkit::db::Db;
 
 fn denied(door: u8, locked_out: bool) -> impl Fn(&SimEvent) -> bool {
     move |e| *e == SimEvent::Denied { door, locked_out }
@@ -37,7 +33,7 @@ fn denies(sim: &Sim, door: u8, reason: DenyReason) -> usize {
 
 /// One board with doors 101 (index 0) and 102 (index 1), three doors wired.
 async fn one_board(policy: Policy) -> (Db, lockhub::serial::SerialHandle, Sim, PtyKeep) {
-    let db = Db::open(policy);
+    let db = Db::open_with(policy);
     let pty = Pty::open();
     let s = settings(
         vec![port(
@@ -453,7 +449,7 @@ async fn when_the_audit_row_cannot_be_written_the_door_is_denied_and_storage_fai
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_board_without_a_configured_door_raises_board_mismatch_and_never_confirms_its_unlock() {
-    let db = Db::open(Policy::default());
+    let db = Db::open();
     db.add_key("k-2", "482913", &["102"]).await;
     let pty = Pty::open();
     let s = settings(

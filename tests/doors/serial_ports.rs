@@ -1,18 +1,15 @@
 //! Ports and boards coming and going, over real pseudo-terminals: hub
 //! restarts, unplugged boards, a second port that keeps deciding, liveness.
 
-#[path = "common/pty.rs"]
-mod pty;
-#[path = "common/serial_hub.rs"]
-mod serial_hub;
+use testkit::board::pty;
 
 use std::time::Duration;
 
 use firmware_bridge::{Downlink, LinkConfig};
-use lockhub::config::Policy;
 use lockhub::sim::board::SimEvent;
-use pty::Pty;
-use serial_hub::*;
+use testkit::board::pty::Pty;
+use testkit::board::*;
+use testkit::db::Db;
 use tokio::time::Instant;
 
 /// Hub timings shortened so offline/online shows within a test: ping every
@@ -39,7 +36,7 @@ async fn until_db_idle(db: &Db, f: impl Fn(&Db) -> bool) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_hub_restart_the_next_pin_still_unlocks() {
-    let db = Db::open(Policy::default());
+    let db = Db::open();
     db.add_key("k-1", "482913", &["101"]).await;
     let pty = Pty::open();
     let s = settings(
@@ -95,7 +92,7 @@ async fn after_a_hub_restart_the_next_pin_still_unlocks() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unplugged_board_is_offline_and_picked_up_again_when_its_path_returns() {
-    let db = Db::open(Policy::default());
+    let db = Db::open();
     db.add_key("k-1", "482913", &["101"]).await;
     // Like /dev/serial/by-id/...: a symlink the kernel re-points.
     let link = db.dir.path().join("board-a");
@@ -149,7 +146,7 @@ async fn an_unplugged_board_is_offline_and_picked_up_again_when_its_path_returns
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn when_one_of_two_ports_dies_the_other_keeps_deciding() {
-    let db = Db::open(Policy::default());
+    let db = Db::open();
     db.add_key("k-a", "111222", &["101"]).await;
     db.add_key("k-b", "333444", &["201"]).await;
     let (pa, pb) = (Pty::open(), Pty::open());
@@ -197,7 +194,7 @@ async fn when_one_of_two_ports_dies_the_other_keeps_deciding() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_board_is_offline_and_its_next_frame_clears_the_alert() {
-    let db = Db::open(Policy::default());
+    let db = Db::open();
     let pty = Pty::open();
     let mut s = settings(
         vec![port(
@@ -224,7 +221,7 @@ async fn a_silent_board_is_offline_and_its_next_frame_clears_the_alert() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_port_that_is_missing_at_start_is_opened_once_it_appears() {
-    let db = Db::open(Policy::default());
+    let db = Db::open();
     db.add_key("k-1", "482913", &["101"]).await;
     let link = db.dir.path().join("ttyUSB-later");
     let mut s = settings(
@@ -258,7 +255,7 @@ async fn a_port_that_is_missing_at_start_is_opened_once_it_appears() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forced_door_is_remembered_across_hub_restarts_and_its_alert_ends_when_it_closes() {
-    let db = Db::open(Policy::default());
+    let db = Db::open();
     let pty = Pty::open();
     let s = settings(
         vec![port(
@@ -310,7 +307,7 @@ async fn a_forced_door_is_remembered_across_hub_restarts_and_its_alert_ends_when
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forced_door_is_remembered_across_a_port_reset_and_its_alert_ends_when_it_closes() {
-    let db = Db::open(Policy::default());
+    let db = Db::open();
     let link = db.dir.path().join("board-a");
     let pty = Pty::open();
     pty::point(&link, &pty.path);

@@ -2,8 +2,7 @@
 //! commands on stdin, feedback lines on stdout. The test plays the hub on
 //! the pty's master with firmware_bridge's `HubLink`.
 
-#[path = "common/pty.rs"]
-mod pty;
+use testkit::board::pty;
 
 use std::io::{BufRead, Write};
 use std::process::{Command, Stdio};

@@ -1,14 +1,12 @@
 //! `store::apply` against real SQLite files: every type, every result code
 //! this layer produces, batches, dedupe, the seq bookkeeping, and a race.
 
-mod store_common;
-
 use lockhub::event::{Change, EventKind, EventResult, GrantState, Outcome, Reason, SchemaError};
 use lockhub::store::Priority;
 use lockhub::store::apply::{record_step1_rejection, seq_status};
 use lockhub::time::Timestamp;
 use std::sync::{Arc, Barrier};
-use store_common::*;
+use testkit::store::*;
 
 use GrantState::{Active, PreIssued};
 

@@ -1,9 +1,6 @@
 //! The effective clock's durable side (the floor), the expiry sweep, and
 //! retention pruning against the schema's guards, on real SQLite files.
 
-mod common;
-
-use common::db::*;
 use lockhub::clock::{Clock, Trust};
 use lockhub::door::{Decision, DenyReason};
 use lockhub::store::audit::{self, AuditKind, AuditRecord};
@@ -12,6 +9,7 @@ use lockhub::store::{Priority, floor, outbox};
 use lockhub::time::Timestamp;
 use rusqlite::params;
 use std::time::Duration;
+use testkit::db::*;
 
 const DAY: i64 = 86_400;
 

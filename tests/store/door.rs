@@ -1,9 +1,6 @@
 //! The door decision end to end on a real SQLite file: probe, decide,
 //! audit, lockout, alerts; and the `keys` listing.
 
-mod common;
-
-use common::db::*;
 use lockhub::door::{Decision, DenyReason};
 use lockhub::store::alerts::open_alerts;
 use lockhub::store::audit::AuditKind;
@@ -11,6 +8,7 @@ use lockhub::store::door::{
     CANDIDATES_SQL, clear_expired_lockouts, record_door_event, record_unlock,
 };
 use lockhub::store::keys;
+use testkit::db::*;
 
 fn denied(o: &lockhub::store::door::DoorOutcome) -> Option<DenyReason> {
     match &o.decision {
@@ -243,7 +241,7 @@ fn each_further_lockout_doubles_up_to_an_hour() {
             panic!("expected a lockout at {s}");
         };
         lengths.push((l.until.0 - l.started_at.0) / 1_000_000);
-        s = (l.until.0 / 1_000_000) - common::db::T0;
+        s = (l.until.0 / 1_000_000) - testkit::db::T0;
     }
     assert_eq!(lengths, [60, 120, 240, 480, 960, 1920, 3600, 3600, 3600]);
 }
@@ -260,7 +258,7 @@ fn a_day_without_a_lockout_resets_the_doubling() {
         panic!()
     };
     assert_eq!(l2.level, 1);
-    let quiet = (l2.until.0 / 1_000_000 - common::db::T0) + 24 * 3600;
+    let quiet = (l2.until.0 / 1_000_000 - testkit::db::T0) + 24 * 3600;
     let third = five_wrong(&db, "101", quiet).pop().unwrap();
     let Decision::Deny {
         lockout: Some(l3), ..

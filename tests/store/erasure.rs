@@ -4,13 +4,11 @@
 //! journal once the erasure's result can be published; the result waits for
 //! a WAL scrub that succeeds.
 
-mod store_common;
-
 use lockhub::event::{Change, GrantState, Outcome};
 use lockhub::store::Priority;
 use lockhub::store::outbox;
 use std::path::{Path, PathBuf};
-use store_common::*;
+use testkit::store::*;
 
 const NAME: &[u8] = b"Ada Guest";
 

@@ -5,8 +5,6 @@
 //! match, and afterwards the state the vectors' README describes must hold,
 //! down to the bytes of the database and WAL files.
 
-mod common;
-
 use lockhub::config::{Policy, Signer};
 use lockhub::event::{EventResult, Outcome, Reason, SchemaContext, parse_body_in_order};
 use lockhub::store::apply::{ApplyContext, apply_event, record_step1_rejection, seq_status};
@@ -23,7 +21,7 @@ const HUB: &str = "hub-lobby-1";
 const NAME: &[u8] = b"Ada Guest";
 
 fn ring() -> Vec<Signer> {
-    common::vectors_trust_ring()
+    testkit::files::vectors_trust_ring()
 }
 
 fn now() -> Timestamp {

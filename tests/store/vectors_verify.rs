@@ -3,8 +3,6 @@
 //! from `verify_envelope`; every other case must verify, and must then parse
 //! (or fail step 4 with the expected code and item).
 
-mod common;
-
 use lockhub::config::Signer;
 use lockhub::event::{EventKind, Reason, SchemaContext, SchemaError, parse_body};
 use lockhub::time::Timestamp;
@@ -16,7 +14,7 @@ const SITE: &str = "6f1c1c0e-8a51-4d39-9d2e-6a3c5a7d9e10";
 const HUB: &str = "hub-lobby-1";
 
 fn ring() -> Vec<Signer> {
-    common::vectors_trust_ring()
+    testkit::files::vectors_trust_ring()
 }
 
 fn is_step4(r: Reason) -> bool {

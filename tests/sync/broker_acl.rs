@@ -15,19 +15,16 @@
 //! the CONNACK one; the SUBACK 0x80 that other brokers send is played by a
 //! minimal fake broker here, and a silent ACL is what `cloud_stale` catches.
 
-mod common;
-
-use common::daemon::{
-    CloudClient, Daemon, DaemonOptions, SIGNER_ID, WAIT, cloud, issue_many, rogue_key,
-};
-use common::mosquitto::{BrokerOptions, Mosquitto, TestPki, acl_with_cloud, password_file_users};
-use common::{HUB_ID, SITE_ID, set_mode};
 use lockhub::config::MqttConfig;
 use lockhub::sim::cloud::Cloud;
 use rumqttc::{AsyncClient, ConnectReturnCode, Event, MqttOptions, Packet, QoS};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
+use testkit::broker::{BrokerOptions, Mosquitto, TestPki, acl_with_cloud, password_file_users};
+use testkit::cloud::{CloudClient, SIGNER_ID, cloud, issue_many, rogue_key};
+use testkit::daemon::{Daemon, DaemonOptions, WAIT};
+use testkit::files::{HUB_ID, SITE_ID, set_mode};
 
 const HUB_PASS: &str = "hub-a-secret";
 const HUB_B: &str = "hub-lobby-2";
@@ -416,7 +413,7 @@ async fn a_refused_hub_raises_broker_denied_and_gets_back_in_once_the_broker_is_
     // Fixed and reloaded: the hub gets in at its next retry, by itself.
     b.set_hub_a_password(HUB_PASS);
     cc.wait_results(&queued).await;
-    common::daemon::assert_answered_once(&cc, &queued, "applied");
+    testkit::cloud::assert_answered_once(&cc, &queued, "applied");
     // The alert was kept and is published now that the broker lets it,
     // raised and then cleared.
     cc.wait_until("broker_denied raised and cleared", |c| {
@@ -617,7 +614,7 @@ async fn with_client_certificates_the_cn_is_the_identity_the_acl_names() {
     let events = issue_many(&mut c, 1, 2);
     cc.publish(&events).await;
     cc.wait_results(&events).await;
-    common::daemon::assert_answered_once(&cc, &events, "applied");
+    testkit::cloud::assert_answered_once(&cc, &events, "applied");
 }
 
 /// What a fake broker saw of the hub.
@@ -716,7 +713,7 @@ async fn a_subscription_refused_with_0x80_raises_broker_denied_and_is_asked_for_
         seen.publishes
             .iter()
             .filter(|(t, _)| *t == topic_of(HUB_ID, "alerts"))
-            .map(|(_, p)| common::daemon::open_hub_envelope(p))
+            .map(|(_, p)| testkit::cloud::open_hub_envelope(p))
             .filter(|a| a["condition"] == "broker_denied")
             .collect()
     };

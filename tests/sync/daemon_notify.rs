@@ -3,12 +3,10 @@
 //! No broker and no board are needed for that: a hub must come up (and keep
 //! deciding) with both away.
 
-mod common;
-
-use common::Fixture;
 use std::os::unix::net::UnixDatagram;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use testkit::files::Fixture;
 
 fn next_message(sock: &UnixDatagram) -> String {
     let mut buf = [0u8; 256];

@@ -3,11 +3,10 @@
 //! durable time floor is a month ahead of the system clock (a Pi that booted
 //! without its clock), a real Mosquitto, and what the cloud hears.
 
-mod common;
-
-use common::daemon::{CloudClient, Daemon, DaemonOptions};
-use common::mosquitto::Mosquitto;
 use lockhub::time::Timestamp;
+use testkit::broker::Mosquitto;
+use testkit::cloud::CloudClient;
+use testkit::daemon::{Daemon, DaemonOptions};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_system_clock_behind_the_floor_alerts_and_outbox_marks_carry_the_effective_time() {

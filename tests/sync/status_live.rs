@@ -2,12 +2,11 @@
 //! real Mosquitto, events applied, a serial port that is not there. Status
 //! reads the database the daemon is writing, without stopping it.
 
-mod common;
-
-use common::daemon::{CloudClient, Daemon, DaemonOptions, cloud, issue_many};
-use common::mosquitto::{BrokerOptions, Mosquitto};
 use std::process::Command;
 use std::time::{Duration, Instant};
+use testkit::broker::{BrokerOptions, Mosquitto};
+use testkit::cloud::{CloudClient, cloud, issue_many};
+use testkit::daemon::{Daemon, DaemonOptions};
 
 fn status_json(hub: &Daemon) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_lockhub"))

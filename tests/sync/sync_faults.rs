@@ -4,16 +4,9 @@
 //! behind-checkpoint sync requests answered by the test as the cloud), and
 //! the outbox holding records while the broker is away.
 //!
-//! Every wait is a poll with a deadline ([`common::daemon::WAIT`]); the few
+//! Every wait is a poll with a deadline ([`testkit::daemon::WAIT`]); the few
 //! fixed pauses are windows in which something must *not* happen.
 
-mod common;
-
-use common::daemon::{
-    CloudClient, Daemon, DaemonOptions, assert_answered_once, cloud, issue_many, pin_key,
-};
-use common::mosquitto::{BrokerOptions, Mosquitto};
-use common::rumqttd::{AnyBroker, Rumqttd};
 use lockhub::config::{PinKey, Policy};
 use lockhub::door::pin_tags;
 use lockhub::sim::cloud::SignedEvent;
@@ -22,6 +15,10 @@ use lockhub::store::{Priority, Store};
 use lockhub::time::Timestamp;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
+use testkit::broker::{AnyBroker, Rumqttd};
+use testkit::broker::{BrokerOptions, Mosquitto};
+use testkit::cloud::{CloudClient, assert_answered_once, cloud, issue_many, pin_key};
+use testkit::daemon::{Daemon, DaemonOptions};
 
 fn seqs_applied(n: i64) -> impl Fn(&rusqlite::Connection) -> bool {
     move |db| {
@@ -547,7 +544,7 @@ async fn a_guest_erasure_is_published_only_once_no_file_holds_the_name() {
     cc.wait_online().await;
     let mut c = cloud();
     let named = |n: usize, holder: &str, name: &str| {
-        let mut g = common::daemon::grant(n);
+        let mut g = testkit::cloud::grant(n);
         g.holder_ref = Some(holder.into());
         g.holder_name = Some(name.into());
         g

@@ -4,17 +4,14 @@
 //! and none of them changes the key, dedupe or seq tables. A forged event
 //! carrying a genuine event id does not block the genuine event.
 
-mod common;
-
-use common::daemon::{
-    CloudClient, Daemon, DaemonOptions, SIGNER_ID, cloud, cloud_key, grant, issue_many, rogue_key,
-};
-use common::mosquitto::Mosquitto;
-use common::{HUB_ID, SITE_ID};
 use lockhub::crypto;
 use lockhub::sim::cloud::Cloud;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
+use testkit::broker::Mosquitto;
+use testkit::cloud::{CloudClient, SIGNER_ID, cloud, cloud_key, grant, issue_many, rogue_key};
+use testkit::daemon::{Daemon, DaemonOptions};
+use testkit::files::{HUB_ID, SITE_ID};
 use uuid::Uuid;
 
 /// One malformed envelope and the answer it must get.

@@ -4,13 +4,7 @@
 //! broker is down, signed results, TLS with client certificates, password
 //! authentication. The full decision logic is tested with the daemon.
 
-mod common;
-
-use common::mosquitto::{BrokerOptions, Mosquitto, TestPki, password_file};
-use common::{HUB_ID, HUB_PUBLIC_KEY, SECRETS_TOML, SITE_ID};
-use ed25519_dalek::SigningKey;
 use lockhub::config::{MqttConfig, Signer};
-use lockhub::crypto;
 use lockhub::event::{EventResult, Outcome};
 use lockhub::sim::cloud::Cloud;
 use lockhub::store::outbox::{self, Topic};
@@ -27,6 +21,9 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use testkit::broker::{BrokerOptions, Mosquitto, TestPki, password_file};
+use testkit::cloud::{cloud_key, hub_key, open_hub_envelope};
+use testkit::files::{HUB_ID, SITE_ID};
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
@@ -35,16 +32,6 @@ const TEST_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn topic(leaf: &str) -> String {
     format!("{PREFIX}/{SITE_ID}/{HUB_ID}/{leaf}")
-}
-
-fn cloud_key() -> SigningKey {
-    SigningKey::from_bytes(&[42; 32])
-}
-
-fn hub_key() -> SigningKey {
-    let v: toml::Value = toml::from_str(&SECRETS_TOML).unwrap();
-    let s = v["hub_key"]["secret"].as_str().unwrap();
-    SigningKey::from_bytes(&crypto::b64u_decode_32(s).unwrap())
 }
 
 /// Verifies, then records each event id once in a table of its own and
@@ -316,26 +303,8 @@ impl Drop for TestCloud {
     }
 }
 
-/// Checks a hub envelope's signature and returns its body as JSON.
-fn open_hub_envelope(payload: &[u8]) -> serde_json::Value {
-    let env: serde_json::Value = serde_json::from_slice(payload).expect("envelope JSON");
-    assert_eq!(env["v"], 1);
-    assert_eq!(env["hub_id"], HUB_ID);
-    let body = crypto::b64u_decode(env["body"].as_str().unwrap()).unwrap();
-    let sig: [u8; 64] = crypto::b64u_decode(env["sig"].as_str().unwrap())
-        .unwrap()
-        .try_into()
-        .unwrap();
-    let key = crypto::parse_public_key(HUB_PUBLIC_KEY).unwrap();
-    assert!(
-        crypto::verify(crypto::HUB_CONTEXT, &key, &body, &sig),
-        "hub signature must verify"
-    );
-    serde_json::from_slice(&body).unwrap()
-}
-
 fn test_cloud_signer() -> Cloud {
-    Cloud::new(cloud_key(), "test-cloud", SITE_ID.parse().unwrap(), HUB_ID)
+    testkit::cloud::cloud()
 }
 
 fn is_online(t: &str, p: &[u8]) -> bool {

@@ -4,16 +4,15 @@
 //! away a hub without the credential, so a broker that let anyone in would
 //! fail it.
 
-mod common;
-
-use common::daemon::{CloudClient, Daemon, DaemonOptions, cloud, issue_many};
-use common::mosquitto::{BrokerOptions, Mosquitto, TestPki, password_file};
-use common::set_mode;
 use lockhub::config::MqttConfig;
 use rumqttc::v5::MqttOptions;
 use rumqttc::{TlsConfiguration, Transport};
 use std::sync::Arc;
 use std::time::Duration;
+use testkit::broker::{BrokerOptions, Mosquitto, TestPki, password_file};
+use testkit::cloud::{CloudClient, cloud, issue_many};
+use testkit::daemon::{Daemon, DaemonOptions};
+use testkit::files::set_mode;
 
 /// Applies one event through the daemon and checks its signed result.
 async fn one_event_round_trip(cc: &mut CloudClient) {
@@ -22,7 +21,7 @@ async fn one_event_round_trip(cc: &mut CloudClient) {
     let events = issue_many(&mut c, 0, 1);
     cc.publish(&events).await;
     cc.wait_results(&events).await;
-    common::daemon::assert_answered_once(cc, &events, "applied");
+    testkit::cloud::assert_answered_once(cc, &events, "applied");
 }
 
 /// The daemon never connects: no status ever comes from it, and its log

@@ -3,42 +3,19 @@
 //! hub-signed; the first sync request is `from_seq` 1 `fresh_session`;
 //! SIGTERM publishes the offline status and exits 0.
 
-mod common;
-
-use common::mosquitto::Mosquitto;
-use common::rumqttd::Rumqttd;
-use common::{Fixture, HUB_ID, HUB_PUBLIC_KEY, SITE_ID, VECTORS_DIR};
-use lockhub::crypto;
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
+use testkit::broker::Mosquitto;
+use testkit::broker::Rumqttd;
+use testkit::cloud::open_hub_envelope;
+use testkit::daemon::Daemon;
+use testkit::files::{Fixture, HUB_ID, SITE_ID, VECTORS_DIR};
 use tokio::sync::mpsc;
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
 fn topic(leaf: &str) -> String {
     format!("lockhub/v1/{SITE_ID}/{HUB_ID}/{leaf}")
-}
-
-struct Daemon(Child);
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn open_hub_envelope(payload: &[u8]) -> serde_json::Value {
-    let env: serde_json::Value = serde_json::from_slice(payload).unwrap();
-    assert_eq!(env["hub_id"], HUB_ID);
-    let body = crypto::b64u_decode(env["body"].as_str().unwrap()).unwrap();
-    let sig: [u8; 64] = crypto::b64u_decode(env["sig"].as_str().unwrap())
-        .unwrap()
-        .try_into()
-        .unwrap();
-    let key = crypto::parse_public_key(HUB_PUBLIC_KEY).unwrap();
-    assert!(crypto::verify(crypto::HUB_CONTEXT, &key, &body, &sig));
-    serde_json::from_slice(&body).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -97,14 +74,8 @@ async fn vectors_through(port: u16) {
         .unwrap_or_else(|_| panic!("no message on {want}"))
     };
 
-    let mut daemon = Daemon(
-        Command::new(env!("CARGO_BIN_EXE_lockhub"))
-            .args(["run", "--config"])
-            .arg(fx.hub())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let mut daemon = Daemon::at(fx.dir);
+    daemon.spawn();
     let (_, sync) = next("/sync").await;
     let sync = open_hub_envelope(&sync);
     assert_eq!(
@@ -160,24 +131,13 @@ async fn vectors_through(port: u16) {
         }
     }
 
-    // SIGTERM: offline status, clean exit.
-    Command::new("kill")
-        .args(["-TERM", &daemon.0.id().to_string()])
-        .status()
-        .unwrap();
+    // SIGTERM: a clean exit, and the offline status (heard meanwhile).
+    let clean = tokio::task::block_in_place(|| daemon.sigterm_within(TIMEOUT));
+    assert_eq!(clean, Some(true), "exit status 0 within {TIMEOUT:?}");
     let (_, status) = next("/status").await;
     let mut status: serde_json::Value = serde_json::from_slice(&status).unwrap();
     while status["state"] != "offline" {
         status = serde_json::from_slice(&next("/status").await.1).unwrap();
     }
-    let deadline = std::time::Instant::now() + TIMEOUT;
-    let code = loop {
-        if let Some(s) = daemon.0.try_wait().unwrap() {
-            break s;
-        }
-        assert!(std::time::Instant::now() < deadline, "daemon did not exit");
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert!(code.success(), "{code}");
     poll.abort();
 }

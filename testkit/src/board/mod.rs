@@ -1,32 +1,24 @@
 //! A hub's serial driver on a real store file, for the serial tests; and
-//! helpers to play the board with `lockhub::sim::board::SimBoard` on a pty.
-#![allow(dead_code)]
+//! helpers to play the board with `lockhub::sim::board::SimBoard` on a
+//! pseudo-terminal ([`pty`]).
+
+pub mod pty;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use firmware_bridge::BoardConfig;
-use lockhub::config::{PinKey, Policy};
+use lockhub::config::Policy;
 use lockhub::serial::{DoorSettings, PortSettings, SerialHandle, SerialSettings};
 use lockhub::sim::board::{SimBoard, SimEvent};
-use lockhub::store::{Priority, Store};
 use lockhub::time::Timestamp;
-use rusqlite::{Connection, params};
 
-use super::pty::{Master, Pty};
+use self::pty::{Master, Pty};
+use crate::db::{Db, pin_keys};
 
 /// Every wait in these tests ends by this (or a shorter, named bound).
 pub const WAIT: Duration = Duration::from_secs(10);
-
-pub const PIN_KEY: [u8; 32] = [7; 32];
-
-pub fn pin_keys() -> Vec<PinKey> {
-    vec![PinKey {
-        id: "k1".into(),
-        secret: PIN_KEY,
-    }]
-}
 
 pub fn door(name: &str, index: u8) -> DoorSettings {
     DoorSettings {
@@ -45,119 +37,6 @@ pub fn port(name: &str, path: PathBuf, doors: Vec<DoorSettings>) -> PortSettings
     }
 }
 
-/// A store in a temporary folder.
-pub struct Db {
-    pub dir: tempfile::TempDir,
-    pub store: Store,
-    pub policy: Policy,
-}
-
-impl Db {
-    pub fn open(policy: Policy) -> Db {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("lockhub.db"), &policy).unwrap();
-        Db { dir, store, policy }
-    }
-
-    pub fn reader(&self) -> Connection {
-        self.store.reader().unwrap()
-    }
-
-    pub fn count(&self, sql: &str) -> i64 {
-        self.reader().query_row(sql, [], |r| r.get(0)).unwrap()
-    }
-
-    /// Audit rows as `kind[/reason]@door`, oldest first.
-    pub fn audit(&self) -> Vec<String> {
-        let r = self.reader();
-        let mut stmt = r
-            .prepare("SELECT kind, reason, door FROM audit ORDER BY seqno")
-            .unwrap();
-        stmt.query_map([], |row| {
-            let kind: String = row.get(0)?;
-            let reason: Option<String> = row.get(1)?;
-            let door: Option<String> = row.get(2)?;
-            Ok(match reason {
-                Some(r) => format!("{kind}/{r}@{}", door.unwrap_or_default()),
-                None => format!("{kind}@{}", door.unwrap_or_default()),
-            })
-        })
-        .unwrap()
-        .map(Result::unwrap)
-        .collect()
-    }
-
-    /// Whether (condition, subject) is raised.
-    /// The `links` row of a port: (state, board_id), as `lockhub status` reads it.
-    pub fn link(&self, serial: &str) -> Option<(String, Option<i64>)> {
-        self.reader()
-            .query_row(
-                "SELECT state, board_id FROM links WHERE serial = ?1",
-                [serial],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .ok()
-    }
-
-    pub fn raised(&self, condition: &str, subject: &str) -> bool {
-        self.reader()
-            .query_row(
-                "SELECT count(*) FROM alerts WHERE condition = ?1 AND subject = ?2 AND state = 'raised'",
-                [condition, subject],
-                |r| r.get::<_, i64>(0),
-            )
-            .unwrap()
-            == 1
-    }
-
-    /// An active key `id` with `pin` for `doors`, valid from an hour ago for a day.
-    pub async fn add_key(&self, id: &'static str, pin: &'static str, doors: &[&'static str]) {
-        let doors: Vec<&'static str> = doors.to_vec();
-        self.store
-            .write(Priority::Bulk, move |c| {
-                let tag = lockhub::crypto::pin_tag(&PIN_KEY, pin.as_bytes());
-                let now = Timestamp::now_system();
-                c.execute(
-                    "INSERT INTO keys (key_id, version, state, check_in_id, reservation_id, valid_from,
-                                       valid_until, pin_tag, pin_key_id, holder_ref, holder_name,
-                                       revoke_reason, event_id, updated_at)
-                     VALUES (?1, 1, 'active', ?2, NULL, ?3, ?4, ?5, 'k1', ?6, NULL, NULL, NULL, ?3)",
-                    params![
-                        id,
-                        format!("c-{id}"),
-                        now.saturating_add_secs(-3600).0,
-                        now.saturating_add_secs(86_400).0,
-                        &tag[..],
-                        format!("g-{id}")
-                    ],
-                )?;
-                for d in &doors {
-                    c.execute(
-                        "INSERT INTO key_doors (key_id, door, pin_tag, live) VALUES (?1, ?2, ?3, 1)",
-                        params![id, d, &tag[..]],
-                    )?;
-                }
-                Ok(())
-            })
-            .await
-            .unwrap();
-    }
-
-    /// Makes every audit insert fail, as a full or failing disk would.
-    pub async fn break_audit(&self) {
-        self.store
-            .write(Priority::Bulk, |c| {
-                c.execute_batch(
-                    "CREATE TRIGGER test_disk_full BEFORE INSERT ON audit
-                     BEGIN SELECT RAISE(ABORT, 'disk full'); END;",
-                )?;
-                Ok(())
-            })
-            .await
-            .unwrap();
-    }
-}
-
 /// A path in the test's own folder for the hub to open, a symlink to the
 /// pty (like `/dev/serial/by-id/...`). Why not the pty's own path: once a
 /// pty closes, the kernel hands its number to the next pty opened, maybe
@@ -165,7 +44,7 @@ impl Db {
 /// would talk to that test's board.
 pub fn by_id(db: &Db, name: &str, pty: &Pty) -> PathBuf {
     let link = db.dir.path().join(name);
-    super::pty::point(&link, &pty.path);
+    pty::point(&link, &pty.path);
     link
 }
 

@@ -4,7 +4,6 @@
 //! opens `/dev/ttyAMA0` (termios, exclusive lock and all); the test plays the
 //! board on the master side through [`Master`], an `AsyncRead + AsyncWrite`
 //! over the non-blocking master descriptor.
-#![allow(dead_code)]
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};

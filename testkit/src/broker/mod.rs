@@ -1,10 +1,16 @@
-//! A real Mosquitto broker for one test: its own config, persistence folder
-//! and free loopback port; killed on Drop; restartable on the same port and
-//! persistence (to test reconnects and persistent sessions).
-#![allow(dead_code)]
+//! The brokers: a real Mosquitto for one test or benchmark run (its own
+//! config, persistence folder and free loopback port; killed on Drop;
+//! restartable on the same port and persistence, to test reconnects and
+//! persistent sessions), its TLS test PKI, password files and ACLs; and
+//! rumqttd, the second broker ([`rumqttd`]).
+
+pub mod rumqttd;
+
+pub use self::rumqttd::{AnyBroker, Rumqttd};
+pub use crate::ports::free_port;
 
 use std::io::Write;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -27,6 +33,10 @@ pub struct BrokerOptions {
     pub identity_as_username: bool,
     /// `use_username_as_clientid true` (the shipped configs set it).
     pub username_as_client_id: bool,
+    /// Mosquitto's own `autosave_interval` (what a production broker does:
+    /// the benchmarks). Tests save every second, so a restart keeps what
+    /// a test just queued.
+    pub default_autosave: bool,
 }
 
 pub struct Mosquitto {
@@ -49,37 +59,22 @@ pub fn mosquitto_bin() -> PathBuf {
     "mosquitto".into()
 }
 
-/// A loopback port free now and never handed out before in this process.
-///
-/// The kernel may hand the same ephemeral port to two tests of one binary
-/// that ask at nearly the same time (one bound and released it, the other
-/// got it next): two brokers then race for it, the loser exits, and both
-/// tests talk to the winner. Remembering what was handed out rules that out.
-pub fn free_port() -> u16 {
-    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
-    loop {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free loopback port");
-        if !given.contains(&port) {
-            given.push(port);
-            return port;
-        }
-    }
-}
-
 impl Mosquitto {
     pub fn start() -> Self {
         Self::start_with(BrokerOptions::default())
     }
 
-    pub fn start_with(opts: BrokerOptions) -> Self {
+    pub fn start_with(opts: impl Into<BrokerOptions>) -> Self {
+        Self::start_in(tempfile::tempdir().expect("tempdir"), opts)
+    }
+
+    /// [`Mosquitto::start_with`] in a folder of the caller's (a benchmark's
+    /// slow disk).
+    pub fn start_in(dir: tempfile::TempDir, opts: impl Into<BrokerOptions>) -> Self {
         let mut m = Mosquitto {
             port: free_port(),
-            dir: tempfile::tempdir().expect("tempdir"),
-            opts,
+            dir,
+            opts: opts.into(),
             child: None,
         };
         m.write_config();
@@ -102,12 +97,14 @@ impl Mosquitto {
         let mut c = String::new();
         // As root, Mosquitto drops to user `mosquitto` unless told otherwise,
         // and then cannot write a root-owned persistence folder.
-        if unsafe_euid_is_root() {
+        if is_root() {
             c.push_str("user root\n");
         }
         c.push_str("persistence true\n");
         c.push_str(&format!("persistence_location {}/\n", data.display()));
-        c.push_str("autosave_interval 1\n");
+        if !self.opts.default_autosave {
+            c.push_str("autosave_interval 1\n");
+        }
         c.push_str(&format!("listener {} 127.0.0.1\n", self.port));
         match &self.opts.password_file {
             Some(p) => {
@@ -240,6 +237,19 @@ impl Mosquitto {
         self.spawn();
     }
 
+    /// [`Mosquitto::restart`], down for `down` in between (a broker
+    /// outage of that length).
+    pub fn restart_after(&mut self, down: Duration) {
+        self.stop();
+        std::thread::sleep(down);
+        self.spawn();
+    }
+
+    /// The broker's folder (config, log, `data/` persistence).
+    pub fn folder(&self) -> &Path {
+        self.dir.path()
+    }
+
     pub fn is_running(&self) -> bool {
         self.child.is_some()
     }
@@ -259,7 +269,8 @@ impl Drop for Mosquitto {
     }
 }
 
-fn unsafe_euid_is_root() -> bool {
+/// Whether this process runs as root (CI does).
+pub fn is_root() -> bool {
     // `id -u` avoids a libc dependency for one syscall.
     Command::new("id")
         .arg("-u")
@@ -285,18 +296,7 @@ impl TestPki {
     pub fn generate() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let d = dir.path();
-        let run = |args: &[&str]| {
-            let out = Command::new("openssl")
-                .args(args)
-                .current_dir(d)
-                .output()
-                .expect("run openssl");
-            assert!(
-                out.status.success(),
-                "openssl {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        };
+        let run = |args: &[&str]| openssl(d, args);
         run(&[
             "req",
             "-x509",
@@ -389,18 +389,7 @@ impl TestPki {
     /// the CA. Returns (cert, key).
     pub fn client(&self, name: &str, cn: &str) -> (PathBuf, PathBuf) {
         let d = self.dir.path();
-        let run = |args: &[&str]| {
-            let out = Command::new("openssl")
-                .args(args)
-                .current_dir(d)
-                .output()
-                .expect("run openssl");
-            assert!(
-                out.status.success(),
-                "openssl {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        };
+        let run = |args: &[&str]| openssl(d, args);
         let (key, csr, crt) = (
             format!("{name}.key"),
             format!("{name}.csr"),
@@ -445,6 +434,20 @@ impl TestPki {
     }
 }
 
+/// Runs the openssl CLI in `dir`; a failure fails the test with its stderr.
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A Mosquitto password file with one user (`mosquitto_passwd -b`).
 pub fn password_file(dir: &Path, user: &str, password: &str) -> PathBuf {
     password_file_users(dir, "passwd", &[(user, password)])
@@ -471,11 +474,8 @@ pub fn password_file_users(dir: &Path, name: &str, users: &[(&str, &str)]) -> Pa
 /// The ACL shipped for installers (packaging/mosquitto/lockhub.acl), read
 /// from the repository so the tests check exactly what ships.
 pub fn shipped_acl() -> String {
-    let p = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/packaging/mosquitto/lockhub.acl"
-    );
-    std::fs::read_to_string(p).unwrap_or_else(|e| panic!("cannot read {p}: {e}"))
+    let p = crate::repo_root().join("packaging/mosquitto/lockhub.acl");
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("cannot read {}: {e}", p.display()))
 }
 
 /// The shipped ACL plus the cloud's identity `cloud_user` for `site`: the

@@ -6,11 +6,11 @@
 //! broker lives until the test process ends (loopback only; the process
 //! ending ends it). It keeps nothing on disk: the cases that restart a
 //! broker and expect its sessions back are Mosquitto's alone, and each
-//! test that leaves rumqttd out says why.
-#![allow(dead_code)]
+//! test that leaves rumqttd out says why. The demo runs the same listener
+//! settings ([`server`]) in a child process of its own.
 
-use super::mosquitto::free_port;
-use rumqttd::{Broker, Config, ConnectionSettings, RouterConfig, ServerSettings};
+use crate::ports::free_port;
+use ::rumqttd::{Broker, Config, ConnectionSettings, RouterConfig, ServerSettings};
 use std::collections::HashMap;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
@@ -22,7 +22,9 @@ pub struct Rumqttd {
     pub v5_port: u16,
 }
 
-fn server(name: &str, port: u16) -> ServerSettings {
+/// A loopback listener on `port` that takes the hub's envelopes (a little
+/// over 1 MiB), with no authentication.
+pub fn server(name: &str, port: u16) -> ServerSettings {
     ServerSettings {
         name: name.to_owned(),
         listen: ([127, 0, 0, 1], port).into(),
@@ -85,7 +87,7 @@ impl Rumqttd {
 
 /// Either broker, for a test that runs against both.
 pub enum AnyBroker {
-    Mosquitto(super::mosquitto::Mosquitto),
+    Mosquitto(super::Mosquitto),
     Rumqttd(Rumqttd),
 }
 
