@@ -24,6 +24,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 use testkit::broker::{BrokerOptions, Mosquitto};
 use testkit::daemon::Daemon;
+use testkit::files::{HubToml, secrets_toml, trust_signer, write_private};
 use uuid::Uuid;
 
 const SITE: Uuid = Uuid::from_u128(0x6f1c_1c0e_8a51_4d39_9d2e_6a3c_5a7d_9e10);
@@ -62,29 +63,30 @@ fn connects_per_second(broker: &Mosquitto, since: u64) -> BTreeMap<u64, usize> {
 /// happens.
 fn start_hub(i: usize, port: u16) -> Daemon {
     let dir = tempfile::tempdir().unwrap();
-    let b64 = crypto::b64u_encode;
-    let public = b64(ed25519_dalek::SigningKey::from_bytes(&CLOUD_SEED)
-        .verifying_key()
-        .as_bytes());
-    let hub = format!(
-        "[hub]\nsite_id = \"{SITE}\"\nhub_id = \"{}\"\ndata_dir = \"data\"\n\n\
-         [mqtt]\nurl = \"mqtt://127.0.0.1:{port}\"\n\n\
-         [[trust.signer]]\nid = \"{SIGNER}\"\npublic_key = \"{public}\"\n\n\
-         [secrets]\nfile = \"secrets.toml\"\n\n\
-         [[serial]]\nname = \"board-a\"\nport = \"{}/no-board\"\nbaud = 115200\n\n\
-         [[door]]\nname = \"d0\"\nserial = \"board-a\"\nindex = 0\nunlock_ms = 3000\n",
-        hub_id(i),
-        dir.path().display()
-    );
-    std::fs::write(dir.path().join("hub.toml"), hub).unwrap();
+    let public = ed25519_dalek::SigningKey::from_bytes(&CLOUD_SEED).verifying_key();
+    HubToml {
+        site_id: SITE.to_string(),
+        hub_id: hub_id(i),
+        data_dir: "data".into(),
+        mqtt_url: format!("mqtt://127.0.0.1:{port}"),
+        mqtt_extra: String::new(),
+        trust: trust_signer(SIGNER, &public),
+        serial: vec![(
+            "board-a".into(),
+            format!("{}/no-board", dir.path().display()),
+        )],
+        doors: vec![("d0".into(), "board-a".into(), 0, 3000)],
+        policy: String::new(),
+        extra: String::new(),
+    }
+    .write(dir.path());
     let mut seed = [11u8; 32];
     seed[..8].copy_from_slice(&(i as u64).to_le_bytes());
-    let secrets = format!(
-        "[hub_key]\nsecret = \"{}\"\n\n[[pin_key]]\nid = \"k1\"\nsecret = \"{}\"\n",
-        b64(&seed),
-        b64(&PIN_KEY)
-    );
-    testkit::files::write_private(&dir.path().join("secrets.toml"), &secrets).unwrap();
+    write_private(
+        &dir.path().join("secrets.toml"),
+        &secrets_toml(&seed, &[("k1", &PIN_KEY)], ""),
+    )
+    .unwrap();
     let mut hub = Daemon::at(dir);
     hub.set_log_filter("warn");
     hub.spawn();

@@ -240,7 +240,6 @@ async fn demo(opts: Options) -> Result<(), Failure> {
         &dir,
         port,
         site_id,
-        &cloud,
         &cloud_key,
         &pin_key,
         Wiring {

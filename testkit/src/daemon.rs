@@ -5,8 +5,7 @@
 //! is read with read-only connections while the daemon runs.
 
 use crate::cloud::{SIGNER_ID, cloud_key};
-use crate::files::{HUB_ID, SECRETS_TOML, SITE_ID};
-use lockhub::crypto;
+use crate::files::{HUB_ID, HubToml, SECRETS_TOML, SITE_ID, trust_signer};
 use rusqlite::{Connection, OpenFlags};
 use std::collections::HashSet;
 use std::fs::OpenOptions;
@@ -53,48 +52,17 @@ impl Daemon {
     /// Writes the config for a broker at `url`; [`Daemon::spawn`] starts it.
     pub fn prepare(url: &str, opts: DaemonOptions) -> Daemon {
         let dir = tempfile::tempdir().expect("tempdir");
-        let policy = if opts.policy.is_empty() {
-            String::new()
-        } else {
-            format!("[policy]\n{}\n", opts.policy)
-        };
-        let hub = format!(
-            "[hub]
-site_id = \"{site_id}\"
-hub_id = \"{hub_id}\"
-data_dir = \"data\"
-
-[mqtt]
-url = \"{url}\"
-{mqtt_extra}
-
-[[trust.signer]]
-id = \"{SIGNER_ID}\"
-public_key = \"{cloud_pub}\"
-
-[secrets]
-file = \"secrets.toml\"
-
-[[serial]]
-name = \"board-a\"
-port = \"/dev/ttyAMA0\"
-baud = 115200
-
-[[door]]
-name = \"101\"
-serial = \"board-a\"
-index = 0
-unlock_ms = 5000
-
-{policy}
-{hub_extra}",
-            hub_extra = opts.hub_extra,
-            mqtt_extra = opts.mqtt_extra,
-            site_id = opts.site_id.as_deref().unwrap_or(SITE_ID),
-            hub_id = opts.hub_id.as_deref().unwrap_or(HUB_ID),
-            cloud_pub = crypto::b64u_encode(cloud_key().verifying_key().as_bytes()),
-        );
-        std::fs::write(dir.path().join("hub.toml"), hub).expect("write hub.toml");
+        HubToml {
+            site_id: opts.site_id.unwrap_or_else(|| SITE_ID.into()),
+            hub_id: opts.hub_id.unwrap_or_else(|| HUB_ID.into()),
+            mqtt_url: url.into(),
+            mqtt_extra: opts.mqtt_extra,
+            trust: trust_signer(SIGNER_ID, &cloud_key().verifying_key()),
+            policy: opts.policy,
+            extra: opts.hub_extra,
+            ..HubToml::vectors()
+        }
+        .write(dir.path());
         crate::files::write_private(
             &dir.path().join("secrets.toml"),
             &format!("{}\n{}", &*SECRETS_TOML, opts.secrets_extra),

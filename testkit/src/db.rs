@@ -187,39 +187,91 @@ impl K {
     }
 }
 
+/// One `keys` row and its live `key_doors` rows, as plain SQL writes them
+/// (version 1, no event): the one `INSERT INTO keys` of the fixtures.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyRow<'a> {
+    pub id: &'a str,
+    /// Inserted as given: `active` or `pre_issued` for a live key (the
+    /// schema's triggers decide what else it takes).
+    pub state: &'a str,
+    pub check_in_id: Option<&'a str>,
+    pub reservation_id: Option<&'a str>,
+    pub valid_from: Timestamp,
+    pub valid_until: Timestamp,
+    pub pin_tag: [u8; 32],
+    pub pin_key_id: &'a str,
+    pub holder_ref: Option<&'a str>,
+    pub holder_name: Option<&'a str>,
+    pub revoke_reason: Option<&'a str>,
+    pub updated_at: Timestamp,
+    pub doors: &'a [&'a str],
+}
+
+/// Inserts `r` with cached statements, so a bulk load (a benchmark's
+/// million keys in one transaction) prepares each statement once.
+pub fn insert_row(c: &Connection, r: &KeyRow<'_>) -> rusqlite::Result<()> {
+    c.prepare_cached(
+        "INSERT INTO keys (key_id, version, state, check_in_id, reservation_id, valid_from,
+                           valid_until, pin_tag, pin_key_id, holder_ref, holder_name,
+                           revoke_reason, event_id, updated_at)
+         VALUES (?1, 1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, NULL, ?12)",
+    )?
+    .execute(params![
+        r.id,
+        r.state,
+        r.check_in_id,
+        r.reservation_id,
+        r.valid_from.0,
+        r.valid_until.0,
+        &r.pin_tag[..],
+        r.pin_key_id,
+        r.holder_ref,
+        r.holder_name,
+        r.revoke_reason,
+        r.updated_at.0
+    ])?;
+    let mut door = c.prepare_cached(
+        "INSERT INTO key_doors (key_id, door, pin_tag, live) VALUES (?1, ?2, ?3, 1)",
+    )?;
+    for d in r.doors {
+        door.execute(params![r.id, d, &r.pin_tag[..]])?;
+    }
+    Ok(())
+}
+
 /// Inserts a key and its doors; a final key is inserted live and then moved,
 /// as the schema demands of a real key's history.
 pub fn insert_key(c: &Connection, k: &K) -> rusqlite::Result<()> {
     let key = &pin_keys()[k.pin_key];
-    let tag = pin_tag(&key.secret, k.pin.as_bytes());
     let live_state = if k.state == "pre_issued" {
         "pre_issued"
     } else {
         "active"
     };
-    c.execute(
-        "INSERT INTO keys (key_id, version, state, check_in_id, reservation_id, valid_from,
-                           valid_until, pin_tag, pin_key_id, holder_ref, holder_name,
-                           revoke_reason, event_id, updated_at)
-         VALUES (?1, 1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 'Guest Name', NULL, NULL, ?5)",
-        params![
-            k.id,
-            live_state,
-            format!("c-{}", k.id),
-            format!("r-{}", k.id),
-            k.from.0,
-            k.until.0,
-            &tag[..],
-            key.id,
-            format!("g-{}", k.id)
-        ],
+    let (check_in, reservation, holder) = (
+        format!("c-{}", k.id),
+        format!("r-{}", k.id),
+        format!("g-{}", k.id),
+    );
+    insert_row(
+        c,
+        &KeyRow {
+            id: k.id,
+            state: live_state,
+            check_in_id: Some(&check_in),
+            reservation_id: Some(&reservation),
+            valid_from: k.from,
+            valid_until: k.until,
+            pin_tag: pin_tag(&key.secret, k.pin.as_bytes()),
+            pin_key_id: &key.id,
+            holder_ref: Some(&holder),
+            holder_name: Some("Guest Name"),
+            revoke_reason: None,
+            updated_at: k.from,
+            doors: &k.doors,
+        },
     )?;
-    for door in &k.doors {
-        c.execute(
-            "INSERT INTO key_doors (key_id, door, pin_tag, live) VALUES (?1, ?2, ?3, 1)",
-            params![k.id, door, &tag[..]],
-        )?;
-    }
     match k.state {
         "revoked" => c.execute(
             "UPDATE keys SET state = 'revoked', revoke_reason = 'test' WHERE key_id = ?1",

@@ -67,37 +67,116 @@ pub const HUB_ID: &str = "hub-lobby-1";
 ///                          25 unlock_ms = 5000
 /// ```
 pub fn hub_toml() -> String {
+    HubToml::vectors().render()
+}
+
+/// A hub.toml: what differs between the fixtures' hubs, rendered in one
+/// layout (the one [`hub_toml`] documents line by line).
+#[derive(Debug, Clone)]
+pub struct HubToml {
+    pub site_id: String,
+    pub hub_id: String,
+    /// Relative to the config's folder, or absolute.
+    pub data_dir: String,
+    pub mqtt_url: String,
+    /// More `[mqtt]` lines (TLS files, username, password_file).
+    pub mqtt_extra: String,
+    /// The `[[trust.signer]]` tables (see [`trust_signer`]).
+    pub trust: String,
+    /// `[[serial]]` ports: (name, device path).
+    pub serial: Vec<(String, String)>,
+    /// `[[door]]`s on a serial port: (name, serial, index, unlock_ms).
+    pub doors: Vec<(String, String, usize, u32)>,
+    /// `[policy]` lines (none: the section is left out, the defaults hold).
+    pub policy: String,
+    /// Whole sections appended at the end (`[[osdp]]`, `[[reader]]`, doors).
+    pub extra: String,
+}
+
+impl HubToml {
+    /// The vectors' hub: site, hub, door `101` on `board-a`, the vectors'
+    /// trust ring, `data/` beside the config.
+    pub fn vectors() -> HubToml {
+        HubToml {
+            site_id: SITE_ID.into(),
+            hub_id: HUB_ID.into(),
+            data_dir: "data".into(),
+            mqtt_url: "mqtt://127.0.0.1:1883".into(),
+            mqtt_extra: String::new(),
+            trust: TRUST_TOML.clone(),
+            serial: vec![("board-a".into(), "/dev/ttyAMA0".into())],
+            doors: vec![("101".into(), "board-a".into(), 0, 5000)],
+            policy: String::new(),
+            extra: String::new(),
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let mut s = format!(
+            "[hub]\nsite_id = \"{}\"\nhub_id = \"{}\"\ndata_dir = \"{}\"\n\n\
+             [mqtt]\nurl = \"{}\"\n{}\n{}\n[secrets]\nfile = \"secrets.toml\"\n",
+            self.site_id, self.hub_id, self.data_dir, self.mqtt_url, self.mqtt_extra, self.trust
+        );
+        for (name, port) in &self.serial {
+            s.push_str(&format!(
+                "\n[[serial]]\nname = \"{name}\"\nport = \"{port}\"\nbaud = 115200\n"
+            ));
+        }
+        for (name, serial, index, unlock_ms) in &self.doors {
+            s.push_str(&format!(
+                "\n[[door]]\nname = \"{name}\"\nserial = \"{serial}\"\nindex = {index}\nunlock_ms = {unlock_ms}\n"
+            ));
+        }
+        if !self.policy.is_empty() {
+            s.push_str(&format!("\n[policy]\n{}\n", self.policy));
+        }
+        if !self.extra.is_empty() {
+            s.push('\n');
+            s.push_str(&self.extra);
+        }
+        s
+    }
+
+    /// Renders into `dir/hub.toml`; returns its path.
+    pub fn write(&self, dir: &Path) -> PathBuf {
+        let p = dir.join("hub.toml");
+        std::fs::write(&p, self.render()).expect("write hub.toml");
+        p
+    }
+}
+
+/// One `[[trust.signer]]` table for [`HubToml::trust`].
+pub fn trust_signer(id: &str, public_key: &ed25519_dalek::VerifyingKey) -> String {
     format!(
-        "[hub]
-site_id = \"{SITE_ID}\"
-hub_id = \"{HUB_ID}\"
-data_dir = \"data\"
-
-[mqtt]
-url = \"mqtt://127.0.0.1:1883\"
-
-{trust}
-[secrets]
-file = \"secrets.toml\"
-
-[[serial]]
-name = \"board-a\"
-port = \"/dev/ttyAMA0\"
-baud = 115200
-
-[[door]]
-name = \"101\"
-serial = \"board-a\"
-index = 0
-unlock_ms = 5000
-",
-        trust = &*TRUST_TOML
+        "[[trust.signer]]\nid = \"{id}\"\npublic_key = \"{}\"\n",
+        lockhub::crypto::b64u_encode(public_key.as_bytes())
     )
+}
+
+/// A secrets.toml: the hub key's seed and the PIN keys (id, secret), then
+/// `extra` (`[[reader_key]]` tables).
+pub fn secrets_toml(hub_key: &[u8; 32], pin_keys: &[(&str, &[u8; 32])], extra: &str) -> String {
+    let b64 = lockhub::crypto::b64u_encode;
+    let mut s = format!("[hub_key]\nsecret = \"{}\"\n", b64(hub_key));
+    for (id, secret) in pin_keys {
+        s.push_str(&format!(
+            "\n[[pin_key]]\nid = \"{id}\"\nsecret = \"{}\"\n",
+            b64(*secret)
+        ));
+    }
+    s.push_str(extra);
+    s
 }
 
 /// A temporary folder holding `hub.toml` and `secrets.toml` (mode 0600).
 pub struct Fixture {
     pub dir: tempfile::TempDir,
+}
+
+impl Default for Fixture {
+    fn default() -> Self {
+        Fixture::new()
+    }
 }
 
 impl Fixture {

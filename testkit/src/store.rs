@@ -21,6 +21,12 @@ pub struct Hub {
     pub ctx: ApplyContext,
 }
 
+impl Default for Hub {
+    fn default() -> Self {
+        Hub::new()
+    }
+}
+
 impl Hub {
     pub fn new() -> Hub {
         let dir = tempfile::tempdir().unwrap();

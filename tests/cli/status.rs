@@ -10,6 +10,7 @@ use lockhub::time::Timestamp;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
+use testkit::db::{KeyRow, insert_row};
 
 const BIN: &str = env!("CARGO_BIN_EXE_lockhub");
 
@@ -66,12 +67,23 @@ fn populate(dir: &Path, secs: i64) -> Store {
                 ("k-3", "pre_issued", None, None),
                 ("k-4", "revoked", None, Some("superseded")),
             ] {
-                c.execute(
-                    "INSERT INTO keys (key_id, version, state, check_in_id, valid_from, valid_until,
-                                       pin_tag, pin_key_id, revoke_reason, event_id, updated_at)
-                     VALUES (?1, 1, ?2, ?3, ?4, ?5, ?6, 'k1', ?7, NULL, ?4)",
-                    rusqlite::params![id, state, check_in, t.0, t.saturating_add_days(2).0,
-                                      vec![id.as_bytes()[2]; 32], reason],
+                insert_row(
+                    c,
+                    &KeyRow {
+                        id,
+                        state,
+                        check_in_id: check_in,
+                        reservation_id: None,
+                        valid_from: t,
+                        valid_until: t.saturating_add_days(2),
+                        pin_tag: [id.as_bytes()[2]; 32],
+                        pin_key_id: "k1",
+                        holder_ref: None,
+                        holder_name: None,
+                        revoke_reason: reason,
+                        updated_at: t,
+                        doors: &[],
+                    },
                 )?;
             }
             c.execute(
