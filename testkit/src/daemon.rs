@@ -10,7 +10,7 @@ use rusqlite::{Connection, OpenFlags};
 use std::collections::HashSet;
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// Upper bound for any single wait in these tests: long enough for a debug
@@ -317,6 +317,33 @@ impl Daemon {
             .unwrap()
             .map(|s| s.unwrap() as u64)
             .collect()
+    }
+
+    /// Whether the alert (condition, subject) is raised now.
+    pub fn raised(&self, condition: &str, subject: &str) -> bool {
+        crate::db::raised(&self.db(), condition, subject)
+    }
+
+    /// `lockhub ARGS --config hub.toml` run to its end beside the daemon
+    /// (`status`, `alert clear`, ...).
+    pub fn lockhub(&self, args: &[&str]) -> Output {
+        Command::new(crate::lockhub_bin())
+            .args(args)
+            .arg("--config")
+            .arg(self.config_path())
+            .output()
+            .expect("run lockhub")
+    }
+
+    /// `lockhub status --json`, which must succeed.
+    pub fn status_json(&self) -> serde_json::Value {
+        let out = self.lockhub(&["status", "--json"]);
+        assert!(
+            out.status.success(),
+            "status failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("status --json is JSON")
     }
 
     /// The `count` of an alert (0 when it never was raised).

@@ -121,14 +121,7 @@ impl Db {
 
     /// Whether (condition, subject) is raised.
     pub fn raised(&self, condition: &str, subject: &str) -> bool {
-        self.reader()
-            .query_row(
-                "SELECT count(*) FROM alerts WHERE condition = ?1 AND subject = ?2 AND state = 'raised'",
-                [condition, subject],
-                |r| r.get::<_, i64>(0),
-            )
-            .unwrap()
-            == 1
+        raised(&self.reader(), condition, subject)
     }
 
     /// An active key `id` with `pin` (under `k1`) for `doors`, valid from
@@ -159,6 +152,17 @@ impl Db {
             .await
             .unwrap();
     }
+}
+
+/// Whether the alert (condition, subject) is raised in the database `c`.
+pub fn raised(c: &Connection, condition: &str, subject: &str) -> bool {
+    c.query_row(
+        "SELECT count(*) FROM alerts WHERE condition = ?1 AND subject = ?2 AND state = 'raised'",
+        [condition, subject],
+        |r| r.get::<_, i64>(0),
+    )
+    .unwrap()
+        == 1
 }
 
 /// A key as the tests insert it.

@@ -6,31 +6,14 @@
 
 use testkit::board::pty;
 
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::{Duration, Instant};
 use testkit::broker::Mosquitto;
 use testkit::cloud::CloudClient;
 use testkit::daemon::{Daemon, DaemonOptions, WAIT};
 
 fn alert_clear(hub: &Daemon, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lockhub"))
-        .args(["alert", "clear"])
-        .args(args)
-        .arg("--config")
-        .arg(hub.dir.path().join("hub.toml"))
-        .output()
-        .expect("run lockhub alert clear")
-}
-
-fn raised(hub: &Daemon, condition: &str, subject: &str) -> bool {
-    hub.db()
-        .query_row(
-            "SELECT count(*) FROM alerts WHERE condition = ?1 AND subject = ?2 AND state = 'raised'",
-            [condition, subject],
-            |r| r.get::<_, i64>(0),
-        )
-        .unwrap()
-        == 1
+    hub.lockhub(&[&["alert", "clear"], args].concat())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -58,7 +41,7 @@ async fn an_operator_clears_tamper_while_the_daemon_runs_and_the_cloud_hears_it_
 
     sim.tamper();
     let deadline = Instant::now() + WAIT;
-    while !raised(&hub, "tamper", "board-a") {
+    while !hub.raised("tamper", "board-a") {
         assert!(Instant::now() < deadline, "tamper was never raised");
         sim.run_for(Duration::from_millis(50)).await.unwrap();
     }
@@ -72,7 +55,7 @@ async fn an_operator_clears_tamper_while_the_daemon_runs_and_the_cloud_hears_it_
     assert!(String::from_utf8_lossy(&not_raised.stderr).contains("no raised tamper alert"));
     let blank = alert_clear(&hub, &["tamper", "board-a", "--reason", "  "]);
     assert_eq!(blank.status.code(), Some(2));
-    assert!(raised(&hub, "tamper", "board-a"));
+    assert!(hub.raised("tamper", "board-a"));
 
     let ok = alert_clear(
         &hub,
@@ -83,7 +66,7 @@ async fn an_operator_clears_tamper_while_the_daemon_runs_and_the_cloud_hears_it_
         "{}",
         String::from_utf8_lossy(&ok.stderr)
     );
-    assert!(!raised(&hub, "tamper", "board-a"));
+    assert!(!hub.raised("tamper", "board-a"));
     let again = alert_clear(&hub, &["tamper", "board-a", "--reason", "twice"]);
     assert_eq!(again.status.code(), Some(2), "it is no longer raised");
 
@@ -125,7 +108,7 @@ async fn an_operator_clears_tamper_while_the_daemon_runs_and_the_cloud_hears_it_
     // A new tamper is a new alert.
     sim.tamper();
     let deadline = Instant::now() + WAIT;
-    while !raised(&hub, "tamper", "board-a") {
+    while !hub.raised("tamper", "board-a") {
         assert!(Instant::now() < deadline, "tamper was never raised again");
         sim.run_for(Duration::from_millis(50)).await.unwrap();
     }

@@ -19,7 +19,6 @@ use lockhub::config::MqttConfig;
 use lockhub::sim::cloud::Cloud;
 use rumqttc::{AsyncClient, ConnectReturnCode, Event, MqttOptions, Packet, QoS};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 use testkit::broker::{BrokerOptions, Mosquitto, TestPki, acl_with_cloud, password_file_users};
 use testkit::cloud::{CloudClient, SIGNER_ID, cloud, issue_many, rogue_key};
@@ -165,20 +164,6 @@ impl Drop for Raw {
     fn drop(&mut self) {
         self.task.abort();
     }
-}
-
-fn status_json(hub: &Daemon) -> serde_json::Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_lockhub"))
-        .args(["status", "--json", "--config"])
-        .arg(hub.dir.path().join("hub.toml"))
-        .output()
-        .expect("run lockhub status");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("status --json is JSON")
 }
 
 fn broker_denied_raised(db: &rusqlite::Connection) -> bool {
@@ -398,7 +383,7 @@ async fn a_refused_hub_raises_broker_denied_and_gets_back_in_once_the_broker_is_
         "the log says what was refused: {log}"
     );
     // Kept locally and shown by `lockhub status`.
-    let s = status_json(&hub);
+    let s = hub.status_json();
     assert!(
         s["alerts"]
             .as_array()

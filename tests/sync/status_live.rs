@@ -2,25 +2,10 @@
 //! real Mosquitto, events applied, a serial port that is not there. Status
 //! reads the database the daemon is writing, without stopping it.
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 use testkit::broker::{BrokerOptions, Mosquitto};
 use testkit::cloud::{CloudClient, cloud, issue_many};
 use testkit::daemon::{Daemon, DaemonOptions};
-
-fn status_json(hub: &Daemon) -> serde_json::Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_lockhub"))
-        .args(["status", "--json", "--config"])
-        .arg(hub.dir.path().join("hub.toml"))
-        .output()
-        .expect("run lockhub status");
-    assert!(
-        out.status.success(),
-        "status failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("status --json is JSON")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_reads_a_running_daemon_without_disturbing_it() {
@@ -45,7 +30,7 @@ async fn status_reads_a_running_daemon_without_disturbing_it() {
     // reports it absent once it has tried to open it.
     let deadline = Instant::now() + Duration::from_secs(20);
     let status = loop {
-        let s = status_json(&hub);
+        let s = hub.status_json();
         let absent = s["links"].as_array().is_some_and(|l| {
             l.iter()
                 .any(|p| p["serial"] == "board-a" && p["state"] == "absent")

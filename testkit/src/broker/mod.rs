@@ -319,64 +319,8 @@ impl TestPki {
         std::fs::File::create(d.join("client.ext"))
             .and_then(|mut f| f.write_all(b"extendedKeyUsage=clientAuth\n"))
             .expect("ext file");
-        run(&[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=127.0.0.1",
-        ]);
-        run(&[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "server.crt",
-            "-days",
-            "2",
-            "-extfile",
-            "server.ext",
-        ]);
-        run(&[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "client.key",
-            "-out",
-            "client.csr",
-            "-subj",
-            "/CN=hub-lobby-1",
-        ]);
-        run(&[
-            "x509",
-            "-req",
-            "-in",
-            "client.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "client.crt",
-            "-days",
-            "2",
-            "-extfile",
-            "client.ext",
-        ]);
+        issue(d, "server", "/CN=127.0.0.1", "server.ext");
+        issue(d, "client", "/CN=hub-lobby-1", "client.ext");
         TestPki { dir }
     }
 
@@ -389,17 +333,48 @@ impl TestPki {
     /// the CA. Returns (cert, key).
     pub fn client(&self, name: &str, cn: &str) -> (PathBuf, PathBuf) {
         let d = self.dir.path();
-        let run = |args: &[&str]| openssl(d, args);
-        let (key, csr, crt) = (
-            format!("{name}.key"),
-            format!("{name}.csr"),
-            format!("{name}.crt"),
+        let key = format!("{name}.key");
+        issue(
+            d,
+            name,
+            &format!("/CN={}", cn.replace('/', "\\/")),
+            "client.ext",
         );
-        let subj = format!("/CN={}", cn.replace('/', "\\/"));
-        run(&[
-            "req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj", &subj,
-        ]);
-        run(&[
+        std::fs::set_permissions(
+            d.join(&key),
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .expect("chmod key");
+        (d.join(format!("{name}.crt")), d.join(key))
+    }
+
+    /// (ca, server cert, server key) for [`BrokerOptions::tls`].
+    pub fn server(&self) -> (PathBuf, PathBuf, PathBuf) {
+        (
+            self.path("ca.crt"),
+            self.path("server.crt"),
+            self.path("server.key"),
+        )
+    }
+}
+
+/// `NAME.key` and `NAME.crt` in `dir` for subject `subj`, signed by the
+/// CA there (`ca.crt`, `ca.key`) with the extensions of `ext`.
+fn issue(dir: &Path, name: &str, subj: &str, ext: &str) {
+    let (key, csr, crt) = (
+        format!("{name}.key"),
+        format!("{name}.csr"),
+        format!("{name}.crt"),
+    );
+    openssl(
+        dir,
+        &[
+            "req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj", subj,
+        ],
+    );
+    openssl(
+        dir,
+        &[
             "x509",
             "-req",
             "-in",
@@ -414,24 +389,9 @@ impl TestPki {
             "-days",
             "2",
             "-extfile",
-            "client.ext",
-        ]);
-        std::fs::set_permissions(
-            d.join(&key),
-            std::os::unix::fs::PermissionsExt::from_mode(0o600),
-        )
-        .expect("chmod key");
-        (d.join(crt), d.join(key))
-    }
-
-    /// (ca, server cert, server key) for [`BrokerOptions::tls`].
-    pub fn server(&self) -> (PathBuf, PathBuf, PathBuf) {
-        (
-            self.path("ca.crt"),
-            self.path("server.crt"),
-            self.path("server.key"),
-        )
-    }
+            ext,
+        ],
+    );
 }
 
 /// Runs the openssl CLI in `dir`; a failure fails the test with its stderr.
