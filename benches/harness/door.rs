@@ -47,15 +47,13 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What the board read from the hub that the measurement cares about.
 #[derive(Debug, Clone, Copy)]
+#[expect(
+    dead_code,
+    reason = "Deny's door is read only by the failure message's {:?}"
+)]
 enum Answer {
-    Unlock {
-        door: u8,
-        at: Instant,
-    },
-    Deny {
-        #[expect(dead_code, reason = "read only by the failure message's {:?}")]
-        door: u8,
-    },
+    Unlock { door: u8, at: Instant },
+    Deny { door: u8 },
 }
 
 type Writer = Arc<Mutex<WriteHalf<Master>>>;
