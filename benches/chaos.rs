@@ -22,18 +22,9 @@
 //! long as it is told (default 120 s; the recorded run is 600 s). Loopback
 //! only; it stops by itself.
 
-#[path = "harness/broker.rs"]
-#[allow(dead_code)]
-mod broker;
-#[path = "harness/fixture.rs"]
-#[allow(dead_code)]
-mod fixture;
-#[path = "../tests/common/pty.rs"]
-mod pty;
-
-use broker::{BrokerSettings, Mosquitto};
-use ed25519_dalek::SigningKey;
 use firmware_bridge::{BoardConfig, Downlink};
+use harness::broker::{BrokerSettings, Mosquitto};
+use harness::fixture;
 use lockhub::crypto;
 use lockhub::sim::board::{SimBoard, SimEvent};
 use lockhub::sim::cloud::{GrantSpec, SignedEvent};
@@ -43,10 +34,10 @@ use rusqlite::{Connection, OpenFlags};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use testkit::board::pty;
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
@@ -202,21 +193,11 @@ fn topic(leaf: &str) -> String {
     format!("lockhub/v1/{}/{}/{leaf}", fixture::SITE_ID, fixture::HUB_ID)
 }
 
-fn hub_public() -> ed25519_dalek::VerifyingKey {
-    // fixture's HUB_SEED: the bench hub's key, known to its cloud.
-    SigningKey::from_bytes(&[11; 32]).verifying_key()
-}
-
+/// A verified hub envelope's body (the hub's key is known to its cloud).
 fn open_envelope(payload: &[u8]) -> Option<Value> {
-    let env: Value = serde_json::from_slice(payload).ok()?;
-    if env["hub_id"] != fixture::HUB_ID {
-        return None;
-    }
-    let body = crypto::b64u_decode(env["body"].as_str()?)?;
-    let sig: [u8; 64] = crypto::b64u_decode(env["sig"].as_str()?)?.try_into().ok()?;
-    crypto::verify(crypto::HUB_CONTEXT, &hub_public(), &body, &sig)
-        .then(|| serde_json::from_slice(&body).ok())
-        .flatten()
+    let body =
+        crypto::open_hub_envelope(payload, fixture::HUB_ID, &fixture::hub_public_key()).ok()?;
+    serde_json::from_slice(&body).ok()
 }
 
 /// The cloud's MQTT side: a persistent session that hears everything the
@@ -423,9 +404,7 @@ async fn typist(
 // ---------------------------------------------------------------------------
 
 struct Hub {
-    dir: tempfile::TempDir,
-    config: PathBuf,
-    child: Option<Child>,
+    daemon: testkit::daemon::Daemon,
     /// When each process started, to place anomalies next to restarts.
     spawns: Vec<Timestamp>,
 }
@@ -433,64 +412,24 @@ struct Hub {
 impl Hub {
     fn spawn(&mut self) {
         self.spawns.push(Timestamp::now_system());
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join("lockhub.log"))
-            .expect("log file");
-        self.child = Some(
-            Command::new(env!("CARGO_BIN_EXE_lockhub"))
-                .arg("run")
-                .arg("--config")
-                .arg(&self.config)
-                .env("RUST_LOG", "info")
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .expect("start lockhub run"),
-        );
+        self.daemon.spawn();
     }
 
     fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.daemon.kill9();
     }
 
     fn sigterm(&mut self) -> bool {
-        let Some(mut c) = self.child.take() else {
-            return false;
-        };
-        let _ = Command::new("kill")
-            .args(["-TERM", &c.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < deadline {
-            if let Ok(Some(s)) = c.try_wait() {
-                return s.success();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = c.kill();
-        let _ = c.wait();
-        false
+        self.daemon.sigterm_within(Duration::from_secs(15)) == Some(true)
     }
 
-    /// Restarts the process if it exited by itself (a crash is an anomaly).
+    /// Whether the process exited by itself (a crash is an anomaly).
     fn exited(&mut self) -> bool {
-        match self.child.as_mut().map(|c| c.try_wait()) {
-            Some(Ok(Some(_))) => {
-                self.child = None;
-                true
-            }
-            _ => false,
-        }
+        self.daemon.exited()
     }
 
     fn db_path(&self) -> PathBuf {
-        self.dir.path().join("data/lockhub.db")
+        self.daemon.db_path()
     }
 
     fn reader(&self) -> Option<Connection> {
@@ -547,18 +486,16 @@ struct Figures {
 async fn run(opts: Options) -> usize {
     let t0 = Instant::now();
     let mut rng = Rng(opts.seed | 1);
-    let mut broker = Mosquitto::start(BrokerSettings {
+    let mut broker = Mosquitto::start_with(BrokerSettings {
         max_inflight_messages: 20,
         max_queued_messages: 100_000,
     });
     let pty = pty::Pty::open();
     let (master, _slave, pty_path) = pty.into_parts();
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = fixture::write_config(dir.path(), &broker.url(), &pty_path, POLICY);
+    fixture::write_config(dir.path(), &broker.url(), &pty_path, POLICY);
     let mut hub = Hub {
-        dir,
-        config,
-        child: None,
+        daemon: testkit::daemon::Daemon::at(dir),
         spawns: Vec::new(),
     };
     hub.spawn();
@@ -566,7 +503,7 @@ async fn run(opts: Options) -> usize {
         "chaos: {} s, seed {}, hub folder {}",
         opts.secs,
         opts.seed,
-        hub.dir.path().display()
+        hub.daemon.dir.path().display()
     );
 
     let world: Shared = Arc::new(Mutex::new(World::default()));
@@ -642,7 +579,7 @@ async fn run(opts: Options) -> usize {
         }
         if now >= next_broker {
             let down = Duration::from_millis(rng.range(BROKER_DOWN_MS));
-            tokio::task::block_in_place(|| broker.restart(down));
+            tokio::task::block_in_place(|| broker.restart_after(down));
             figures.broker_restarts += 1;
             next_broker = at(rng.range(BROKER_EVERY));
         }
@@ -759,10 +696,10 @@ async fn run(opts: Options) -> usize {
     if !anomalies.is_empty() {
         println!(
             "  hub log: {}",
-            hub.dir.path().join("lockhub.log").display()
+            hub.daemon.dir.path().join("lockhub.log").display()
         );
         // Keep the folder for a look.
-        let _ = hub.dir.keep();
+        hub.daemon.dir.disable_cleanup(true);
     }
     anomalies.len()
 }

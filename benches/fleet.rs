@@ -21,10 +21,10 @@ use lockhub::crypto;
 use lockhub::sim::cloud::{Cloud, GrantSpec, SignedEvent};
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::net::{TcpListener, TcpStream};
-use std::os::unix::fs::PermissionsExt;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use testkit::broker::{BrokerOptions, Mosquitto};
+use testkit::daemon::Daemon;
+use testkit::files::{HubToml, secrets_toml, trust_signer, write_private};
 use uuid::Uuid;
 
 const SITE: Uuid = Uuid::from_u128(0x6f1c_1c0e_8a51_4d39_9d2e_6a3c_5a7d_9e10);
@@ -34,165 +34,63 @@ const PIN_KEY: [u8; 32] = [5; 32];
 const DEADLINE: Duration = Duration::from_secs(300);
 static HOLD: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
-}
-
 fn hub_id(i: usize) -> String {
     format!("hub-{i:04}")
 }
 
-struct Broker {
-    dir: tempfile::TempDir,
-    port: u16,
-    child: Option<Child>,
-}
-
-impl Broker {
-    fn start() -> Broker {
-        let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
-        let root = Command::new("id")
-            .arg("-u")
-            .output()
-            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
-        let conf = format!(
-            "{}persistence true\npersistence_location {d}/\nlistener {port} 127.0.0.1\n\
-             allow_anonymous true\nmax_queued_messages 10000\nconnection_messages true\n\
-             log_timestamp true\nlog_dest file {d}/mosquitto.log\nlog_type error\n\
-             log_type warning\nlog_type notice\n",
-            if root { "user root\n" } else { "" },
-            d = dir.path().display()
-        );
-        std::fs::write(dir.path().join("m.conf"), conf).unwrap();
-        let mut b = Broker {
-            dir,
-            port,
-            child: None,
-        };
-        b.spawn();
-        b
-    }
-
-    fn spawn(&mut self) {
-        self.child = Some(
-            Command::new("mosquitto")
-                .arg("-c")
-                .arg(self.dir.path().join("m.conf"))
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("start mosquitto"),
-        );
-        let t = Instant::now();
-        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                t.elapsed() < Duration::from_secs(10),
-                "mosquitto did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
+/// Connects per whole second (the log's timestamps) since `since` (Unix s).
+fn connects_per_second(broker: &Mosquitto, since: u64) -> BTreeMap<u64, usize> {
+    let mut m = BTreeMap::new();
+    for l in broker
+        .log()
+        .lines()
+        .filter(|l| l.contains("New client connected"))
+    {
+        if let Some(t) = l
+            .split(':')
+            .next()
+            .and_then(|t| t.trim().parse::<u64>().ok())
+            && t >= since
+        {
+            *m.entry(t).or_insert(0) += 1;
         }
     }
-
-    fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &c.id().to_string()])
-                .status();
-            let _ = c.wait();
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.as_ref().unwrap().id()
-    }
-
-    /// Connects per whole second (the log's timestamps) since `since` (Unix s).
-    fn connects_per_second(&self, since: u64) -> BTreeMap<u64, usize> {
-        let log =
-            std::fs::read_to_string(self.dir.path().join("mosquitto.log")).unwrap_or_default();
-        let mut m = BTreeMap::new();
-        for l in log.lines().filter(|l| l.contains("New client connected")) {
-            if let Some(t) = l
-                .split(':')
-                .next()
-                .and_then(|t| t.trim().parse::<u64>().ok())
-                && t >= since
-            {
-                *m.entry(t).or_insert(0) += 1;
-            }
-        }
-        m
-    }
+    m
 }
 
-impl Drop for Broker {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-struct Hub {
-    _dir: tempfile::TempDir,
-    child: Child,
-}
-
-/// A hub left running (a failed wait panics) is killed on the way out:
-/// the benchmark stops by itself, whatever happens.
-impl Drop for Hub {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-fn start_hub(i: usize, port: u16) -> Hub {
+/// A hub left running (a failed wait panics) is killed on the way out
+/// (testkit's daemon is, on Drop): the benchmark stops by itself, whatever
+/// happens.
+fn start_hub(i: usize, port: u16) -> Daemon {
     let dir = tempfile::tempdir().unwrap();
-    let b64 = crypto::b64u_encode;
-    let public = b64(ed25519_dalek::SigningKey::from_bytes(&CLOUD_SEED)
-        .verifying_key()
-        .as_bytes());
-    let hub = format!(
-        "[hub]\nsite_id = \"{SITE}\"\nhub_id = \"{}\"\ndata_dir = \"data\"\n\n\
-         [mqtt]\nurl = \"mqtt://127.0.0.1:{port}\"\n\n\
-         [[trust.signer]]\nid = \"{SIGNER}\"\npublic_key = \"{public}\"\n\n\
-         [secrets]\nfile = \"secrets.toml\"\n\n\
-         [[serial]]\nname = \"board-a\"\nport = \"{}/no-board\"\nbaud = 115200\n\n\
-         [[door]]\nname = \"d0\"\nserial = \"board-a\"\nindex = 0\nunlock_ms = 3000\n",
-        hub_id(i),
-        dir.path().display()
-    );
-    std::fs::write(dir.path().join("hub.toml"), hub).unwrap();
+    let public = ed25519_dalek::SigningKey::from_bytes(&CLOUD_SEED).verifying_key();
+    HubToml {
+        site_id: SITE.to_string(),
+        hub_id: hub_id(i),
+        data_dir: "data".into(),
+        mqtt_url: format!("mqtt://127.0.0.1:{port}"),
+        mqtt_extra: String::new(),
+        trust: trust_signer(SIGNER, &public),
+        serial: vec![(
+            "board-a".into(),
+            format!("{}/no-board", dir.path().display()),
+        )],
+        doors: vec![("d0".into(), "board-a".into(), 0, 3000)],
+        policy: String::new(),
+        extra: String::new(),
+    }
+    .write(dir.path());
     let mut seed = [11u8; 32];
     seed[..8].copy_from_slice(&(i as u64).to_le_bytes());
-    let secrets = format!(
-        "[hub_key]\nsecret = \"{}\"\n\n[[pin_key]]\nid = \"k1\"\nsecret = \"{}\"\n",
-        b64(&seed),
-        b64(&PIN_KEY)
-    );
-    let sec = dir.path().join("secrets.toml");
-    std::fs::write(&sec, secrets).unwrap();
-    std::fs::set_permissions(&sec, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let log = std::fs::File::create(dir.path().join("lockhub.log")).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_lockhub"))
-        .args(["run", "--config"])
-        .arg(dir.path().join("hub.toml"))
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(log))
-        .spawn()
-        .expect("start lockhub");
-    Hub { _dir: dir, child }
+    write_private(
+        &dir.path().join("secrets.toml"),
+        &secrets_toml(&seed, &[("k1", &PIN_KEY)], ""),
+    )
+    .unwrap();
+    let mut hub = Daemon::at(dir);
+    hub.set_log_filter("warn");
+    hub.spawn();
+    hub
 }
 
 /// (RSS bytes, CPU seconds) of a process, from /proc.
@@ -368,7 +266,7 @@ fn sync_figures(prefix: &str, at: &[(Instant, String)], from: Instant) {
 async fn restart(
     name: &str,
     n: usize,
-    broker: &mut Broker,
+    broker: &mut Mosquitto,
     rx: &mut Rx,
     client: &AsyncClient,
     clouds: &mut [Cloud],
@@ -377,12 +275,12 @@ async fn restart(
     settle(rx, client, clouds, Duration::from_secs(5)).await;
     broker.stop();
     if lose_sessions {
-        let _ = std::fs::remove_file(broker.dir.path().join("mosquitto.db"));
+        let _ = std::fs::remove_file(broker.folder().join("data/mosquitto.db"));
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     let since = unix_now();
     let t0 = Instant::now();
-    broker.spawn();
+    broker.start_again();
     let mut back: HashMap<usize, Instant> = HashMap::new();
     let mut asked: HashSet<usize> = HashSet::new();
     let mut sync_at: Vec<(Instant, String)> = Vec::new();
@@ -413,7 +311,7 @@ async fn restart(
             publish(client, i, &clouds[i].checkpoint()).await;
         }
     }
-    let connects = broker.connects_per_second(since);
+    let connects = connects_per_second(broker, since);
     println!("fleet.{name}.all_online_s {:.2}", all_back.as_secs_f64());
     println!(
         "fleet.{name}.connects_total {}",
@@ -428,7 +326,11 @@ async fn restart(
 }
 
 async fn run(n: usize) {
-    let mut broker = Broker::start();
+    let mut broker = Mosquitto::start_with(BrokerOptions {
+        max_queued_messages: Some(10_000),
+        default_autosave: true,
+        ..BrokerOptions::default()
+    });
     let key = ed25519_dalek::SigningKey::from_bytes(&CLOUD_SEED);
     let mut clouds: Vec<Cloud> = (0..n)
         .map(|i| Cloud::new(key.clone(), SIGNER, SITE, &hub_id(i)))
@@ -464,7 +366,7 @@ async fn run(n: usize) {
 
     // 1. Online (each first start asks fresh_session: answered), 3 events each.
     let t_spawn = Instant::now();
-    let mut hubs: Vec<Hub> = (0..n).map(|i| start_hub(i, broker.port)).collect();
+    let mut hubs: Vec<Daemon> = (0..n).map(|i| start_hub(i, broker.port)).collect();
     let mut online: HashSet<usize> = HashSet::new();
     until("every hub online", &mut rx, &client, |_, h| match h {
         Heard::Online(i) => {
@@ -564,7 +466,7 @@ async fn run(n: usize) {
     let mut rss: Vec<u64> = vec![];
     let mut cpu: Vec<f64> = vec![];
     for h in &hubs {
-        if let Some((r, c)) = usage(h.child.id()) {
+        if let Some((r, c)) = usage(h.pid()) {
             rss.push(r);
             cpu.push(c);
         }
@@ -585,7 +487,7 @@ async fn run(n: usize) {
         cpu[cpu.len() / 2],
         cpu.last().unwrap()
     );
-    if let Some((r, c)) = usage(broker.pid()) {
+    if let Some((r, c)) = broker.pid().and_then(usage) {
         println!(
             "fleet.broker rss_mib {:.1} cpu_s {c:.2} (since its restart)",
             mib(r)
@@ -601,11 +503,6 @@ async fn run(n: usize) {
     }
     poller.abort();
     for h in &mut hubs {
-        let _ = Command::new("kill")
-            .args(["-TERM", &h.child.id().to_string()])
-            .status();
-    }
-    for h in &mut hubs {
-        let _ = h.child.wait();
+        h.sigterm_within(Duration::from_secs(10));
     }
 }

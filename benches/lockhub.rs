@@ -1,9 +1,8 @@
 //! `cargo bench --bench lockhub [-- --smoke] [--only SCENARIO,..] [--write PATH | --no-write]`
 //!
 //! Runs the lockhub benchmarks, prints every figure, and updates the figures
-//! table in BENCHMARKS.md (see `harness/mod.rs` for why this is a bench target).
-
-mod harness;
+//! table in BENCHMARKS.md (see `harness/mod.rs` for why this is a bench target
+//! and the harness a library).
 
 fn main() -> std::process::ExitCode {
     let opts = match harness::Options::parse(std::env::args().skip(1)) {

@@ -14,32 +14,20 @@
 //! Sizes default to 1000 10000 100000. `--dir` puts the databases on a
 //! given disk (the write figures are mostly that disk's fsync).
 
-use lockhub::config::{PinKey, Policy};
+use lockhub::config::Policy;
 use lockhub::crypto::pin_tag;
 use lockhub::door::{Decision, pin_tags};
 use lockhub::store::door::{DoorEntry, door_entry, evaluate};
 use lockhub::store::{Priority, Store, StoreError};
 use lockhub::time::Timestamp;
-use rusqlite::{Connection, params};
+use rusqlite::Connection;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
+use testkit::db::{KeyRow, insert_row, pin_keys};
 
 const DOORS: usize = 50;
 const READS: usize = 5000;
 const WRITES: usize = 500;
-
-fn pin_keys() -> Vec<PinKey> {
-    vec![
-        PinKey {
-            id: "k1".into(),
-            secret: [1; 32],
-        },
-        PinKey {
-            id: "k2".into(),
-            secret: [2; 32],
-        },
-    ]
-}
 
 /// Key `i`'s PIN: 8 digits, distinct for every i below 10^8.
 fn pin(i: usize) -> String {
@@ -52,30 +40,32 @@ fn door(i: usize) -> String {
 
 fn fill(conn: &Connection, n: usize, now: Timestamp) -> Result<(), StoreError> {
     let keys = pin_keys();
-    let mut key = conn.prepare(
-        "INSERT INTO keys (key_id, version, state, check_in_id, reservation_id, valid_from,
-                           valid_until, pin_tag, pin_key_id, holder_ref, holder_name,
-                           revoke_reason, event_id, updated_at)
-         VALUES (?1, 1, 'active', ?2, NULL, ?3, ?4, ?5, ?6, ?7, NULL, NULL, NULL, ?3)",
-    )?;
-    let mut doors =
-        conn.prepare("INSERT INTO key_doors (key_id, door, pin_tag, live) VALUES (?1, ?2, ?3, 1)")?;
-    let from = now.saturating_add_days(-1).0;
-    let until = now.saturating_add_days(30).0;
     for i in 0..n {
         let pk = &keys[i % 2];
-        let tag = pin_tag(&pk.secret, pin(i).as_bytes());
-        let id = format!("k-{i}");
-        key.execute(params![
-            id,
+        let (id, check_in, holder, door) = (
+            format!("k-{i}"),
             format!("c-{i}"),
-            from,
-            until,
-            &tag[..],
-            pk.id,
-            format!("g-{i}")
-        ])?;
-        doors.execute(params![id, door(i), &tag[..]])?;
+            format!("g-{i}"),
+            door(i),
+        );
+        insert_row(
+            conn,
+            &KeyRow {
+                id: &id,
+                state: "active",
+                check_in_id: Some(&check_in),
+                reservation_id: None,
+                valid_from: now.saturating_add_days(-1),
+                valid_until: now.saturating_add_days(30),
+                pin_tag: pin_tag(&pk.secret, pin(i).as_bytes()),
+                pin_key_id: &pk.id,
+                holder_ref: Some(&holder),
+                holder_name: None,
+                revoke_reason: None,
+                updated_at: now.saturating_add_days(-1),
+                doors: &[&door],
+            },
+        )?;
     }
     Ok(())
 }

@@ -12,7 +12,7 @@
 //! | layer | module | what lives there |
 //! |---|---|---|
 //! | vocabulary | [`time`] | [`time::Timestamp`] (µs since the epoch), RFC 3339 |
-//! | | [`crypto`] | PIN tags (HMAC-SHA256), base64url, domain-separated Ed25519 |
+//! | | [`crypto`] | PIN tags (HMAC-SHA256), base64url, domain-separated Ed25519, hub envelopes (made and opened) |
 //! | | [`config`] | `hub.toml` + `secrets.toml`: parsing, every rule, errors with line and column |
 //! | | [`event`] | the cloud's events and the hub's results as plain data; body parsing (step 4) |
 //! | pure decisions | [`verify`] | step 1 of an event: size, envelope, signer, `verify_strict`, ids |

@@ -2,9 +2,7 @@
 //! the same real broker, binary and ptys. It checks that every figure of
 //! every scenario is produced and has a value, and nothing about speed
 //! (speed is measured by `cargo bench --bench lockhub`, never asserted).
-
-#[path = "../benches/harness/mod.rs"]
-mod harness;
+//! `harness` is the same library `benches/lockhub.rs` runs.
 
 #[test]
 fn the_smoke_run_produces_every_figure_of_every_scenario() {

@@ -171,7 +171,7 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
     let broker_rate = ingest::broker_ack_only_rate(&first, 20).await;
 
     let total = (resync.len() + first.len() + second.len()) as u32;
-    let broker = Mosquitto::start(BrokerSettings::default_window(total + 1000));
+    let broker = Mosquitto::start_with(BrokerSettings::default_window(total + 1000));
     let daemon = Daemon::start(
         &broker.url(),
         Path::new("/dev/null"),

@@ -4,17 +4,23 @@
 //! (read-only; WAL readers never block the writer).
 
 use super::fixture;
-use super::footprint::lockhub_bin;
 use lockhub::store::{Priority, Store};
-use rusqlite::{Connection, OpenFlags};
+use rusqlite::Connection;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// testkit's one `lockhub run` wrapper, plus what a run measures by.
 pub struct Daemon {
-    pub dir: tempfile::TempDir,
-    child: Option<Child>,
+    pub inner: testkit::daemon::Daemon,
     pub started: Instant,
+}
+
+impl std::ops::Deref for Daemon {
+    type Target = testkit::daemon::Daemon;
+    fn deref(&self) -> &Self::Target {
+        &self.inner
+    }
 }
 
 /// A temporary folder for a daemon's config and data: under
@@ -57,7 +63,7 @@ impl Daemon {
         extra: impl FnOnce(&Path),
     ) -> Daemon {
         let dir = bench_dir();
-        let config = fixture::write_config(dir.path(), mqtt_url, serial_port, policy);
+        fixture::write_config(dir.path(), mqtt_url, serial_port, policy);
         extra(dir.path());
         if prefill > 0 {
             let store = Store::open(
@@ -73,69 +79,39 @@ impl Daemon {
                 .expect("prefill");
             store.close();
         }
-        let log = std::fs::File::create(dir.path().join("lockhub.log")).expect("log file");
+        let mut inner = testkit::daemon::Daemon::at(dir);
         let started = Instant::now();
         // LOCKHUB_BENCH_WRAP="heaptrack -o /tmp/lockhub": run the daemon under
         // a profiler (its figures then measure the profiler too).
         let wrap = std::env::var("LOCKHUB_BENCH_WRAP").unwrap_or_default();
-        let mut words = wrap.split_whitespace();
-        let mut cmd = match words.next() {
-            Some(tool) => {
-                let mut c = Command::new(tool);
-                c.args(words).arg(lockhub_bin());
-                c
-            }
-            None => Command::new(lockhub_bin()),
-        };
-        let child = cmd
-            .arg("run")
-            .arg("--config")
-            .arg(&config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start lockhub run");
+        inner.spawn_wrapped(&wrap.split_whitespace().collect::<Vec<_>>());
         // LOCKHUB_BENCH_CGROUP=/sys/fs/cgroup/blkio/NAME: the daemon's I/O is
         // throttled there (scripts/slow-disk sets one up).
         if let Ok(group) = std::env::var("LOCKHUB_BENCH_CGROUP") {
             std::fs::write(
                 Path::new(&group).join("cgroup.procs"),
-                child.id().to_string(),
+                inner.pid().to_string(),
             )
             .expect("move the daemon into LOCKHUB_BENCH_CGROUP");
         }
-        Daemon {
-            dir,
-            child: Some(child),
-            started,
-        }
+        Daemon { inner, started }
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.as_ref().map_or(0, Child::id)
+        if self.inner.is_started() {
+            self.inner.pid()
+        } else {
+            0
+        }
     }
 
     pub fn db_path(&self) -> PathBuf {
-        self.dir.path().join("data/lockhub.db")
+        self.inner.db_path()
     }
 
     /// A read-only connection to the daemon's database, once it exists.
     pub fn reader(&self) -> Connection {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match Connection::open_with_flags(self.db_path(), OpenFlags::SQLITE_OPEN_READ_ONLY) {
-                Ok(c)
-                    if c.query_row("SELECT 1 FROM seq_state", [], |_| Ok(()))
-                        .is_ok() =>
-                {
-                    let _ = c.busy_timeout(Duration::from_secs(5));
-                    return c;
-                }
-                _ if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-                _ => panic!("the daemon made no database: {}", self.log()),
-            }
-        }
+        self.inner.db()
     }
 
     /// Every seq up to this one is committed (and, by then, acked).
@@ -146,10 +122,9 @@ impl Daemon {
         .map_or(0, |w| w as u64)
     }
 
+    /// The log's last lines, for failure messages.
     pub fn log(&self) -> String {
-        let text = std::fs::read_to_string(self.dir.path().join("lockhub.log")).unwrap_or_default();
-        let tail: Vec<&str> = text.lines().rev().take(20).collect();
-        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        self.inner.log_tail(20)
     }
 
     pub fn memory(&self) -> Option<(u64, u64)> {
@@ -158,29 +133,7 @@ impl Daemon {
 
     /// SIGTERM (a clean shutdown), then a kill after 10 s.
     pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &child.id().to_string()])
-                .status();
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = child.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.inner.sigterm_within(Duration::from_secs(10));
     }
 }
 
@@ -199,7 +152,7 @@ pub async fn flood(
     settings: super::broker::BrokerSettings,
     payloads: &std::sync::Arc<Vec<Vec<u8>>>,
 ) -> Flood {
-    let broker = super::broker::Mosquitto::start(settings);
+    let broker = super::broker::Mosquitto::start_with(settings);
     let daemon = Daemon::start(
         &broker.url(),
         Path::new("/dev/null"),

@@ -11,9 +11,10 @@ use lockhub::event::SchemaContext;
 use lockhub::sim::cloud::{Cloud, GrantSpec, SignedEvent};
 use lockhub::time::Timestamp;
 use lockhub::verify::VerifyContext;
-use rusqlite::{Connection, params};
-use std::os::unix::fs::PermissionsExt;
+use rusqlite::Connection;
 use std::path::{Path, PathBuf};
+use testkit::db::KeyRow;
+use testkit::files::{HubToml, secrets_toml, trust_signer, write_private};
 use uuid::Uuid;
 
 pub const SITE_ID: Uuid = Uuid::from_u128(0x6f1c_1c0e_8a51_4d39_9d2e_6a3c_5a7d_9e10);
@@ -52,6 +53,11 @@ pub fn pin_for(prefix: &str, i: usize) -> String {
         _ => 10_000_000,
     };
     format!("{:08}", base + i)
+}
+
+/// The bench hub's public key, as its cloud registered it.
+pub fn hub_public_key() -> ed25519_dalek::VerifyingKey {
+    SigningKey::from_bytes(&HUB_SEED).verifying_key()
 }
 
 pub fn cloud() -> Cloud {
@@ -107,37 +113,28 @@ pub fn batch_events(cloud: &mut Cloud, prefix: &str, n: usize, per: usize) -> Ve
 /// Writes `hub.toml` and `secrets.toml` (0600) into `dir`; the database goes
 /// to `dir/data`. `serial_port` is the pty the board simulator holds.
 pub fn write_config(dir: &Path, mqtt_url: &str, serial_port: &Path, policy: &str) -> PathBuf {
-    let b64 = crypto::b64u_encode;
-    let public = b64(SigningKey::from_bytes(&CLOUD_SEED)
-        .verifying_key()
-        .as_bytes());
-    let mut doors = String::new();
-    for i in 0..DOORS {
-        doors.push_str(&format!(
-            "[[door]]\nname = \"{}\"\nserial = \"board-a\"\nindex = {i}\nunlock_ms = 3000\n\n",
-            door_name(i)
-        ));
+    let public = SigningKey::from_bytes(&CLOUD_SEED).verifying_key();
+    let path = HubToml {
+        site_id: SITE_ID.to_string(),
+        hub_id: HUB_ID.into(),
+        data_dir: "data".into(),
+        mqtt_url: mqtt_url.into(),
+        mqtt_extra: String::new(),
+        trust: trust_signer(SIGNER, &public),
+        serial: vec![("board-a".into(), serial_port.display().to_string())],
+        doors: (0..DOORS)
+            .map(|i| (door_name(i), "board-a".into(), i, 3000))
+            .collect(),
+        policy: policy.into(),
+        extra: String::new(),
     }
-    let hub = format!(
-        "[hub]\nsite_id = \"{SITE_ID}\"\nhub_id = \"{HUB_ID}\"\ndata_dir = \"data\"\n\n\
-         [mqtt]\nurl = \"{mqtt_url}\"\n\n\
-         [[trust.signer]]\nid = \"{SIGNER}\"\npublic_key = \"{public}\"\n\n\
-         [secrets]\nfile = \"secrets.toml\"\n\n\
-         [[serial]]\nname = \"board-a\"\nport = \"{port}\"\nbaud = 115200\n\n\
-         {doors}[policy]\n{policy}\n",
-        port = serial_port.display(),
-    );
-    let secrets = format!(
-        "[hub_key]\nsecret = \"{}\"\n\n[[pin_key]]\nid = \"{PIN_KEY_ID}\"\nsecret = \"{}\"\n",
-        b64(&HUB_SEED),
-        b64(&PIN_KEY)
-    );
-    let hub_path = dir.join("hub.toml");
-    std::fs::write(&hub_path, hub).expect("write hub.toml");
-    let sec = dir.join("secrets.toml");
-    std::fs::write(&sec, secrets).expect("write secrets.toml");
-    std::fs::set_permissions(&sec, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    hub_path
+    .write(dir);
+    write_private(
+        &dir.join("secrets.toml"),
+        &secrets_toml(&HUB_SEED, &[(PIN_KEY_ID, &PIN_KEY)], ""),
+    )
+    .expect("write secrets.toml");
+    path
 }
 
 /// A lockout threshold no benchmark reaches, so lockouts never interfere.
@@ -153,32 +150,31 @@ pub fn default_policy() -> Policy {
 /// Run it as one job on the store's writer: that job is one transaction.
 pub fn bulk_load_keys(conn: &Connection, prefix: &str, n: usize) -> rusqlite::Result<()> {
     let now = Timestamp::now_system();
-    let from = now.saturating_add_secs(-3600).0;
-    let until = now.saturating_add_days(30).0;
-    {
-        let mut key = conn.prepare(
-            "INSERT INTO keys (key_id, version, state, check_in_id, valid_from, valid_until,
-                               pin_tag, pin_key_id, holder_ref, updated_at)
-             VALUES (?1, 1, 'active', ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    for i in 0..n {
+        let (key_id, check_in, holder, door) = (
+            format!("{prefix}{i}"),
+            format!("c-{prefix}{i}"),
+            format!("g-{i}"),
+            door_name(i),
+        );
+        testkit::db::insert_row(
+            conn,
+            &KeyRow {
+                id: &key_id,
+                state: "active",
+                check_in_id: Some(&check_in),
+                reservation_id: None,
+                valid_from: now.saturating_add_secs(-3600),
+                valid_until: now.saturating_add_days(30),
+                pin_tag: crypto::pin_tag(&PIN_KEY, pin_for(prefix, i).as_bytes()),
+                pin_key_id: PIN_KEY_ID,
+                holder_ref: Some(&holder),
+                holder_name: None,
+                revoke_reason: None,
+                updated_at: now,
+                doors: &[&door],
+            },
         )?;
-        let mut door = conn.prepare(
-            "INSERT INTO key_doors (key_id, door, pin_tag, live) VALUES (?1, ?2, ?3, 1)",
-        )?;
-        for i in 0..n {
-            let key_id = format!("{prefix}{i}");
-            let tag = crypto::pin_tag(&PIN_KEY, pin_for(prefix, i).as_bytes());
-            key.execute(params![
-                key_id,
-                format!("c-{prefix}{i}"),
-                from,
-                until,
-                &tag[..],
-                PIN_KEY_ID,
-                format!("g-{i}"),
-                now.0
-            ])?;
-            door.execute(params![key_id, door_name(i), &tag[..]])?;
-        }
     }
     Ok(())
 }

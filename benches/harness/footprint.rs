@@ -8,6 +8,7 @@ use super::stats::{median, mib, thousands};
 use super::{Sizes, fixture, mqtt};
 use std::path::Path;
 use std::time::Duration;
+use testkit::lockhub_bin;
 
 pub const IDS: &[&str] = &[
     "footprint.binary",
@@ -20,17 +21,6 @@ pub const IDS: &[&str] = &[
 const SETTLE: Duration = Duration::from_secs(3);
 
 const S: &str = "footprint";
-
-/// The `lockhub` binary Cargo built alongside this harness (release under
-/// `cargo bench`, debug under `cargo test`), or `LOCKHUB_BENCH_BIN` (another
-/// build to compare with, measured by this same harness).
-pub fn lockhub_bin() -> &'static Path {
-    static BIN: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-    BIN.get_or_init(|| {
-        std::env::var_os("LOCKHUB_BENCH_BIN")
-            .map_or_else(|| env!("CARGO_BIN_EXE_lockhub").into(), Into::into)
-    })
-}
 
 pub async fn run(sizes: &Sizes) -> Vec<Figure> {
     let bin = lockhub_bin();
@@ -87,7 +77,7 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
 async fn online_and_idle(sizes: &Sizes) -> (f64, f64) {
     let (mut online, mut rss) = (vec![], vec![]);
     for _ in 0..sizes.runs {
-        let broker = Mosquitto::start(BrokerSettings::default_window(1000));
+        let broker = Mosquitto::start_with(BrokerSettings::default_window(1000));
         let mut daemon = Daemon::start(
             &broker.url(),
             Path::new("/dev/null"),

@@ -333,7 +333,7 @@ pub fn verify_rates(ring: &[Signer], events: &[SignedEvent], runs: usize) -> (f6
 /// One broker, one ack-only subscriber, one flood of `payloads`: delivered
 /// events per second from the first publish to the last delivery.
 pub async fn broker_ack_only_rate(payloads: &Arc<Vec<Vec<u8>>>, window: u32) -> f64 {
-    let broker = Mosquitto::start(BrokerSettings {
+    let broker = Mosquitto::start_with(BrokerSettings {
         max_inflight_messages: window,
         max_queued_messages: payloads.len() as u32 + 1000,
     });

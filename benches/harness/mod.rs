@@ -1,31 +1,28 @@
 //! The lockhub benchmark harness (see BENCHMARKS.md for what each figure
 //! means and how to read it).
 //!
-//! It is a `harness = false` bench target, not a binary in `src/bin/`: it is
-//! built in release by `cargo bench` (the bench profile inherits release), it
-//! may use dev-dependencies, it never ships in the package's binaries, and
-//! Cargo hands it `CARGO_BIN_EXE_lockhub`, the real daemon built with the
-//! same profile. The smoke test (`tests/bench_smoke.rs`) compiles this same
-//! module and runs it with tiny sizes, so the harness cannot rot.
+//! It is a library (`lockhub-bench`, imported as `harness`) that the
+//! `harness = false` bench target `benches/lockhub.rs` runs, not a binary in
+//! `src/bin/`: it is built in release by `cargo bench` (the bench profile
+//! inherits release), it never ships in the package's binaries, and it runs
+//! the real daemon Cargo built beside it with the same profile
+//! ([`testkit::lockhub_bin`]). The smoke test (`tests/bench_smoke.rs`) runs
+//! this same library with tiny sizes, so the harness cannot rot.
 //!
 //! Everything runs on this machine: a Mosquitto started here on a free
 //! loopback port, pseudo-terminals for serial links. Every phase is bounded
 //! by a count and a timeout.
-
-#![allow(dead_code)]
 
 pub mod broker;
 pub mod daemon;
 pub mod fixture;
 pub mod mqtt;
 /// The OSDP tests' reader (PyPI `libosdp` on a pty), shared rather than copied.
-#[path = "../../tests/common/osdp_peer.rs"]
-pub mod osdp_peer;
+pub use testkit::osdp_peer;
 pub mod pipeline;
 /// The serial tests' pseudo-terminal (the hub opens the slave path exactly
 /// as it opens `/dev/ttyAMA0`), shared rather than copied.
-#[path = "../../tests/common/pty.rs"]
-pub mod pty;
+pub use testkit::board::pty;
 pub mod report;
 pub mod stats;
 
@@ -134,10 +131,7 @@ impl Options {
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Options, String> {
         let mut smoke = false;
         let mut only = vec![];
-        let mut write = Some(PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/BENCHMARKS.md"
-        )));
+        let mut write = Some(testkit::repo_root().join("BENCHMARKS.md"));
         let mut explicit_write = false;
         let mut profile_apply = None;
         let mut runs = None;
@@ -271,7 +265,7 @@ pub fn expected_ids(scenario: &str) -> &'static [&'static str] {
 pub fn stamp() -> String {
     let commit = std::process::Command::new("git")
         .args(["rev-parse", "--short", "HEAD"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .current_dir(testkit::repo_root())
         .output()
         .ok()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())

@@ -60,16 +60,16 @@ async fn pump(mut from: impl AsyncRead + Unpin, mut to: impl AsyncWrite + Unpin,
 
 /// The hub's end of a bus at `baud` joined to the peer's pty.
 /// The relay's tasks and the hub pty's slave, kept for the run.
-struct Wire(
-    tokio::task::JoinHandle<()>,
-    tokio::task::JoinHandle<()>,
-    std::os::fd::OwnedFd,
-);
+struct Wire {
+    relays: [tokio::task::JoinHandle<()>; 2],
+    _slave: std::os::fd::OwnedFd,
+}
 
 impl Drop for Wire {
     fn drop(&mut self) {
-        self.0.abort();
-        self.1.abort();
+        for r in &self.relays {
+            r.abort();
+        }
     }
 }
 
@@ -84,7 +84,13 @@ fn wire(peer: &Peer, baud: u32) -> (std::path::PathBuf, Wire) {
     let (pr, pw) = tokio::io::split(stream);
     let a = tokio::spawn(pump(hr, pw, baud));
     let b = tokio::spawn(pump(pr, hw, baud));
-    (path, Wire(a, b, slave))
+    (
+        path,
+        Wire {
+            relays: [a, b],
+            _slave: slave,
+        },
+    )
 }
 
 fn add_reader(dir: &Path, bus: &Path, baud: u32) {
@@ -135,7 +141,7 @@ fn add_reader(dir: &Path, bus: &Path, baud: u32) {
 }
 
 async fn one_baud(sizes: &Sizes, baud: u32) -> Summary {
-    let broker = Mosquitto::start(BrokerSettings::default_window(1000));
+    let broker = Mosquitto::start_with(BrokerSettings::default_window(1000));
     let mut peer = Peer::start(&["--key", &key_hex(&KEY), "--address", "1"]);
     let (bus, _keep) = wire(&peer, baud);
     let mut daemon = Daemon::start_with(

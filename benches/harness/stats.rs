@@ -24,6 +24,10 @@ impl Summary {
         self.sorted_us.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.sorted_us.is_empty()
+    }
+
     /// The `p`-th percentile (0..=100), nearest rank; NaN when empty.
     pub fn percentile(&self, p: f64) -> f64 {
         let n = self.sorted_us.len();

@@ -107,7 +107,7 @@ mod child {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    use rumqttd::{Broker, Config, ConnectionSettings, RouterConfig, ServerSettings};
+    use rumqttd::{Broker, Config, RouterConfig};
 
     pub fn run(port: &str) -> ExitCode {
         let Ok(port) = port.parse::<u16>() else {
@@ -127,28 +127,16 @@ mod child {
             // The demo is gone: so is its broker.
             std::process::exit(0);
         });
-        let mut connections = ConnectionSettings {
-            connection_timeout_ms: 5000,
-            // The hub accepts envelopes a little over 1 MiB.
-            max_payload_size: 2 << 20,
-            max_inflight_count: 100,
-            auth: None,
-            external_auth: None,
-            dynamic_filters: true,
-        };
-        // A gate, not a lock: loopback only, and passwords are not checked.
-        // It holds the hub back until the cloud has subscribed.
-        connections.set_auth_handler(move |client_id: String, _user, _pass| {
-            let open = open.clone();
-            async move { open.load(Ordering::SeqCst) || client_id == super::CLOUD_CLIENT_ID }
-        });
-        let server = ServerSettings {
-            name: "demo".to_owned(),
-            listen: ([127, 0, 0, 1], port).into(),
-            tls: None,
-            next_connection_delay_ms: 1,
-            connections,
-        };
+        // The sync tests' rumqttd listener, with a gate: not a lock
+        // (loopback only, and passwords are not checked), it holds the hub
+        // back until the cloud has subscribed.
+        let mut server = testkit::broker::rumqttd::server("demo", port);
+        server
+            .connections
+            .set_auth_handler(move |client_id: String, _user, _pass| {
+                let open = open.clone();
+                async move { open.load(Ordering::SeqCst) || client_id == super::CLOUD_CLIENT_ID }
+            });
         let config = Config {
             id: 0,
             router: RouterConfig {

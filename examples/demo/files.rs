@@ -3,21 +3,9 @@
 
 use super::*;
 
-pub fn free_port() -> Result<u16, Failure> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
+/// Secrets are written as an installer writes them (0600 from the start).
 pub fn write_private(path: &Path, contents: &str) -> Result<(), Failure> {
-    // Created 0600 before anything is written, so no secret is ever readable.
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)?;
-    f.write_all(contents.as_bytes())?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(())
+    Ok(testkit::files::write_private(path, contents)?)
 }
 
 /// Writes hub.toml, secrets.toml, the MQTT password and the simulated
@@ -33,7 +21,6 @@ pub fn write_files(
     dir: &Path,
     port: u16,
     site_id: uuid::Uuid,
-    cloud: &Cloud,
     cloud_key: &SigningKey,
     pin_key: &[u8; 32],
     doors: Wiring<'_>,
@@ -41,19 +28,17 @@ pub fn write_files(
     let Wiring { serial, reader } = doors;
     let hub_key: [u8; 32] = rand::random();
     let password = crypto::b64u_encode(&rand::random::<[u8; 18]>());
+    let reader_key = reader
+        .map(|(_, k)| {
+            format!(
+                "\n[[reader_key]]\nreader = \"r-201\"\nscbk = \"{}\"\n",
+                crypto::b64u_encode(k)
+            )
+        })
+        .unwrap_or_default();
     write_private(
         &dir.join("secrets.toml"),
-        &format!(
-            "[hub_key]\nsecret = \"{}\"\n\n[[pin_key]]\nid = \"{PIN_KEY_ID}\"\nsecret = \"{}\"\n{}",
-            crypto::b64u_encode(&hub_key),
-            crypto::b64u_encode(pin_key),
-            reader
-                .map(|(_, k)| format!(
-                    "\n[[reader_key]]\nreader = \"r-201\"\nscbk = \"{}\"\n",
-                    crypto::b64u_encode(k)
-                ))
-                .unwrap_or_default()
-        ),
+        &testkit::files::secrets_toml(&hub_key, &[(PIN_KEY_ID, pin_key)], &reader_key),
     )?;
     write_private(&dir.join("mqtt-password"), &format!("{password}\n"))?;
     // Not the hub's: the simulated cloud's key, kept beside the rest so the
@@ -62,55 +47,49 @@ pub fn write_files(
         &dir.join("cloud-signer.key"),
         &format!("{}\n", crypto::b64u_encode(&cloud_key.to_bytes())),
     )?;
-    let mut doors = String::new();
-    for (name, index) in DOORS {
-        doors.push_str(&format!(
-            "\n[[door]]\nname = \"{name}\"\nserial = \"board-a\"\nindex = {index}\nunlock_ms = {UNLOCK_MS}\n"
-        ));
-    }
-    if let Some((port, _)) = reader {
-        doors.push_str(&format!(
-            "\n[[osdp]]\nname = \"bus-a\"\nport = \"{}\"\nbaud = 9600\n\n\
-             [[reader]]\nname = \"r-201\"\nbus = \"bus-a\"\naddress = 1\n\n\
-             [[door]]\nname = \"201\"\nreader = \"r-201\"\noutput = 0\nunlock_ms = {UNLOCK_MS}\n",
-            port.display()
-        ));
-    }
-    let hub = format!(
-        "# Written by the lockhub demo: a hub on loopback with a simulated board.
-[hub]
-site_id = \"{site_id}\"
-hub_id = \"{HUB_ID}\"
-data_dir = \"{dir}\"
-
-[mqtt]
-url = \"mqtt://127.0.0.1:{port}\"
-username = \"{HUB_ID}\"
-password_file = \"mqtt-password\"
-
-[[trust.signer]]
-id = \"{SIGNER_ID}\"
-public_key = \"{cloud_pub}\"
-
-[secrets]
-file = \"secrets.toml\"
-
-[[serial]]
-name = \"board-a\"
-# A symlink to the pseudo-terminal, as /dev/serial/by-id/... is to a tty.
-port = \"{serial}\"
-baud = 115200
-{doors}
-[policy]
-lockout_threshold = {LOCKOUT_THRESHOLD}
-lockout_window_s = 300
-lockout_base_s = {LOCKOUT_BASE_S}
-",
-        dir = dir.display(),
-        cloud_pub = cloud.public_key_b64u(),
-        serial = serial.display(),
-    );
+    let osdp = reader
+        .map(|(port, _)| {
+            format!(
+                "[[osdp]]\nname = \"bus-a\"\nport = \"{}\"\nbaud = 9600\n\n\
+                 [[reader]]\nname = \"r-201\"\nbus = \"bus-a\"\naddress = 1\n\n\
+                 [[door]]\nname = \"201\"\nreader = \"r-201\"\noutput = 0\nunlock_ms = {UNLOCK_MS}\n",
+                port.display()
+            )
+        })
+        .unwrap_or_default();
+    // `board-a` is a symlink to the pseudo-terminal, as /dev/serial/by-id/...
+    // is to a tty.
+    let hub = testkit::files::HubToml {
+        site_id: site_id.to_string(),
+        hub_id: HUB_ID.into(),
+        data_dir: dir.display().to_string(),
+        mqtt_url: format!("mqtt://127.0.0.1:{port}"),
+        mqtt_extra: format!("username = \"{HUB_ID}\"\npassword_file = \"mqtt-password\"\n"),
+        trust: testkit::files::trust_signer(SIGNER_ID, &cloud_key.verifying_key()),
+        serial: vec![("board-a".into(), serial.display().to_string())],
+        doors: DOORS
+            .iter()
+            .map(|(name, index)| {
+                (
+                    (*name).to_owned(),
+                    "board-a".into(),
+                    usize::from(*index),
+                    u32::from(UNLOCK_MS),
+                )
+            })
+            .collect(),
+        policy: format!(
+            "lockout_threshold = {LOCKOUT_THRESHOLD}\nlockout_window_s = 300\nlockout_base_s = {LOCKOUT_BASE_S}"
+        ),
+        extra: osdp,
+    };
     let path = dir.join("hub.toml");
-    std::fs::write(&path, hub)?;
+    std::fs::write(
+        &path,
+        format!(
+            "# Written by the lockhub demo: a hub on loopback with a simulated board.\n{}",
+            hub.render()
+        ),
+    )?;
     Ok(path)
 }

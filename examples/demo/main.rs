@@ -19,7 +19,7 @@
 //!   child on the same port brings it back. rumqttd serves the demo only: it
 //!   keeps no state on disk (a restart loses every session and queued
 //!   message) and it loses messages when a client acks out of order. A
-//!   building uses Mosquitto (see `tests/common/mosquitto.rs`).
+//!   building uses Mosquitto (see `testkit/src/broker/mod.rs`).
 //!   Because a restarted rumqttd forgets subscriptions, the child admits only
 //!   the cloud until the cloud has subscribed again; otherwise the hub could
 //!   deliver its audit into a broker with nobody listening.
@@ -28,7 +28,7 @@
 //!   audit, alerts, sync and status, verifies the hub's signature on every
 //!   message, and answers sync requests.
 //! - **The OSDP reader** (step 8, optional) is the PyPI `libosdp`
-//!   PeripheralDevice (`tests/osdp/peer.py`) on its own pseudo-terminal,
+//!   PeripheralDevice (`testkit/osdp/peer.py`) on its own pseudo-terminal,
 //!   keyed with a fresh Secure Channel key; it needs Python and the package
 //!   that `./scripts/test` installs into `target/osdp-venv`. Without it the
 //!   step says it is skipped, and the rest of the story is unchanged.
@@ -51,13 +51,11 @@
 //! Daemon log lines (warnings by default, `RUST_LOG=info` for more) go to
 //! stderr. Hidden flag for the test: `--data-dir DIR` uses and keeps `DIR`.
 
+/// The board's pseudo-terminal, the serial tests' own.
+use testkit::board::pty;
 /// The OSDP reader of step 8: the PyPI `libosdp` PeripheralDevice
-/// (tests/osdp/peer.py), when scripts/test has installed it.
-#[path = "../../tests/common/osdp_peer.rs"]
-#[allow(dead_code)]
-mod osdp_peer;
-#[path = "../../tests/common/pty.rs"]
-mod pty;
+/// (testkit/osdp/peer.py), when scripts/test has installed it.
+use testkit::osdp_peer;
 
 mod broker;
 mod files;
@@ -69,8 +67,7 @@ use world::*;
 
 use std::collections::{BTreeSet, HashSet};
 use std::io::{BufRead, Write as _};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
@@ -221,7 +218,7 @@ async fn demo(opts: Options) -> Result<(), Failure> {
             (Some(t), p)
         }
     };
-    let port = free_port()?;
+    let port = testkit::ports::free_port();
     let site_id = uuid::Uuid::new_v4();
     let cloud_key = SigningKey::from_bytes(&rand::random::<[u8; 32]>());
     let pin_key: [u8; 32] = rand::random();
@@ -243,7 +240,6 @@ async fn demo(opts: Options) -> Result<(), Failure> {
         &dir,
         port,
         site_id,
-        &cloud,
         &cloud_key,
         &pin_key,
         Wiring {

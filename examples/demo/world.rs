@@ -195,15 +195,8 @@ impl World {
     /// Verifies a hub envelope with the hub's public key (the key the cloud
     /// registered at provisioning) over the exact body bytes, then parses.
     pub fn open_envelope(&self, payload: &[u8]) -> Option<Value> {
-        let env: Value = serde_json::from_slice(payload).ok()?;
-        if env["v"] != 1 || env["hub_id"] != HUB_ID {
-            return None;
-        }
-        let body = crypto::b64u_decode(env["body"].as_str()?)?;
-        let sig: [u8; 64] = crypto::b64u_decode(env["sig"].as_str()?)?.try_into().ok()?;
-        crypto::verify(crypto::HUB_CONTEXT, &self.hub_public, &body, &sig)
-            .then(|| serde_json::from_slice(&body).ok())
-            .flatten()
+        let body = crypto::open_hub_envelope(payload, HUB_ID, &self.hub_public).ok()?;
+        serde_json::from_slice(&body).ok()
     }
 
     /// A sync request: re-send the events from `from_seq` with their

@@ -38,7 +38,7 @@
 //! The part that must be right is small (framing, Annex D's key
 //! derivation, MAC chain and padding: `packet` and `sc`, ~400 lines), and
 //! it is checked against an independent implementation: every test in
-//! `tests/osdp.rs` talks to the PyPI `libosdp` PeripheralDevice.
+//! `tests/doors/osdp.rs` talks to the PyPI `libosdp` PeripheralDevice.
 //!
 //! Logs carry bus and reader names and addresses; never a key, a PIN or a
 //! key press.

@@ -1,0 +1,140 @@
+//! A hub's serial driver on a real store file, for the serial tests; and
+//! helpers to play the board with `lockhub::sim::board::SimBoard` on a
+//! pseudo-terminal ([`pty`]).
+
+pub mod pty;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use firmware_bridge::BoardConfig;
+use lockhub::config::Policy;
+use lockhub::serial::{DoorSettings, PortSettings, SerialHandle, SerialSettings};
+use lockhub::sim::board::{SimBoard, SimEvent};
+use lockhub::time::Timestamp;
+
+use self::pty::{Master, Pty};
+use crate::db::{Db, pin_keys};
+
+/// Every wait in these tests ends by this (or a shorter, named bound).
+pub const WAIT: Duration = Duration::from_secs(10);
+
+pub fn door(name: &str, index: u8) -> DoorSettings {
+    DoorSettings {
+        name: name.into(),
+        index,
+        unlock_ms: 800,
+    }
+}
+
+pub fn port(name: &str, path: PathBuf, doors: Vec<DoorSettings>) -> PortSettings {
+    PortSettings {
+        name: name.into(),
+        path,
+        baud: 115_200,
+        doors,
+    }
+}
+
+/// A path in the test's own folder for the hub to open, a symlink to the
+/// pty (like `/dev/serial/by-id/...`). Why not the pty's own path: once a
+/// pty closes, the kernel hands its number to the next pty opened, maybe
+/// by a test running beside this one, and a hub still retrying the old path
+/// would talk to that test's board.
+pub fn by_id(db: &Db, name: &str, pty: &Pty) -> PathBuf {
+    let link = db.dir.path().join(name);
+    pty::point(&link, &pty.path);
+    link
+}
+
+/// Unplugged: the board's side closes and its by-id link goes, as udev
+/// removes it.
+pub fn unplug(link: &std::path::Path, sim: Sim, keep: PtyKeep) {
+    std::fs::remove_file(link).unwrap();
+    drop(sim);
+    drop(keep);
+}
+
+/// Settings with the contract's timings and a short backoff.
+pub fn settings(ports: Vec<PortSettings>, policy: Policy) -> SerialSettings {
+    SerialSettings {
+        ports,
+        policy,
+        pin_keys: pin_keys().into(),
+        link: firmware_bridge::LinkConfig::hub(),
+        backoff_initial: Duration::from_millis(50),
+        backoff_max: Duration::from_millis(400),
+    }
+}
+
+pub fn start(db: &Db, settings: SerialSettings) -> SerialHandle {
+    lockhub::serial::spawn(
+        settings,
+        db.store.clone(),
+        Arc::new(Timestamp::now_system),
+        None,
+    )
+}
+
+pub type Sim = SimBoard<Master>;
+
+/// A board with `doors` doors on the pty's master.
+pub fn board(pty: Pty, doors: u8) -> (Sim, PtyKeep) {
+    let (master, slave, path) = pty.into_parts();
+    (
+        SimBoard::new(master, BoardConfig::new(1, doors)),
+        PtyKeep {
+            _slave: slave,
+            path,
+        },
+    )
+}
+
+/// Keeps the slave side open while the board lives (see [`Pty`]).
+pub struct PtyKeep {
+    _slave: std::os::fd::OwnedFd,
+    pub path: PathBuf,
+}
+
+/// Steps `sim` until the hub answered its Hello (the link is up both ways).
+pub async fn until_linked(sim: &mut Sim) {
+    let ok = sim
+        .run_until(WAIT, |s| {
+            s.events().any(|e| {
+                matches!(
+                    e,
+                    SimEvent::Received(firmware_bridge::Downlink::Hello { .. })
+                )
+            }) && s.board().link_up(s.now_ms())
+        })
+        .await
+        .unwrap();
+    assert!(ok, "the hub never said Hello");
+    // Let the hub see our Hello answer.
+    sim.run_for(Duration::from_millis(100)).await.unwrap();
+}
+
+/// Matches the relay at `door` opening.
+pub fn relay_opened(door: u8) -> impl Fn(&SimEvent) -> bool {
+    move |e| *e == SimEvent::RelayOpened { door }
+}
+
+/// Counts events matching `f` among those not yet taken.
+pub fn count(sim: &Sim, f: impl Fn(&SimEvent) -> bool) -> usize {
+    sim.events().filter(|e| f(e)).count()
+}
+
+/// Steps `sim` until the store satisfies `f` (true) or `WAIT` passes.
+pub async fn until_db(sim: &mut Sim, db: &Db, f: impl Fn(&Db) -> bool) -> bool {
+    let end = tokio::time::Instant::now() + WAIT;
+    loop {
+        if f(db) {
+            return true;
+        }
+        if tokio::time::Instant::now() >= end {
+            return false;
+        }
+        sim.run_for(Duration::from_millis(20)).await.unwrap();
+    }
+}

@@ -1,0 +1,914 @@
+//! The config loader and `lockhub check-config` (config.md).
+
+use lockhub::config::{self, Config, ConfigError, ConfigErrors, Policy};
+use lockhub::crypto;
+use std::path::Path;
+use std::process::Command;
+use testkit::files::{Fixture, HUB_ID, HUB_PUBLIC_KEY, SECRETS_TOML, SITE_ID, edit, set_mode};
+
+fn load(fx: &Fixture) -> Result<Config, ConfigErrors> {
+    config::load(&fx.hub())
+}
+
+fn errors(fx: &Fixture) -> Vec<ConfigError> {
+    match load(fx) {
+        Ok(_) => panic!("config loaded, expected errors"),
+        Err(e) => e.errors,
+    }
+}
+
+/// Exactly one problem, in `file` at `line:col`, whose message has `fragment`.
+#[track_caller]
+fn only_error(fx: &Fixture, file: &Path, line: usize, col: usize, fragment: &str) {
+    let errs = errors(fx);
+    let shown: Vec<String> = errs.iter().map(ToString::to_string).collect();
+    assert_eq!(errs.len(), 1, "expected one problem, got {shown:#?}");
+    let e = &errs[0];
+    assert_eq!(e.file, file, "{shown:?}");
+    assert_eq!((e.line, e.column), (Some(line), Some(col)), "{shown:?}");
+    assert!(e.message.contains(fragment), "{shown:?} lacks {fragment:?}");
+}
+
+#[track_caller]
+fn hub_error(edits: &[(&str, &str)], line: usize, col: usize, fragment: &str) {
+    let fx = Fixture::with_hub_edits(edits);
+    only_error(&fx, &fx.hub(), line, col, fragment);
+}
+
+#[track_caller]
+fn secrets_error(secrets: &str, line: usize, col: usize, fragment: &str) {
+    let fx = Fixture::new();
+    fx.write_secrets(secrets);
+    only_error(&fx, &fx.secrets(), line, col, fragment);
+}
+
+const SECOND_DOOR: &str =
+    "\n[[door]]\nname = \"102\"\nserial = \"board-a\"\nindex = 1\nunlock_ms = 5000\n";
+// Lines 26..=31 once appended: 27 [[door]], 28 name, 29 serial, 30 index, 31 unlock_ms.
+
+// ---------------------------------------------------------------------------
+// A valid config
+// ---------------------------------------------------------------------------
+
+#[test]
+fn the_vectors_config_loads_with_defaults() {
+    let fx = Fixture::new();
+    let c = load(&fx).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.hub.site_id.to_string(), SITE_ID);
+    assert_eq!(c.hub.hub_id, HUB_ID);
+    // Relative paths resolve against the config's folder; data_dir need not exist.
+    assert_eq!(c.hub.data_dir, fx.path("data"));
+    assert!(!fx.path("data").exists());
+    assert_eq!(c.database_path(), fx.path("data").join("lockhub.db"));
+    assert_eq!(c.secrets_file, fx.secrets());
+    assert!(!c.mqtt.tls);
+    assert_eq!((c.mqtt.host.as_str(), c.mqtt.port), ("127.0.0.1", 1883));
+    assert_eq!(c.mqtt.client_id, HUB_ID);
+    assert_eq!(c.mqtt.topic_prefix, "lockhub/v1");
+    assert_eq!(
+        c.topic("events"),
+        format!("lockhub/v1/{SITE_ID}/{HUB_ID}/events")
+    );
+    assert_eq!(c.trust.len(), 1);
+    assert_eq!(c.trust[0].id, "cloud-2026-11");
+    assert_eq!(c.trust[0].not_after, None);
+    assert_eq!(c.policy, Policy::default());
+    assert_eq!(c.serials[0].port, Path::new("/dev/ttyAMA0"));
+    assert_eq!(c.serials[0].baud, 115200);
+    let door = c.door("101").expect("door 101");
+    assert_eq!(
+        (door.serial.as_str(), door.index, door.unlock_ms),
+        ("board-a", 0, 5000)
+    );
+    assert!(c.door("102").is_none());
+    assert_eq!(
+        crypto::b64u_encode(c.secrets.hub_key.verifying_key().as_bytes()),
+        HUB_PUBLIC_KEY
+    );
+    let k1 = c.pin_key("k1").expect("pin key k1");
+    assert_eq!(
+        crypto::b64u_encode(&crypto::pin_tag(&k1.secret, b"482913")),
+        "hvm_pP9YTc-eyIwtdnLrzLmxWn26dD2b6tlyRlDbl3Q"
+    );
+    // Debug never shows a secret.
+    let debug = format!("{c:?}");
+    assert!(!debug.contains("7DSziFstzn18"), "{debug}");
+    assert!(!debug.contains(&format!("{:?}", k1.secret)), "{debug}");
+}
+
+#[test]
+fn policy_defaults_fill_in_absent_keys() {
+    let fx = Fixture::new();
+    let text = testkit::files::hub_toml() + "\n[policy]\nheld_open_s = 30\ncloud_stale_s = 0x384\n";
+    fx.write_hub(&text);
+    let c = load(&fx).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        c.policy,
+        Policy {
+            held_open_s: 30,
+            cloud_stale_s: 900,
+            ..Policy::default()
+        }
+    );
+}
+
+#[test]
+fn optional_mqtt_keys_and_not_after_are_read() {
+    let fx = Fixture::with_hub_edits(&[
+        (
+            "url = \"mqtt://127.0.0.1:1883\"",
+            "url = \"mqtt://broker.local\"\nclient_id = \"lobby\"\ntopic_prefix = \"acme/lockhub\"\nusername = \"hub\"\npassword_file = \"secret/pw\"",
+        ),
+        (
+            "M0\"\n",
+            "M0\"\nnot_after = \"2027-06-01T02:00:00+02:00\"\n",
+        ),
+    ]);
+    fx.write_private("secret/pw", "hunter2\n");
+    let c = load(&fx).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.mqtt.port, 1883);
+    assert_eq!(c.mqtt.client_id, "lobby");
+    assert_eq!(
+        c.topic("status"),
+        format!("acme/lockhub/{SITE_ID}/{HUB_ID}/status")
+    );
+    assert_eq!(c.mqtt.username.as_deref(), Some("hub"));
+    assert_eq!(c.mqtt.password_file, Some(fx.path("secret/pw")));
+    assert_eq!(
+        c.trust[0].not_after.map(|t| t.to_rfc3339()),
+        Some("2027-06-01T00:00:00.000000Z".to_owned())
+    );
+}
+
+#[test]
+fn a_bare_toml_datetime_is_accepted_for_not_after() {
+    let fx = Fixture::with_hub_edits(&[("M0\"\n", "M0\"\nnot_after = 2027-06-01T00:00:00Z\n")]);
+    let c = load(&fx).unwrap_or_else(|e| panic!("{e}"));
+    assert!(c.trust[0].not_after.is_some());
+}
+
+const PEM_CERT: &str = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+const PEM_KEY: &str = "-----BEGIN PRIVATE KEY-----\nMIIB\n-----END PRIVATE KEY-----\n";
+
+fn mqtts_fixture() -> Fixture {
+    let fx = Fixture::with_hub_edits(&[(
+        "url = \"mqtt://127.0.0.1:1883\"",
+        "url = \"mqtts://broker.example\"\nca_file = \"tls/ca.pem\"\ncert_file = \"tls/hub.pem\"\nkey_file = \"tls/hub.key\"",
+    )]);
+    fx.write("tls/ca.pem", PEM_CERT);
+    fx.write("tls/hub.pem", PEM_CERT);
+    fx.write_private("tls/hub.key", PEM_KEY);
+    fx
+}
+
+#[test]
+fn mqtts_defaults_to_port_8883_and_resolves_its_files() {
+    let fx = mqtts_fixture();
+    let c = load(&fx).unwrap_or_else(|e| panic!("{e}"));
+    assert!(c.mqtt.tls);
+    assert_eq!(
+        (c.mqtt.host.as_str(), c.mqtt.port),
+        ("broker.example", 8883)
+    );
+    assert_eq!(c.mqtt.ca_file, Some(fx.path("tls/ca.pem")));
+    assert_eq!(c.mqtt.key_file, Some(fx.path("tls/hub.key")));
+}
+
+#[test]
+fn relative_paths_resolve_from_the_config_folder_not_the_working_directory() {
+    let fx = Fixture::with_hub_edits(&[("file = \"secrets.toml\"", "file = \"keys/s.toml\"")]);
+    fx.write_private("keys/s.toml", &SECRETS_TOML);
+    // The test runs in the package root; the config lives elsewhere.
+    assert_ne!(std::env::current_dir().unwrap(), fx.dir.path());
+    let c = load(&fx).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.secrets_file, fx.path("keys/s.toml"));
+}
+
+// ---------------------------------------------------------------------------
+// Refusals, each at its line and column
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_secrets_file_readable_by_group_or_others_is_refused_by_path() {
+    for mode in [0o644, 0o640, 0o604, 0o660] {
+        let fx = Fixture::new();
+        set_mode(&fx.secrets(), mode);
+        let errs = errors(&fx);
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].file, fx.secrets());
+        assert_eq!((errs[0].line, errs[0].column), (None, None));
+        assert!(errs[0].message.contains("group or others"), "{errs:?}");
+        assert!(errs[0].message.contains(&format!("{mode:04o}")), "{errs:?}");
+        assert_eq!(
+            errs[0].to_string(),
+            format!("{}: {}", fx.secrets().display(), errs[0].message)
+        );
+    }
+    let fx = Fixture::new();
+    set_mode(&fx.secrets(), 0o400);
+    assert!(load(&fx).is_ok());
+}
+
+#[test]
+fn a_missing_secrets_file_is_reported_where_hub_toml_names_it() {
+    let fx = Fixture::with_hub_edits(&[("file = \"secrets.toml\"", "file = \"nope.toml\"")]);
+    only_error(&fx, &fx.hub(), 14, 8, "does not exist");
+}
+
+fn weak_key() -> String {
+    let mut identity = [0u8; 32];
+    identity[0] = 1;
+    crypto::b64u_encode(&identity)
+}
+
+/// 32 bytes that do not decode to a curve point.
+fn invalid_point() -> String {
+    (2u8..=255)
+        .map(|y| {
+            let mut b = [0u8; 32];
+            b[0] = y;
+            b
+        })
+        .find(|b| ed25519_dalek::VerifyingKey::from_bytes(b).is_err())
+        .map(|b| crypto::b64u_encode(&b))
+        .expect("some y is not on the curve")
+}
+
+#[test]
+fn weak_invalid_or_short_trust_keys_are_refused() {
+    let good = "vpDAfBqmiMog0GAAR6GMchsmx2iCa19aGlMs764g2M0";
+    hub_error(&[(good, &weak_key())], 11, 14, "weak");
+    hub_error(
+        &[(good, &invalid_point())],
+        11,
+        14,
+        "not a valid Ed25519 point",
+    );
+    hub_error(&[(good, "AAAA")], 11, 14, "32 bytes");
+}
+
+#[test]
+fn a_door_on_an_unconfigured_serial_is_refused() {
+    hub_error(
+        &[("serial = \"board-a\"", "serial = \"board-b\"")],
+        23,
+        10,
+        "serial `board-b` is not configured",
+    );
+}
+
+#[test]
+fn duplicate_door_names_are_refused_at_the_second() {
+    let fx = Fixture::new();
+    fx.write_hub(&(testkit::files::hub_toml() + &edit(SECOND_DOOR, &[("\"102\"", "\"101\"")])));
+    only_error(
+        &fx,
+        &fx.hub(),
+        28,
+        8,
+        "duplicate door name `101` (first on line 22)",
+    );
+}
+
+#[test]
+fn duplicate_serial_names_and_signer_ids_are_refused() {
+    let fx = Fixture::new();
+    fx.write_hub(
+        &(testkit::files::hub_toml()
+            + "\n[[serial]]\nname = \"board-a\"\nport = \"/dev/ttyUSB0\"\nbaud = 9600\n"),
+    );
+    only_error(&fx, &fx.hub(), 28, 8, "duplicate serial name `board-a`");
+
+    let fx = Fixture::new();
+    fx.write_hub(&(testkit::files::hub_toml() + "\n" + &*testkit::files::TRUST_TOML));
+    only_error(&fx, &fx.hub(), 28, 6, "duplicate signer id `cloud-2026-11`");
+}
+
+#[test]
+fn duplicate_pin_key_ids_are_refused_in_the_secrets_file() {
+    let extra =
+        "\n[[pin_key]]\nid = \"k1\"\nsecret = \"qTouxiikSj0xOqGF1EY1r3wDRaCaaT-XQQUqNoXtCgU\"\n";
+    secrets_error(
+        &(SECRETS_TOML.to_owned() + extra),
+        9,
+        6,
+        "duplicate pin key id `k1`",
+    );
+}
+
+#[test]
+fn keys_that_are_not_32_bytes_are_refused_in_the_secrets_file() {
+    let short = crypto::b64u_encode(&[9u8; 31]);
+    let pin = edit(
+        &SECRETS_TOML,
+        &[("7DSziFstzn18m4kT0DnCq0jReWQxAnkgKl6pfph4WsY", &short)],
+    );
+    secrets_error(&pin, 6, 10, "must be 32 bytes");
+    let hub = edit(
+        &SECRETS_TOML,
+        &[("qTouxiikSj0xOqGF1EY1r3wDRaCaaT-XQQUqNoXtCgU", "not base64!")],
+    );
+    secrets_error(&hub, 2, 10, "not base64url");
+}
+
+#[test]
+fn door_index_must_be_0_to_15() {
+    hub_error(
+        &[("index = 0", "index = 16")],
+        24,
+        9,
+        "must be in 0..=15, found 16",
+    );
+    hub_error(
+        &[("index = 0", "index = -1")],
+        24,
+        9,
+        "must be in 0..=15, found -1",
+    );
+    let fx = Fixture::with_hub_edits(&[("index = 0", "index = 15")]);
+    assert!(load(&fx).is_ok());
+}
+
+#[test]
+fn two_doors_on_the_same_serial_and_index_are_refused() {
+    let fx = Fixture::new();
+    fx.write_hub(&(testkit::files::hub_toml() + &edit(SECOND_DOOR, &[("index = 1", "index = 0")])));
+    only_error(
+        &fx,
+        &fx.hub(),
+        30,
+        9,
+        "already used by door `101` (line 24)",
+    );
+    // The same index on another serial is fine.
+    let fx = Fixture::new();
+    fx.write_hub(
+        &(testkit::files::hub_toml()
+            + "\n[[serial]]\nname = \"board-b\"\nport = \"/dev/ttyUSB0\"\nbaud = 9600\n"
+            + &edit(
+                SECOND_DOOR,
+                &[("index = 1", "index = 0"), ("board-a", "board-b")],
+            )),
+    );
+    assert!(load(&fx).is_ok());
+}
+
+#[test]
+fn unlock_ms_must_be_1_to_65535() {
+    hub_error(
+        &[("unlock_ms = 5000", "unlock_ms = 0")],
+        25,
+        13,
+        "must be in 1..=65535",
+    );
+    hub_error(
+        &[("unlock_ms = 5000", "unlock_ms = 65536")],
+        25,
+        13,
+        "must be in 1..=65535",
+    );
+}
+
+#[test]
+fn zero_or_negative_policy_values_are_refused() {
+    for (value, shown) in [
+        ("0", "found 0"),
+        ("-5", "found -5"),
+        ("4294967296", "found 4294967296"),
+    ] {
+        let fx = Fixture::new();
+        fx.write_hub(&format!(
+            "{}\n[policy]\nheld_open_s = {value}\n",
+            testkit::files::hub_toml()
+        ));
+        only_error(&fx, &fx.hub(), 28, 15, shown);
+        assert!(errors(&fx)[0].message.contains("positive integer"));
+    }
+}
+
+#[test]
+fn unknown_keys_are_refused_by_name() {
+    hub_error(
+        &[("hub_id =", "colour = 1\nhub_id =")],
+        3,
+        1,
+        "unknown key `colour` in [hub]",
+    );
+    // A typo is unknown and leaves the real key missing: both are said.
+    let fx = Fixture::with_hub_edits(&[("index = 0", "indx = 0")]);
+    let errs: Vec<String> = errors(&fx)
+        .iter()
+        .map(|e| format!("{}:{}: {}", e.line.unwrap(), e.column.unwrap(), e.message))
+        .collect();
+    assert_eq!(
+        errs,
+        [
+            "21:1: missing key `index` in [[door]]",
+            "24:1: unknown key `indx` in [[door]] (did you mean `index`?)",
+        ]
+    );
+    let fx = Fixture::new();
+    fx.write_hub(&(testkit::files::hub_toml() + "\n[polcy]\nheld_open_s = 3\n"));
+    only_error(&fx, &fx.hub(), 27, 2, "unknown key `polcy`");
+    secrets_error(
+        &(SECRETS_TOML.to_owned() + "note = \"x\"\n"),
+        7,
+        1,
+        "unknown key `note`",
+    );
+}
+
+#[test]
+fn wrong_types_are_refused() {
+    hub_error(
+        &[("baud = 115200", "baud = \"115200\"")],
+        19,
+        8,
+        "`baud` must be an integer, found string",
+    );
+    hub_error(
+        &[("unlock_ms = 5000", "unlock_ms = 5.0")],
+        25,
+        13,
+        "must be an integer, found float",
+    );
+    hub_error(
+        &[("hub_id = \"hub-lobby-1\"", "hub_id = 1")],
+        3,
+        10,
+        "`hub_id` must be a string, found integer",
+    );
+    hub_error(
+        &[("[[serial]]", "[serial]")],
+        16,
+        1,
+        "must be an array of tables: write [[serial]]",
+    );
+    let fx = Fixture::new();
+    let text = edit(
+        &testkit::files::hub_toml(),
+        &[("[mqtt]\nurl = \"mqtt://127.0.0.1:1883\"\n", "")],
+    );
+    fx.write_hub(&format!("mqtt = 3\n{text}"));
+    only_error(
+        &fx,
+        &fx.hub(),
+        1,
+        8,
+        "[mqtt] must be a table, found integer",
+    );
+}
+
+#[test]
+fn missing_required_keys_and_tables_are_refused() {
+    hub_error(
+        &[("port = \"/dev/ttyAMA0\"\n", "")],
+        16,
+        1,
+        "missing key `port` in [[serial]]",
+    );
+    hub_error(
+        &[("site_id = \"6f1c1c0e-8a51-4d39-9d2e-6a3c5a7d9e10\"\n", "")],
+        1,
+        1,
+        "missing key `site_id` in [hub]",
+    );
+    hub_error(
+        &[("[secrets]\nfile = \"secrets.toml\"\n", "")],
+        1,
+        1,
+        "missing table [secrets]",
+    );
+    secrets_error(
+        "[hub_key]\nsecret = \"qTouxiikSj0xOqGF1EY1r3wDRaCaaT-XQQUqNoXtCgU\"\n",
+        1,
+        1,
+        "[[pin_key]]",
+    );
+}
+
+#[test]
+fn site_id_must_be_a_uuid() {
+    hub_error(&[(SITE_ID, "site-6f1c")], 2, 11, "`site_id` must be a UUID");
+    // The simple (unhyphenated) form is refused too: topics use the hyphenated one.
+    hub_error(
+        &[(SITE_ID, "6f1c1c0e8a514d399d2e6a3c5a7d9e10")],
+        2,
+        11,
+        "must be a UUID",
+    );
+}
+
+#[test]
+fn hub_id_must_be_1_to_64_safe_characters() {
+    for bad in ["hub lobby", "", "hub/lobby", "hüb", &"h".repeat(65)] {
+        hub_error(
+            &[("\"hub-lobby-1\"", &format!("\"{bad}\""))],
+            3,
+            10,
+            "`hub_id` must be 1..=64",
+        );
+    }
+    let fx =
+        Fixture::with_hub_edits(&[("\"hub-lobby-1\"", &format!("\"{}\"", "A._-9".repeat(12)))]);
+    assert!(load(&fx).is_ok());
+}
+
+#[test]
+fn mqtt_url_must_be_mqtt_or_mqtts_host_and_port() {
+    let url = "mqtt://127.0.0.1:1883";
+    for (bad, fragment) in [
+        ("http://broker", "must start with mqtt:// or mqtts://"),
+        ("mqtt://", "needs a host"),
+        ("mqtt://broker:0", "port must be 1..=65535"),
+        ("mqtt://broker:65536", "port must be 1..=65535"),
+        ("mqtt://broker:", "port must be 1..=65535"),
+        ("mqtt://broker/path", "no path"),
+    ] {
+        hub_error(&[(url, bad)], 7, 7, fragment);
+    }
+}
+
+#[test]
+fn mqtt_credentials_in_the_url_are_refused_without_echoing_them() {
+    let fx = Fixture::with_hub_edits(&[("mqtt://127.0.0.1:1883", "mqtt://hub:S3cr3tPw@broker")]);
+    only_error(&fx, &fx.hub(), 7, 7, "must not hold credentials");
+    assert!(!errors(&fx)[0].to_string().contains("S3cr3tPw"));
+}
+
+#[test]
+fn mqtts_files_must_exist_and_hold_pem() {
+    let fx = mqtts_fixture();
+    std::fs::remove_file(fx.path("tls/ca.pem")).unwrap();
+    only_error(&fx, &fx.hub(), 8, 11, "does not exist");
+
+    let fx = mqtts_fixture();
+    fx.write("tls/hub.pem", "not a certificate\n");
+    only_error(&fx, &fx.hub(), 9, 13, "holds no PEM certificate");
+
+    let fx = mqtts_fixture();
+    set_mode(&fx.path("tls/hub.key"), 0o644);
+    only_error_file_level(&fx, &fx.path("tls/hub.key"), "group or others");
+}
+
+#[track_caller]
+fn only_error_file_level(fx: &Fixture, file: &Path, fragment: &str) {
+    let errs = errors(fx);
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_eq!(errs[0].file, file);
+    assert_eq!(errs[0].line, None);
+    assert!(errs[0].message.contains(fragment), "{errs:?}");
+}
+
+#[test]
+fn mqtts_needs_a_ca_and_tls_files_need_mqtts() {
+    let fx = mqtts_fixture();
+    fx.write_hub(&edit(
+        &std::fs::read_to_string(fx.hub()).unwrap(),
+        &[("ca_file = \"tls/ca.pem\"\n", "")],
+    ));
+    only_error(&fx, &fx.hub(), 6, 1, "mqtts:// needs `ca_file`");
+
+    let fx = mqtts_fixture();
+    fx.write_hub(&edit(
+        &std::fs::read_to_string(fx.hub()).unwrap(),
+        &[("mqtts://", "mqtt://")],
+    ));
+    let errs = errors(&fx);
+    assert_eq!(errs.len(), 3, "{errs:?}");
+    assert!(
+        errs.iter()
+            .all(|e| e.message.contains("only used with mqtts://"))
+    );
+}
+
+#[test]
+fn not_after_must_be_rfc3339() {
+    for bad in [
+        "\"2027-06-01\"",
+        "\"2027-06-01T00:00:00\"",
+        "\"soon\"",
+        "2027-06-01T00:00:00",
+    ] {
+        hub_error(
+            &[("M0\"\n", &format!("M0\"\nnot_after = {bad}\n"))],
+            12,
+            13,
+            "`not_after` must be an RFC 3339 date-time",
+        );
+    }
+    hub_error(
+        &[("M0\"\n", "M0\"\nnot_after = 5\n")],
+        12,
+        13,
+        "found integer",
+    );
+}
+
+#[test]
+fn a_serial_with_baud_0_is_refused() {
+    hub_error(
+        &[("baud = 115200", "baud = 0")],
+        19,
+        8,
+        "`baud` must be in 1..=4294967295, found 0",
+    );
+}
+
+#[test]
+fn an_existing_data_dir_that_is_a_file_is_refused() {
+    let fx = Fixture::new();
+    fx.write("data", "");
+    only_error(&fx, &fx.hub(), 4, 12, "is not a directory");
+}
+
+#[test]
+fn toml_syntax_errors_come_with_line_and_column() {
+    hub_error(&[("index = 0", "index = = 0")], 24, 9, "TOML syntax error");
+    hub_error(
+        &[("name = \"101\"", "name = \"101")],
+        22,
+        12,
+        "TOML syntax error",
+    );
+    hub_error(
+        &[("hub_id =", "site_id = \"x\"\nhub_id =")],
+        3,
+        1,
+        "duplicate key `site_id`",
+    );
+}
+
+#[test]
+fn secrets_syntax_errors_carry_the_secrets_path() {
+    let text = edit(&SECRETS_TOML, &[("id = \"k1\"", "id = k1")]);
+    let fx = Fixture::new();
+    fx.write_secrets(&text);
+    let errs = errors(&fx);
+    assert!(!errs.is_empty());
+    assert!(errs.iter().all(|e| e.file == fx.secrets()), "{errs:?}");
+    assert_eq!(
+        (errs[0].line, errs[0].column),
+        (Some(5), Some(6)),
+        "{errs:?}"
+    );
+}
+
+#[test]
+fn columns_count_characters_not_bytes() {
+    // "é" is two bytes; the error is at the 14th character of line 3.
+    hub_error(
+        &[("hub_id = \"hub-lobby-1\"", "hub_id = \"hé\" = 1")],
+        3,
+        15,
+        "TOML syntax error",
+    );
+}
+
+#[test]
+fn three_problems_are_all_reported_in_order() {
+    let fx = Fixture::with_hub_edits(&[
+        (SITE_ID, "not-a-uuid"),
+        ("baud = 115200", "baud = 0"),
+        ("unlock_ms = 5000", "unlock_ms = 70000"),
+    ]);
+    let errs = load(&fx).unwrap_err();
+    let at: Vec<(Option<usize>, Option<usize>)> = errs.iter().map(|e| (e.line, e.column)).collect();
+    assert_eq!(
+        at,
+        [
+            (Some(2), Some(11)),
+            (Some(19), Some(8)),
+            (Some(25), Some(13))
+        ],
+        "{errs}"
+    );
+    // Display: one FILE:LINE:COL: message per line.
+    let shown = errs.to_string();
+    let lines: Vec<&str> = shown.lines().collect();
+    assert_eq!(lines.len(), 3);
+    let file = fx.hub().display().to_string();
+    assert!(lines[0].starts_with(&format!("{file}:2:11: ")), "{shown}");
+    assert!(lines[1].starts_with(&format!("{file}:19:8: ")), "{shown}");
+    assert!(lines[2].starts_with(&format!("{file}:25:13: ")), "{shown}");
+}
+
+#[test]
+fn problems_in_both_files_are_reported_together() {
+    let fx = Fixture::with_hub_edits(&[("index = 0", "index = 99")]);
+    fx.write_secrets(&edit(&SECRETS_TOML, &[("id = \"k1\"", "id = \"\"")]));
+    set_mode(&fx.secrets(), 0o644);
+    let errs = errors(&fx);
+    let files: Vec<&Path> = errs.iter().map(|e| e.file.as_path()).collect();
+    assert_eq!(
+        files,
+        [fx.hub().as_path(), &fx.secrets(), &fx.secrets()],
+        "{errs:?}"
+    );
+    assert_eq!(errs[1].line, None); // the mode, first for its file
+    assert_eq!((errs[2].line, errs[2].column), (Some(5), Some(6)));
+}
+
+// ---------------------------------------------------------------------------
+// Secrets never show
+// ---------------------------------------------------------------------------
+
+/// Wrong secrets in many shapes: none of them may appear in any message.
+#[test]
+fn a_wrong_secret_value_never_appears_in_output() {
+    let wrong = "WRONGsecretWRONGsecretWRONGsecretWRONGsec"; // 41 chars: decodes to 30 bytes
+    let cases = [
+        edit(
+            &SECRETS_TOML,
+            &[("7DSziFstzn18m4kT0DnCq0jReWQxAnkgKl6pfph4WsY", wrong)],
+        ),
+        edit(
+            &SECRETS_TOML,
+            &[("\"7DSziFstzn18m4kT0DnCq0jReWQxAnkgKl6pfph4WsY\"", wrong)],
+        ),
+        edit(
+            &SECRETS_TOML,
+            &[(
+                "\"7DSziFstzn18m4kT0DnCq0jReWQxAnkgKl6pfph4WsY\"",
+                &format!("\"{wrong}"),
+            )],
+        ),
+        edit(
+            &SECRETS_TOML,
+            &[(
+                "7DSziFstzn18m4kT0DnCq0jReWQxAnkgKl6pfph4WsY",
+                &format!("{wrong}!!"),
+            )],
+        ),
+        SECRETS_TOML.to_owned() + &format!("{wrong} = 1\n"),
+        SECRETS_TOML.to_owned() + &format!("{wrong}\n"),
+        SECRETS_TOML.to_owned() + &format!("secret = \"{wrong}\"\n"),
+        edit(
+            &SECRETS_TOML,
+            &[("[hub_key]\n", &format!("[hub_key]\nsecret = \"{wrong}\"\n"))],
+        ),
+    ];
+    let bin = env!("CARGO_BIN_EXE_lockhub");
+    for secrets in cases {
+        let fx = Fixture::new();
+        fx.write_secrets(&secrets);
+        let errs = errors(&fx)
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(!errs.is_empty());
+        let out = Command::new(bin)
+            .arg("check-config")
+            .arg(fx.hub())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        let all = format!(
+            "{errs}\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for needle in [
+            wrong,
+            &wrong[..12],
+            &wrong[20..32],
+            "7DSziFstzn18",
+            "qTouxiikSj0x",
+        ] {
+            assert!(!all.contains(needle), "{needle:?} leaked in:\n{all}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Robustness
+// ---------------------------------------------------------------------------
+
+#[test]
+fn no_prefix_or_missing_line_of_a_valid_config_panics() {
+    let fx = Fixture::new();
+    let text = testkit::files::hub_toml();
+    for end in (0..text.len()).filter(|i| text.is_char_boundary(*i)) {
+        fx.write_hub(&text[..end]);
+        let _ = load(&fx);
+    }
+    let lines: Vec<&str> = text.lines().collect();
+    for skip in 0..lines.len() {
+        let without: Vec<&str> = lines
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != skip)
+            .map(|(_, l)| *l)
+            .collect();
+        fx.write_hub(&without.join("\n"));
+        let _ = load(&fx);
+    }
+    for end in 0..SECRETS_TOML.len() {
+        fx.write_secrets(&SECRETS_TOML[..end]);
+        let _ = load(&fx);
+    }
+}
+
+#[test]
+fn non_utf8_and_unreadable_files_are_reported() {
+    let fx = Fixture::new();
+    std::fs::write(fx.hub(), b"[hub]\nhub_id = \"\xff\"\n").unwrap();
+    only_error(&fx, &fx.hub(), 2, 11, "not valid UTF-8");
+
+    let missing = fx.path("missing.toml");
+    let errs = config::load(&missing).unwrap_err();
+    assert_eq!(errs.len(), 1);
+    assert_eq!(errs.errors[0].line, None);
+    assert_eq!(
+        errs.to_string(),
+        format!("{}: does not exist", missing.display())
+    );
+
+    let errs = config::load(fx.dir.path()).unwrap_err();
+    assert_eq!(errs.len(), 1, "{errs}");
+}
+
+// ---------------------------------------------------------------------------
+// lockhub check-config as a process
+// ---------------------------------------------------------------------------
+
+fn check_config(path: &Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_lockhub"))
+        .arg("check-config")
+        .arg(path)
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .expect("run lockhub")
+}
+
+#[test]
+fn check_config_exits_0_on_a_good_file_and_changes_nothing() {
+    let fx = Fixture::new();
+    let before = listing(fx.dir.path());
+    let out = check_config(&fx.hub());
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.stderr.is_empty());
+    assert_eq!(listing(fx.dir.path()), before);
+    assert!(!fx.path("data").exists());
+}
+
+#[test]
+fn check_config_exits_2_with_every_problem_at_file_line_col() {
+    let fx = Fixture::with_hub_edits(&[
+        ("hub_id = \"hub-lobby-1\"", "hub_id = \"no spaces\""),
+        ("serial = \"board-a\"", "serial = \"board-z\""),
+    ]);
+    set_mode(&fx.secrets(), 0o644);
+    let out = check_config(&fx.hub());
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let hub = fx.hub().display().to_string();
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 3, "{stderr}");
+    assert!(lines[0].starts_with(&format!("{hub}:3:10: ")), "{stderr}");
+    assert!(lines[1].starts_with(&format!("{hub}:23:10: ")), "{stderr}");
+    assert!(
+        lines[2].starts_with(&format!("{}: ", fx.secrets().display())),
+        "{stderr}"
+    );
+    for word in ["panicked", "backtrace", "RUST_BACKTRACE"] {
+        assert!(!stderr.contains(word), "{stderr}");
+    }
+}
+
+#[test]
+fn check_config_exits_2_on_syntax_errors_and_missing_files() {
+    let fx = Fixture::new();
+    fx.write_hub("[hub\n");
+    let out = check_config(&fx.hub());
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with(&format!("{}:1:", fx.hub().display())),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    let out = check_config(&fx.path("nope.toml"));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does not exist"));
+}
+
+fn listing(dir: &Path) -> Vec<(std::path::PathBuf, u64, std::time::SystemTime)> {
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let m = e.metadata().unwrap();
+            (e.path(), m.len(), m.modified().unwrap())
+        })
+        .collect();
+    v.sort();
+    v
+}

@@ -1,0 +1,12 @@
+//! The store suite: `store` on real SQLite files, no daemon: applying
+//! events, erasure, the schema's invariants attacked with raw SQL, the
+//! shared vectors (verify and store), the clock and the door decision.
+//! One test binary, so the suite links once.
+
+mod apply;
+mod clock;
+mod door;
+mod erasure;
+mod invariants;
+mod vectors_store;
+mod vectors_verify;

@@ -1,0 +1,664 @@
+//! The sync layer against a real Mosquitto, with a simple decider (verify,
+//! then record the event id once): in-order acks after commit, exactly-once
+//! effects across a broker restart, the outbox holding records while the
+//! broker is down, signed results, TLS with client certificates, password
+//! authentication. The full decision logic is tested with the daemon.
+
+use lockhub::config::{MqttConfig, Signer};
+use lockhub::event::{EventResult, Outcome};
+use lockhub::sim::cloud::Cloud;
+use lockhub::store::outbox::{self, Topic};
+use lockhub::store::{Priority, Store, StoreError};
+use lockhub::sync::ingest::{Decide, Decided};
+use lockhub::sync::plan::{BacklogLimits, SeqStart};
+use lockhub::sync::window::ReceiveWindow;
+use lockhub::sync::{self, SyncHandle, SyncSettings};
+use lockhub::time::Timestamp;
+use lockhub::verify::{self, VerifiedEvent, VerifyContext};
+use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+use rusqlite::Connection;
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use testkit::broker::{BrokerOptions, Mosquitto, TestPki, password_file};
+use testkit::cloud::{cloud_key, hub_key, open_hub_envelope};
+use testkit::files::{HUB_ID, SITE_ID};
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+const PREFIX: &str = "lockhub/v1";
+const TEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn topic(leaf: &str) -> String {
+    format!("{PREFIX}/{SITE_ID}/{HUB_ID}/{leaf}")
+}
+
+/// Verifies, then records each event id once in a table of its own and
+/// queues a result; a repeat is answered `duplicate`.
+struct RecordOnce {
+    ring: Vec<Signer>,
+    /// Extra time each commit takes, to make the hub slower than a flood.
+    delay: Duration,
+    /// Every n-th commit takes this long instead (longer than a job slice,
+    /// so the job is cut short).
+    spike: Option<(u64, Duration)>,
+    commits: std::sync::atomic::AtomicU64,
+}
+
+impl Decide for RecordOnce {
+    type Checked = Result<VerifiedEvent, verify::Rejection>;
+
+    fn check(&self, payload: &[u8]) -> Self::Checked {
+        verify::verify_envelope(
+            payload,
+            &VerifyContext {
+                ring: &self.ring,
+                site_id: SITE_ID.parse().unwrap(),
+                hub_id: HUB_ID,
+                now: Timestamp::now_system(),
+            },
+        )
+    }
+
+    fn commit(&self, conn: &Connection, checked: Self::Checked) -> Result<Decided, StoreError> {
+        let n = self
+            .commits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        match self.spike {
+            Some((every, long)) if n.is_multiple_of(every) => std::thread::sleep(long),
+            _ => std::thread::sleep(self.delay),
+        }
+        let now = Timestamp::now_system();
+        let ev = match checked {
+            Ok(ev) => ev,
+            Err(r) => {
+                let res = EventResult {
+                    event_id: None,
+                    seq: None,
+                    outcome: Outcome::Rejected,
+                    reason: Some(r.reason),
+                    duplicate: false,
+                    clamped: false,
+                    at: now,
+                    item: None,
+                    items: None,
+                };
+                outbox::enqueue(conn, Topic::Results, &res.to_json(), None, now)?;
+                return Ok(Decided::default());
+            }
+        };
+        conn.execute_batch("CREATE TABLE IF NOT EXISTS test_applied (event_id TEXT PRIMARY KEY)")?;
+        let id = ev.header.event_id.to_string();
+        let fresh = conn.execute(
+            "INSERT OR IGNORE INTO test_applied (event_id) VALUES (?1)",
+            [&id],
+        )? == 1;
+        let res = EventResult {
+            event_id: Some(ev.header.event_id),
+            seq: ev.header.seq,
+            outcome: Outcome::Applied,
+            reason: None,
+            duplicate: !fresh,
+            clamped: false,
+            at: now,
+            item: None,
+            items: None,
+        };
+        outbox::enqueue(conn, Topic::Results, &res.to_json(), None, now)?;
+        Ok(Decided {
+            seq: None,
+            checkpoint_head: None,
+            sign_of_life: true,
+            erased: false,
+        })
+    }
+}
+
+struct Hub {
+    _dir: tempfile::TempDir,
+    store: Store,
+    sync: Option<SyncHandle>,
+}
+
+fn mqtt_config(url: &str) -> MqttConfig {
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let (host, port) = rest.rsplit_once(':').unwrap();
+    MqttConfig {
+        url: url.to_owned(),
+        tls: scheme == "mqtts",
+        host: host.to_owned(),
+        port: port.parse().unwrap(),
+        client_id: HUB_ID.to_owned(),
+        topic_prefix: PREFIX.to_owned(),
+        ca_file: None,
+        cert_file: None,
+        key_file: None,
+        username: None,
+        password_file: None,
+    }
+}
+
+fn start_hub(mqtt: MqttConfig) -> Hub {
+    start_hub_with(mqtt, ReceiveWindow::default(), Duration::ZERO)
+}
+
+fn start_hub_with(mqtt: MqttConfig, window: ReceiveWindow, delay: Duration) -> Hub {
+    start_hub_decider(
+        mqtt,
+        window,
+        RecordOnce {
+            ring: test_ring(),
+            delay,
+            spike: None,
+            commits: Default::default(),
+        },
+    )
+}
+
+fn test_ring() -> Vec<Signer> {
+    vec![Signer {
+        id: "test-cloud".into(),
+        public_key: cloud_key().verifying_key(),
+        not_after: None,
+    }]
+}
+
+fn start_hub_decider(mqtt: MqttConfig, window: ReceiveWindow, decider: RecordOnce) -> Hub {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("lockhub.db"), &Default::default()).unwrap();
+    let settings = SyncSettings {
+        mqtt,
+        hub_id: HUB_ID.to_owned(),
+        topic_base: topic(""),
+        hub_key: hub_key(),
+        cloud_stale: Duration::from_secs(900),
+        backlog: BacklogLimits::default(),
+        window,
+    };
+    let sync = sync::start(
+        settings,
+        store.clone(),
+        Arc::new(decider),
+        SeqStart::default(),
+        lockhub::clock::SharedClock::start(lockhub::time::Timestamp(0)),
+    )
+    .unwrap();
+    Hub {
+        _dir: dir,
+        store,
+        sync: Some(sync),
+    }
+}
+
+impl Hub {
+    fn applied(&self) -> usize {
+        let r = self.store.reader().unwrap();
+        r.query_row("SELECT count(*) FROM test_applied", [], |r| {
+            r.get::<_, i64>(0)
+        })
+        .unwrap_or(0) as usize
+    }
+
+    /// Applied event ids in commit order.
+    fn applied_order(&self) -> Vec<Uuid> {
+        let r = self.store.reader().unwrap();
+        let mut stmt = r
+            .prepare("SELECT event_id FROM test_applied ORDER BY rowid")
+            .unwrap();
+        stmt.query_map([], |row| row.get::<_, String>(0))
+            .unwrap()
+            .map(|id| id.unwrap().parse().unwrap())
+            .collect()
+    }
+
+    fn flow(&self) -> lockhub::sync::client::FlowStats {
+        self.sync.as_ref().expect("running").flow()
+    }
+
+    fn unsent(&self) -> u64 {
+        outbox::depth(&self.store.reader().unwrap()).unwrap()
+    }
+
+    async fn stop(mut self) {
+        if let Some(s) = self.sync.take() {
+            s.shutdown().await;
+        }
+        self.store.close();
+    }
+}
+
+/// The cloud's side: a persistent test client that hears everything the
+/// hub says and can publish events.
+struct TestCloud {
+    client: AsyncClient,
+    rx: mpsc::UnboundedReceiver<(String, Vec<u8>)>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TestCloud {
+    async fn connect(opts: MqttOptions) -> Self {
+        let (client, mut eventloop) = AsyncClient::new(opts, 4096);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let sub = client.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                match eventloop.poll().await {
+                    Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                        let _ = sub.try_subscribe(topic("#"), QoS::AtLeastOnce);
+                        let _ = tx.send(("$connected".into(), vec![]));
+                    }
+                    Ok(Event::Incoming(Packet::SubAck(_))) => {
+                        let _ = tx.send(("$subscribed".into(), vec![]));
+                    }
+                    Ok(Event::Incoming(Packet::Publish(p))) => {
+                        let _ = tx.send((p.topic.clone(), p.payload.to_vec()));
+                    }
+                    Ok(_) => {}
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+        });
+        let mut c = TestCloud { client, rx, task };
+        // Subscribed, not just connected: a test that stops the broker next
+        // must find the subscription in the persisted session.
+        c.expect(|t, _| t == "$subscribed").await;
+        c
+    }
+
+    async fn plain(port: u16) -> Self {
+        let mut o = MqttOptions::new("test-cloud", "127.0.0.1", port);
+        o.set_clean_session(false)
+            .set_max_packet_size(4 << 20, 4 << 20)
+            .set_inflight(200);
+        Self::connect(o).await
+    }
+
+    /// Waits for a message matching `f`, bounded in time.
+    async fn expect(&mut self, mut f: impl FnMut(&str, &[u8]) -> bool) -> (String, Vec<u8>) {
+        tokio::time::timeout(TEST_TIMEOUT, async {
+            loop {
+                let (t, p) = self.rx.recv().await.expect("cloud client alive");
+                if f(&t, &p) {
+                    return (t, p);
+                }
+            }
+        })
+        .await
+        .expect("expected message within the timeout")
+    }
+
+    async fn publish(&self, payload: Vec<u8>) {
+        self.client
+            .publish(topic("events"), QoS::AtLeastOnce, false, payload)
+            .await
+            .unwrap();
+    }
+}
+
+impl Drop for TestCloud {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn test_cloud_signer() -> Cloud {
+    testkit::cloud::cloud()
+}
+
+fn is_online(t: &str, p: &[u8]) -> bool {
+    t.ends_with("/status") && String::from_utf8_lossy(p).contains("\"online\"")
+}
+
+/// Collects results until every id in `want` has at least one.
+async fn results_for(
+    cloud: &mut TestCloud,
+    want: &HashSet<Uuid>,
+) -> BTreeMap<Uuid, Vec<serde_json::Value>> {
+    let mut got: BTreeMap<Uuid, Vec<serde_json::Value>> = BTreeMap::new();
+    while want.iter().any(|id| !got.contains_key(id)) {
+        let (_, p) = cloud.expect(|t, _| t.ends_with("/results")).await;
+        let body = open_hub_envelope(&p);
+        if let Some(id) = body["event_id"].as_str() {
+            got.entry(id.parse().unwrap()).or_default().push(body);
+        }
+    }
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_across_a_broker_restart_is_applied_once_each_and_answered() {
+    let mut broker = Mosquitto::start_with(BrokerOptions {
+        max_inflight_messages: Some(50),
+        ..Default::default()
+    });
+    let mut cloud = TestCloud::plain(broker.port).await;
+    let hub = start_hub(mqtt_config(&broker.url()));
+    cloud.expect(is_online).await;
+
+    let mut signer = test_cloud_signer();
+    let events: Vec<_> = (0..600)
+        .map(|i| {
+            signer.event(
+                "guest.erased",
+                serde_json::json!({"holder_ref": format!("g-{i}")}),
+            )
+        })
+        .collect();
+    let want: HashSet<Uuid> = events.iter().map(|e| e.event_id).collect();
+    for e in &events[..300] {
+        cloud.publish(e.envelope.clone()).await;
+    }
+    // The broker goes away mid-flood and comes back on the same port.
+    broker.restart();
+    for e in &events[300..] {
+        cloud.publish(e.envelope.clone()).await;
+    }
+    let got = results_for(&mut cloud, &want).await;
+    assert_eq!(got.len(), 600);
+    assert!(
+        got.values()
+            .all(|r| r.iter().all(|b| b["outcome"] == "applied"))
+    );
+    // Exactly once: the effect table has one row per event, none twice.
+    let deadline = tokio::time::Instant::now() + TEST_TIMEOUT;
+    while hub.applied() < 600 {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(hub.applied(), 600);
+    // Every result row is eventually acknowledged by the broker.
+    while hub.unsent() > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "outbox never drained"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    hub.stop().await;
+    let (_, p) = cloud
+        .expect(|t, p| t.ends_with("/status") && String::from_utf8_lossy(p).contains("offline"))
+        .await;
+    let status: serde_json::Value = serde_json::from_slice(&p).unwrap();
+    assert_eq!(status["hub_id"], HUB_ID);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbox_holds_every_record_while_the_broker_is_down_and_sends_them_once_it_is_back() {
+    let mut broker = Mosquitto::start();
+    // The cloud's persistent session (and subscription) exists before the
+    // outage, as a real cloud's does: what the hub sends on its return is
+    // queued for the cloud even if the hub reconnects first.
+    let mut cloud = TestCloud::plain(broker.port).await;
+    broker.stop();
+    let hub = start_hub(mqtt_config(&broker.url()));
+    let bodies: Vec<String> = (0..200)
+        .map(|i| format!("{{\"audit_id\":\"{}\",\"n\":{i}}}", Uuid::new_v4()))
+        .collect();
+    for b in &bodies {
+        let b = b.clone().into_bytes();
+        hub.store
+            .write(Priority::Bulk, move |c| {
+                outbox::enqueue(c, Topic::Alerts, &b, None, Timestamp::now_system())
+            })
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        hub.unsent(),
+        200,
+        "nothing is lost or marked while the broker is away"
+    );
+
+    broker.start_again();
+    let mut seen = HashSet::new();
+    while seen.len() < 200 {
+        let (_, p) = cloud.expect(|t, _| t.ends_with("/alerts")).await;
+        let body = open_hub_envelope(&p);
+        seen.insert(body["n"].as_i64().unwrap());
+    }
+    let deadline = tokio::time::Instant::now() + TEST_TIMEOUT;
+    while hub.unsent() > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "outbox never drained"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    hub.stop().await;
+}
+
+/// PUBACKs that arrive while another process holds SQLite's write lock
+/// cannot be marked sent; the publisher retries them once writes work
+/// again, on the same connection, instead of leaving them unsent until a
+/// reconnect (nothing here makes the hub reconnect: without the retry this
+/// test times out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_acknowledged_while_the_store_refuses_writes_are_marked_sent_once_it_takes_them() {
+    let mut broker = Mosquitto::start();
+    let mut cloud = TestCloud::plain(broker.port).await;
+    broker.stop();
+    let hub = start_hub(mqtt_config(&broker.url()));
+    for i in 0..20 {
+        let b = format!("{{\"n\":{i}}}").into_bytes();
+        hub.store
+            .write(Priority::Bulk, move |c| {
+                outbox::enqueue(c, Topic::Alerts, &b, None, Timestamp::now_system())
+            })
+            .await
+            .unwrap();
+    }
+    // Another process takes the write lock, then the broker comes back.
+    let path = hub._dir.path().join("lockhub.db");
+    let locker = Connection::open(&path).unwrap();
+    locker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    broker.start_again();
+    let mut seen = HashSet::new();
+    while seen.len() < 20 {
+        let (_, p) = cloud.expect(|t, _| t.ends_with("/alerts")).await;
+        seen.insert(open_hub_envelope(&p)["n"].as_i64().unwrap());
+    }
+    // The writer fails the first waiting job after its BEGIN and then the
+    // job itself each wait the busy timeout (5 s + 5 s): held for 25 s, the
+    // two jobs queued at the reconnect (the fresh_session request, then the
+    // marks) both fail.
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    assert_eq!(hub.unsent(), 20, "nothing could be marked");
+    locker.execute_batch("ROLLBACK").unwrap();
+    drop(locker);
+    let deadline = tokio::time::Instant::now() + TEST_TIMEOUT;
+    while hub.unsent() > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "acknowledged rows stayed unsent"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    hub.stop().await;
+}
+
+/// Publishes `n` distinct events as fast as the broker takes them, then
+/// waits until the hub has applied them all; returns their ids in order.
+async fn flood_and_wait(cloud: &TestCloud, hub: &Hub, n: usize) -> Vec<Uuid> {
+    let mut signer = test_cloud_signer();
+    let mut sent = Vec::with_capacity(n);
+    for i in 0..n {
+        let e = signer.event(
+            "guest.erased",
+            serde_json::json!({"holder_ref": format!("g-{i}")}),
+        );
+        sent.push(e.event_id);
+        cloud.publish(e.envelope).await;
+    }
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        while hub.applied() < n {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("every event applied");
+    sent
+}
+
+/// Mosquitto 2.0's `max_inflight_messages` lets in-order acks run far past
+/// it, so the hub must bound its own intake: under a flood faster than it
+/// commits, it never holds more than its window unacked, and since nothing
+/// overflows, the connection is never recycled (each event arrives once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_faster_than_the_hub_commits_stays_within_its_receive_window() {
+    const EVENTS: usize = 1500;
+    const WINDOW: usize = 32;
+    // rumqttc decodes up to 10 packets per read once it reads at all.
+    const READ_BATCH: usize = 10;
+    let broker = Mosquitto::start_with(BrokerOptions {
+        max_queued_messages: Some(10_000),
+        ..Default::default()
+    });
+    let mut cloud = TestCloud::plain(broker.port).await;
+    let window = ReceiveWindow {
+        messages: WINDOW,
+        bytes: 1 << 20,
+    };
+    let hub = start_hub_with(
+        mqtt_config(&broker.url()),
+        window,
+        Duration::from_micros(500),
+    );
+    cloud.expect(is_online).await;
+
+    flood_and_wait(&cloud, &hub, EVENTS).await;
+
+    let flow = hub.flow();
+    assert!(
+        flow.peak_outstanding <= WINDOW + READ_BATCH,
+        "the hub held {} messages unacked; its window is {WINDOW}",
+        flow.peak_outstanding
+    );
+    assert!(
+        flow.peak_outstanding >= WINDOW,
+        "the flood should have filled the window (peak {})",
+        flow.peak_outstanding
+    );
+    assert_eq!(
+        flow.received, EVENTS as u64,
+        "no redelivery: never recycled"
+    );
+    assert_eq!(hub.applied(), EVENTS);
+    hub.stop().await;
+}
+
+/// Jobs that overrun their slice hand back the rest, and the jobs queued
+/// behind them hand back everything: events still commit (and are acked)
+/// in the order they arrived, each once, on one connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_cut_short_still_commit_every_event_once_in_arrival_order() {
+    const EVENTS: usize = 600;
+    let broker = Mosquitto::start_with(BrokerOptions {
+        max_queued_messages: Some(10_000),
+        ..Default::default()
+    });
+    let mut cloud = TestCloud::plain(broker.port).await;
+    let hub = start_hub_decider(
+        mqtt_config(&broker.url()),
+        ReceiveWindow::default(),
+        RecordOnce {
+            ring: test_ring(),
+            delay: Duration::from_micros(200),
+            // Longer than a job slice: that job is cut short.
+            spike: Some((23, lockhub::store::JOB_SLICE * 3)),
+            commits: Default::default(),
+        },
+    );
+    cloud.expect(is_online).await;
+
+    let sent = flood_and_wait(&cloud, &hub, EVENTS).await;
+    let order = hub.applied_order();
+    assert_eq!(order.len(), sent.len());
+    let first_out_of_order = order.iter().zip(&sent).position(|(a, b)| a != b);
+    assert_eq!(
+        first_out_of_order, None,
+        "committed in arrival order (the first difference is at that index)"
+    );
+    assert_eq!(
+        hub.flow().received,
+        EVENTS as u64,
+        "no redelivery: the connection was never recycled"
+    );
+    hub.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step1_rejection_is_answered_and_claims_nothing() {
+    let broker = Mosquitto::start();
+    let mut cloud = TestCloud::plain(broker.port).await;
+    let hub = start_hub(mqtt_config(&broker.url()));
+    cloud.expect(is_online).await;
+    cloud.publish(b"{not json".to_vec()).await;
+    let (_, p) = cloud.expect(|t, _| t.ends_with("/results")).await;
+    let body = open_hub_envelope(&p);
+    assert_eq!(body["outcome"], "rejected");
+    assert_eq!(body["reason"], "bad_envelope");
+    assert_eq!(body["event_id"], serde_json::Value::Null);
+    assert_eq!(hub.applied(), 0);
+    hub.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_client_certificates_carries_events_and_results() {
+    let pki = TestPki::generate();
+    let broker = Mosquitto::start_with(BrokerOptions {
+        tls: Some(pki.server()),
+        ..Default::default()
+    });
+    let mut cfg = mqtt_config(&broker.url());
+    cfg.ca_file = Some(pki.path("ca.crt"));
+    cfg.cert_file = Some(pki.path("client.crt"));
+    cfg.key_file = Some(pki.path("client.key"));
+    let hub = start_hub(cfg.clone());
+
+    // The test cloud connects with the same client certificate (other id).
+    let mut o = MqttOptions::new("test-cloud", "127.0.0.1", broker.port);
+    o.set_clean_session(false);
+    let tls = lockhub::sync::client::tls_config(&cfg).unwrap();
+    o.set_transport(rumqttc::Transport::Tls(rumqttc::TlsConfiguration::Rustls(
+        Arc::new(tls),
+    )));
+    let mut cloud = TestCloud::connect(o).await;
+    cloud.expect(is_online).await;
+    let mut signer = test_cloud_signer();
+    let e = signer.event("guest.erased", serde_json::json!({"holder_ref": "g-1"}));
+    cloud.publish(e.envelope.clone()).await;
+    let got = results_for(&mut cloud, &HashSet::from([e.event_id])).await;
+    assert_eq!(got[&e.event_id][0]["outcome"], "applied");
+    hub.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_protected_broker_accepts_the_hub_with_its_password_file() {
+    let creds = tempfile::tempdir().unwrap();
+    let passwd = password_file(creds.path(), "hub", "s3cret-pass");
+    let broker = Mosquitto::start_with(BrokerOptions {
+        password_file: Some(passwd),
+        ..Default::default()
+    });
+    let pw: PathBuf = creds.path().join("hub.pw");
+    std::fs::write(&pw, "s3cret-pass\n").unwrap();
+    let mut cfg = mqtt_config(&broker.url());
+    cfg.username = Some("hub".into());
+    cfg.password_file = Some(pw);
+    let hub = start_hub(cfg);
+
+    let mut o = MqttOptions::new("test-cloud", "127.0.0.1", broker.port);
+    o.set_clean_session(false)
+        .set_credentials("hub", "s3cret-pass");
+    let mut cloud = TestCloud::connect(o).await;
+    cloud.expect(is_online).await;
+    let mut signer = test_cloud_signer();
+    let e = signer.event("guest.erased", serde_json::json!({"holder_ref": "g-1"}));
+    cloud.publish(e.envelope.clone()).await;
+    let got = results_for(&mut cloud, &HashSet::from([e.event_id])).await;
+    assert_eq!(got[&e.event_id][0]["outcome"], "applied");
+    hub.stop().await;
+}
