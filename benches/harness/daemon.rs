@@ -96,6 +96,17 @@ impl Daemon {
         self.stop();
         let dir = bench_dir();
         copy_tree(self.dir.path(), dir.path());
+        // The copy's ~100 MiB would otherwise still be in the page cache:
+        // ext4's journal commits (which every fsync of the daemon waits
+        // for) would flush it behind the daemon's first commits, which
+        // took seconds, and denied door entries (their 2 s bound), that a
+        // hub whose database was written long ago never sees.
+        let synced = Command::new("sync")
+            .arg("-f")
+            .arg(dir.path())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(synced, "sync the copied folder");
         let config = dir.path().join("hub.toml");
         Self::spawn(dir, &config, true)
     }

@@ -33,6 +33,7 @@ pub const IDS: &[&str] = &[
     "door.load.ingest_rate",
     "door.audit_before_unlock",
     "door.floor.pty",
+    "door.floor.fsync",
     "door.idle.write_amp",
 ];
 
@@ -42,6 +43,15 @@ const S: &str = "door";
 /// door sees one entry every `DOORS × GAP` = 256 ms, within serial.md's
 /// flood limit (4 a second per door; past it entries are denied unread).
 const GAP: Duration = Duration::from_millis(16);
+
+/// [`GAP`], or `LOCKHUB_BENCH_DOOR_GAP_MS`: on a slow disk one entry every
+/// 16 ms writes more random pages than a card takes (see BENCHMARKS.md).
+fn gap() -> Duration {
+    std::env::var("LOCKHUB_BENCH_DOOR_GAP_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(GAP, Duration::from_millis)
+}
 /// An entry with no answer by then is a failure of the run, not a sample.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -209,7 +219,7 @@ async fn phase(
             );
             audit_checks += 1;
         }
-        tokio::time::sleep(GAP).await;
+        tokio::time::sleep(gap()).await;
     }
     *granted_before += entries as i64;
     Phase {
@@ -282,7 +292,7 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
             .collect(),
     );
     // Enough signed events to keep the load going for the whole loaded phase.
-    let expected_s = sizes.door_entries as f64 * 0.018 + 5.0;
+    let expected_s = sizes.door_entries as f64 * (gap().as_secs_f64() + 0.002) + 5.0;
     let n_events = ((sizes.load_rate * expected_s) as usize).min(sizes.ingest_n.max(1000));
     let payloads: Arc<Vec<Vec<u8>>> = Arc::new(
         fixture::issue_events(&mut cloud, "k", n_events)
@@ -376,6 +386,9 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
     )
     .await;
 
+    // The disk's floor in the daemon's own folder, just before the idle
+    // phase (every entry waits for at least one such sync).
+    let fsync = super::scale::fsync_floor_in(&daemon.dir, 500);
     let (bytes0, db0) = (write_bytes(daemon.pid()).unwrap_or(0), db_bytes(&reader));
     let idle = phase(
         sizes.door_entries,
@@ -496,6 +509,12 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
                 micros(floor.median()),
                 micros(floor.p99())
             ),
+        ),
+        Figure::new(
+            "door.floor.fsync",
+            S,
+            "the disk's floor in the daemon's folder, this run: 4 KiB append + `fdatasync` (the harness's own, outside any I/O throttle): median (p99)",
+            format!("{} ({})", micros(fsync.median()), micros(fsync.p99())),
         ),
         Figure::new(
             "door.idle.write_amp",
