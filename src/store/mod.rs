@@ -260,17 +260,16 @@ const RESTART_PAGES: u64 = 1024;
 /// many pages (128 KiB) for it to copy: copying is what holds a door job
 /// back while the writer restarts. Left to the writer, 12 MiB of it took
 /// ~100 ms on the VM's disk (a door entry's worst case in the door
-/// benchmark), and 256 pages took ~2.5 s on a disk doing 100 random
-/// writes a second (`scripts/slow-disk`): a door entry behind that restart
-/// missed its 2 s commit bound and was denied. 32 pages cost such a disk
-/// ~0.3 s; holding bulk work back ([`HOLD_BULK_MAX`]) lets the copy get
-/// there.
+/// benchmark); on a card doing 100 random writes a second
+/// (`scripts/slow-disk`) 256 scattered pages are ~2.5 s of writes, past a
+/// door's 2 s commit bound, and 32 are ~0.3 s. Holding bulk work back
+/// ([`HOLD_BULK_MAX`]) lets the checkpointer get there.
 const RESTART_REST: u64 = 32;
 /// Past twice [`RESTART_PAGES`] with more than [`RESTART_REST`] left to
 /// copy, the writer is outrunning the checkpointer. The writer used to
 /// restart the WAL then whatever was left, copying it all itself while the
-/// door jobs arriving meanwhile waited: a card copying at SD speed (100
-/// random writes a second) turns 2,000 pages into seconds, past a door's
+/// door jobs arriving meanwhile waited: at SD-card speed (100 random
+/// writes a second) 2,000 pages are ~20 s of writes, far past a door's
 /// 2 s commit bound. Now bulk groups wait (up to this long each) for the
 /// checkpointer to catch up, and door jobs go ahead meanwhile: the WAL
 /// stays bounded by holding back the events, never the door.
