@@ -33,6 +33,26 @@ pub fn bench_dir() -> tempfile::TempDir {
     }
 }
 
+/// Whether the daemons' data goes to a slow disk (`LOCKHUB_BENCH_DIR`).
+pub fn slow_disk() -> bool {
+    std::env::var_os("LOCKHUB_BENCH_DIR").is_some()
+}
+
+/// Copies the files of `from` (a daemon's folder, its database closed)
+/// into `to`, folders included.
+fn copy_tree(from: &Path, to: &Path) {
+    for entry in std::fs::read_dir(from).expect("read the daemon's folder") {
+        let entry = entry.expect("folder entry");
+        let dest = to.join(entry.file_name());
+        if entry.file_type().expect("file type").is_dir() {
+            std::fs::create_dir_all(&dest).expect("make folder");
+            copy_tree(&entry.path(), &dest);
+        } else {
+            std::fs::copy(entry.path(), &dest).expect("copy file");
+        }
+    }
+}
+
 /// `VmRSS` and `VmHWM` (peak) of a process, in bytes.
 pub fn memory(pid: u32) -> Option<(u64, u64)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -62,7 +82,48 @@ impl Daemon {
         prefill: usize,
         extra: impl FnOnce(&Path),
     ) -> Daemon {
+        Self::start_in(bench_dir(), mqtt_url, serial_port, policy, prefill, extra).await
+    }
+
+    /// [`Daemon::start`] on the system's temp folder, whatever
+    /// `LOCKHUB_BENCH_DIR` says, and outside `LOCKHUB_BENCH_CGROUP`: for
+    /// filling a mirror that [`Daemon::move_to_bench_dir`] then takes to the
+    /// slow disk.
+    pub async fn start_on_fast_disk(mqtt_url: &str, serial_port: &Path, policy: &str) -> Daemon {
+        let dir = tempfile::tempdir().expect("tempdir");
+        fixture::write_config(dir.path(), mqtt_url, serial_port, policy);
+        Self::spawn(dir, false)
+    }
+
+    /// Stops the daemon cleanly (its database closed, the WAL checkpointed
+    /// away), copies its folder to [`bench_dir`] and starts `lockhub run`
+    /// there, as a hub restarted on that disk would be.
+    pub fn move_to_bench_dir(mut self) -> Daemon {
+        self.stop();
         let dir = bench_dir();
+        copy_tree(self.inner.dir.path(), dir.path());
+        // The copy's ~100 MiB would otherwise still be in the page cache:
+        // ext4's journal commits (which every fsync of the daemon waits
+        // for) would flush it behind the daemon's first commits, which
+        // took seconds, and denied door entries (their 2 s bound), that a
+        // hub whose database was written long ago never sees.
+        let synced = Command::new("sync")
+            .arg("-f")
+            .arg(dir.path())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(synced, "sync the copied folder");
+        Self::spawn(dir, true)
+    }
+
+    async fn start_in(
+        dir: tempfile::TempDir,
+        mqtt_url: &str,
+        serial_port: &Path,
+        policy: &str,
+        prefill: usize,
+        extra: impl FnOnce(&Path),
+    ) -> Daemon {
         fixture::write_config(dir.path(), mqtt_url, serial_port, policy);
         extra(dir.path());
         if prefill > 0 {
@@ -79,6 +140,12 @@ impl Daemon {
                 .expect("prefill");
             store.close();
         }
+        Self::spawn(dir, true)
+    }
+
+    /// `lockhub run` on the folder's `hub.toml` (testkit's wrapper, logging
+    /// to `lockhub.log`); moved into `LOCKHUB_BENCH_CGROUP` if `throttled`.
+    fn spawn(dir: tempfile::TempDir, throttled: bool) -> Daemon {
         let mut inner = testkit::daemon::Daemon::at(dir);
         let started = Instant::now();
         // LOCKHUB_BENCH_WRAP="heaptrack -o /tmp/lockhub": run the daemon under
@@ -87,7 +154,9 @@ impl Daemon {
         inner.spawn_wrapped(&wrap.split_whitespace().collect::<Vec<_>>());
         // LOCKHUB_BENCH_CGROUP=/sys/fs/cgroup/blkio/NAME: the daemon's I/O is
         // throttled there (scripts/slow-disk sets one up).
-        if let Ok(group) = std::env::var("LOCKHUB_BENCH_CGROUP") {
+        if let Ok(group) = std::env::var("LOCKHUB_BENCH_CGROUP")
+            && throttled
+        {
             std::fs::write(
                 Path::new(&group).join("cgroup.procs"),
                 inner.pid().to_string(),

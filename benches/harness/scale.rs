@@ -59,9 +59,15 @@ impl Lcg {
 /// the databases live on (SQLite in WAL with `synchronous=FULL` syncs the
 /// WAL once per commit).
 fn fsync_floor(samples: usize) -> Summary {
+    fsync_floor_in(&tempfile::tempdir().expect("tempdir"), samples)
+}
+
+/// [`fsync_floor`] in `dir` (the door scenario measures it in the daemon's
+/// own folder, in the same run as its entries).
+pub fn fsync_floor_in(dir: &tempfile::TempDir, samples: usize) -> Summary {
     use std::io::Write;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut f = std::fs::File::create(dir.path().join("fsync-probe")).expect("probe file");
+    let path = dir.path().join("fsync-probe");
+    let mut f = std::fs::File::create(&path).expect("probe file");
     let block = [0x5au8; 4096];
     let mut times = Vec::with_capacity(samples);
     for _ in 0..samples {
@@ -70,6 +76,8 @@ fn fsync_floor(samples: usize) -> Summary {
         f.sync_data().expect("fdatasync");
         times.push(t.elapsed());
     }
+    drop(f);
+    let _ = std::fs::remove_file(path);
     Summary::from_durations(&times)
 }
 

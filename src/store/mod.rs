@@ -295,10 +295,26 @@ const CHECKPOINT_TICK: Duration = Duration::from_millis(100);
 /// the door's commits.
 const RESTART_PAGES: u64 = 1024;
 /// The writer restarts the WAL once the checkpointer has left at most this
-/// many pages (1 MiB) for it to copy: copying is what holds a door job back
-/// while the writer restarts, and left to the writer 12 MiB of it took
-/// ~100 ms (a door entry's worst case in the door benchmark).
-const RESTART_REST: u64 = 256;
+/// many pages (128 KiB) for it to copy: copying is what holds a door job
+/// back while the writer restarts. Left to the writer, 12 MiB of it took
+/// ~100 ms on the VM's disk (a door entry's worst case in the door
+/// benchmark); on a card doing 100 random writes a second
+/// (`scripts/slow-disk`) 256 scattered pages are ~2.5 s of writes, past a
+/// door's 2 s commit bound, and 32 are ~0.3 s. Holding bulk work back
+/// ([`HOLD_BULK_MAX`]) lets the checkpointer get there.
+const RESTART_REST: u64 = 32;
+/// Past twice [`RESTART_PAGES`] with more than [`RESTART_REST`] left to
+/// copy, the writer is outrunning the checkpointer. The writer used to
+/// restart the WAL then whatever was left, copying it all itself while the
+/// door jobs arriving meanwhile waited: at SD-card speed (100 random
+/// writes a second) 2,000 pages are ~20 s of writes, far past a door's
+/// 2 s commit bound. Now bulk groups wait (up to this long each) for the
+/// checkpointer to catch up, and door jobs go ahead meanwhile: the WAL
+/// stays bounded by holding back the events, never the door.
+const HOLD_BULK_MAX: Duration = Duration::from_millis(100);
+/// The checkpointer's tick while the writer is holding bulk groups back for
+/// it ([`HOLD_BULK_MAX`]).
+const BEHIND_TICK: Duration = Duration::from_millis(5);
 /// How long the writer's RESTART and the checkpointer's idle TRUNCATE may
 /// wait for readers (and the TRUNCATE for the writer); past it they try
 /// again later. The writer's RESTART also gives up the moment a door job
@@ -326,6 +342,37 @@ struct WalState {
     /// The checkpointer has copied the bulk of a full WAL: the writer
     /// should RESTART it between two groups.
     restart_due: std::sync::atomic::AtomicBool,
+    /// The checkpointer is behind ([`WalStep::HoldBulk`]).
+    behind: std::sync::atomic::AtomicBool,
+}
+
+/// What the checkpointer makes of the WAL after a PASSIVE copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WalStep {
+    /// Keep copying beside the writer.
+    Copy,
+    /// The WAL is past [`RESTART_PAGES`] and at most [`RESTART_REST`] pages
+    /// are left: the writer restarts it between two groups.
+    Restart,
+    /// The WAL is past twice [`RESTART_PAGES`] and more is left: bulk
+    /// groups wait for the copy ([`HOLD_BULK_MAX`]); the writer copies
+    /// nothing itself.
+    HoldBulk,
+}
+
+impl WalStep {
+    /// `pages` in the WAL, `rest` of them not yet copied.
+    fn after_copy(pages: u64, rest: u64) -> WalStep {
+        if pages < RESTART_PAGES {
+            WalStep::Copy
+        } else if rest <= RESTART_REST {
+            WalStep::Restart
+        } else if pages >= 2 * RESTART_PAGES {
+            WalStep::HoldBulk
+        } else {
+            WalStep::Copy
+        }
+    }
 }
 
 impl WalState {
@@ -340,6 +387,7 @@ impl WalState {
         match wal_checkpoint(conn, "RESTART") {
             Ok((0, log, done)) if log == done => {
                 self.restart_due.store(false, Relaxed);
+                self.behind.store(false, Relaxed);
                 let _ = self.pages.compare_exchange(pages, 0, Relaxed, Relaxed);
             }
             Ok(_) => {}
@@ -392,8 +440,15 @@ impl Checkpointer {
             .spawn(move || {
                 use std::sync::atomic::Ordering::Relaxed;
                 let (mut seen, mut quiet_since) = (0u64, Instant::now());
+                let tick = |wal: &WalState| {
+                    if wal.behind.load(Relaxed) {
+                        BEHIND_TICK
+                    } else {
+                        CHECKPOINT_TICK
+                    }
+                };
                 while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
-                    rx.recv_timeout(CHECKPOINT_TICK)
+                    rx.recv_timeout(tick(&wal))
                 {
                     let commits = wal.commits.load(Relaxed);
                     if commits != seen {
@@ -406,16 +461,16 @@ impl Checkpointer {
                         // fsync wait behind it). Once the WAL is past the
                         // threshold and little is left to copy, the writer
                         // restarts it, copying only that rest; past twice the
-                        // threshold it does so whatever is left, so a writer
-                        // outrunning the copy cannot grow the WAL without
-                        // bound.
+                        // threshold with more left, bulk groups wait for the
+                        // copy, so a writer outrunning it cannot grow the WAL
+                        // without bound (see `WalStep`).
                         let rest = match wal_checkpoint(&conn, "PASSIVE") {
                             Ok((_, log, done)) => u64::try_from(log - done).unwrap_or(0),
                             Err(_) => pages,
                         };
-                        if pages >= RESTART_PAGES
-                            && (rest <= RESTART_REST || pages >= 2 * RESTART_PAGES)
-                        {
+                        let step = WalStep::after_copy(pages, rest);
+                        wal.behind.store(step == WalStep::HoldBulk, Relaxed);
+                        if step == WalStep::Restart {
                             wal.restart_due.store(true, Relaxed);
                             continue;
                         }
@@ -429,6 +484,7 @@ impl Checkpointer {
                         Ok((0, log, done)) if log == done => {
                             let _ = wal.pages.compare_exchange(pages, 0, Relaxed, Relaxed);
                             wal.restart_due.store(false, Relaxed);
+                            wal.behind.store(false, Relaxed);
                             // The hub has gone idle: the heap too gives back
                             // what the burst left.
                             crate::alloc::trim();
@@ -924,6 +980,7 @@ fn writer_loop(conn: Connection, mut rx: mpsc::Receiver<Job>, patience: &Patienc
             }
         }
         take_waiting(&mut rx, &mut pending);
+        hold_bulk_while_behind(&mut rx, &mut pending, wal);
         let door_first = pending
             .front()
             .is_some_and(|j| j.priority == Priority::Door);
@@ -947,6 +1004,23 @@ fn writer_loop(conn: Connection, mut rx: mpsc::Receiver<Job>, patience: &Patienc
     // Dropping the connection checkpoints the WAL when it is the last one.
     patience.set(Instant::now() + BUSY_TIMEOUT, false);
     drop(conn);
+}
+
+/// While the checkpointer is behind ([`WalStep::HoldBulk`]), a bulk group
+/// waits for it, up to [`HOLD_BULK_MAX`]; a door job that arrives
+/// meanwhile goes first at once.
+fn hold_bulk_while_behind(
+    rx: &mut mpsc::Receiver<Job>,
+    pending: &mut VecDeque<Job>,
+    wal: &WalState,
+) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let bulk_next = |p: &VecDeque<Job>| p.front().is_some_and(|j| j.priority == Priority::Bulk);
+    let until = Instant::now() + HOLD_BULK_MAX;
+    while wal.behind.load(Relaxed) && bulk_next(pending) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(1));
+        take_waiting(rx, pending);
+    }
 }
 
 /// Moves every job already waiting on the channel into `pending`; door jobs
@@ -1310,6 +1384,37 @@ mod tests {
             std::thread::sleep(CHECKPOINT_TICK);
         }
         store.close();
+    }
+
+    #[test]
+    fn the_writer_never_copies_more_than_the_rest_and_holds_bulk_work_when_the_checkpointer_is_behind()
+     {
+        // Below the threshold: keep copying.
+        assert_eq!(WalStep::after_copy(RESTART_PAGES - 1, 0), WalStep::Copy);
+        // Past it with little left: the writer restarts, copying that rest.
+        assert_eq!(
+            WalStep::after_copy(RESTART_PAGES, RESTART_REST),
+            WalStep::Restart
+        );
+        assert_eq!(
+            WalStep::after_copy(RESTART_PAGES, RESTART_REST + 1),
+            WalStep::Copy
+        );
+        // Far past it with much left: the writer copies nothing itself (a
+        // door would wait for that copy); bulk groups wait for the
+        // checkpointer instead.
+        assert_eq!(
+            WalStep::after_copy(2 * RESTART_PAGES, 2 * RESTART_PAGES),
+            WalStep::HoldBulk
+        );
+        assert_eq!(
+            WalStep::after_copy(3 * RESTART_PAGES, RESTART_REST + 1),
+            WalStep::HoldBulk
+        );
+        assert_eq!(
+            WalStep::after_copy(3 * RESTART_PAGES, RESTART_REST),
+            WalStep::Restart
+        );
     }
 
     #[test]

@@ -98,6 +98,8 @@ pub struct SyncSettings {
     pub backlog: BacklogLimits,
     /// How much the hub takes from the broker before acking.
     pub window: window::ReceiveWindow,
+    /// The MQTT keep-alive ([`client::KEEP_ALIVE`]; tests shorten it).
+    pub keep_alive: Duration,
 }
 
 impl SyncSettings {
@@ -110,6 +112,7 @@ impl SyncSettings {
             cloud_stale: Duration::from_secs(u64::from(config.policy.cloud_stale_s)),
             backlog: BacklogLimits::default(),
             window: window::ReceiveWindow::default(),
+            keep_alive: client::KEEP_ALIVE,
         }
     }
 }
@@ -138,7 +141,8 @@ pub fn start<D: Decide>(
     let status_topic = format!("{}status", settings.topic_base);
     let events_topic = format!("{}events", settings.topic_base);
     let offline = client::status_payload(&settings.hub_id, false, clock.now());
-    let options = client::mqtt_options(&settings.mqtt, &status_topic, offline)?;
+    let mut options = client::mqtt_options(&settings.mqtt, &status_topic, offline)?;
+    options.set_keep_alive(settings.keep_alive);
     let (mqtt, eventloop) = rumqttc::AsyncClient::new(options, client::REQUEST_CAPACITY);
     let gate = Gate::new(mqtt);
 

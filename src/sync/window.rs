@@ -19,10 +19,32 @@
 //! reading is paused (the poll task writes them itself), which is what
 //! reopens the window.
 //!
+//! ## Keeping the connection alive while reading is paused
+//! The keep-alive is read from the same socket: with reading paused, the
+//! broker's PINGRESP waits behind the messages it queued for the hub, and
+//! while the writer is stalled (a slow SD card, another process holding
+//! the write lock) no acks go out either. Left to rumqttc, a pause longer
+//! than the keep-alive cost the connection: the broker drops a client it
+//! hears nothing from for 1.5 keep-alives, and rumqttc gives up on its
+//! next ping ("Last pingreq isn't acked") when the answer to the last one
+//! has not been read yet, though it was not read only because the hub chose
+//! not to read. Every reconnect redelivers the whole window. So while
+//! reading is paused the poll task writes a PINGREQ itself every third of
+//! the keep-alive after its last write ([`PausedPings`]), and the broker's
+//! silence is judged only while the hub reads: any packet read from the
+//! broker answers an outstanding ping, and a ping left unanswered across a
+//! pause is forgiven when reading resumes (rumqttc's own keep-alive then
+//! starts over). Nothing more is read while paused, so memory stays
+//! bounded, and acks still go out only as commits allow, in arrival order.
+//!
 //! This is plain state, no I/O: [`Outstanding`] is fed "received" and
-//! "acked" and answers whether the window is full.
+//! "acked" and answers whether the window is full; [`PausedPings`] is told
+//! when reading pauses and resumes and when the hub wrote, and says when
+//! the next ping is due.
 
 use std::collections::VecDeque;
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// How much may be received and not yet acked before reading pauses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,9 +120,87 @@ impl Outstanding {
     }
 }
 
+/// When the hub pings the broker itself: only while reading is paused
+/// (see the module docs), every third of the keep-alive after its last
+/// write, so the broker (which allows 1.5 keep-alives of silence) always
+/// hears from the hub in time, whatever rumqttc last wrote before the pause.
+#[derive(Debug, Clone)]
+pub struct PausedPings {
+    every: Duration,
+    /// `Some` while paused: when the next ping is due.
+    next: Option<Instant>,
+}
+
+impl PausedPings {
+    /// For a connection with this keep-alive (zero: the keep-alive is off,
+    /// and so are these pings).
+    pub fn new(keep_alive: Duration) -> Self {
+        PausedPings {
+            every: keep_alive / 3,
+            next: None,
+        }
+    }
+
+    /// Reading is paused at `now` (again: nothing changes).
+    pub fn paused(&mut self, now: Instant) {
+        if self.next.is_none() && !self.every.is_zero() {
+            self.next = Some(now + self.every);
+        }
+    }
+
+    /// The hub wrote to the broker at `now` (acks, a ping): the next ping
+    /// counts from there.
+    pub fn wrote(&mut self, now: Instant) {
+        if let Some(next) = &mut self.next {
+            *next = now + self.every;
+        }
+    }
+
+    /// Reading resumes (or the connection is gone). `true` if it had been
+    /// paused: a ping unanswered across the pause is then forgiven.
+    pub fn resumed(&mut self) -> bool {
+        self.next.take().is_some()
+    }
+
+    /// When the next ping is due, while paused.
+    pub fn due(&self) -> Option<Instant> {
+        self.next
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn while_paused_a_ping_is_due_every_third_of_the_keep_alive_after_the_last_write() {
+        let t0 = Instant::now();
+        let mut p = PausedPings::new(Duration::from_secs(30));
+        assert_eq!(p.due(), None, "no pings while reading");
+        p.paused(t0);
+        assert_eq!(p.due(), Some(t0 + Duration::from_secs(10)));
+        p.paused(t0 + Duration::from_secs(5));
+        assert_eq!(
+            p.due(),
+            Some(t0 + Duration::from_secs(10)),
+            "still the same pause"
+        );
+        p.wrote(t0 + Duration::from_secs(7));
+        assert_eq!(p.due(), Some(t0 + Duration::from_secs(17)));
+        assert!(p.resumed());
+        assert_eq!(p.due(), None);
+        assert!(!p.resumed(), "it was not paused");
+        p.wrote(t0 + Duration::from_secs(20));
+        assert_eq!(p.due(), None, "a write while reading schedules nothing");
+    }
+
+    #[test]
+    fn with_the_keep_alive_off_the_hub_never_pings() {
+        let mut p = PausedPings::new(Duration::ZERO);
+        p.paused(Instant::now());
+        assert_eq!(p.due(), None);
+        assert!(!p.resumed());
+    }
 
     const SMALL: ReceiveWindow = ReceiveWindow {
         messages: 3,

@@ -166,6 +166,15 @@ fn test_ring() -> Vec<Signer> {
 }
 
 fn start_hub_decider(mqtt: MqttConfig, window: ReceiveWindow, decider: RecordOnce) -> Hub {
+    start_hub_keep_alive(mqtt, window, decider, sync::client::KEEP_ALIVE)
+}
+
+fn start_hub_keep_alive(
+    mqtt: MqttConfig,
+    window: ReceiveWindow,
+    decider: RecordOnce,
+    keep_alive: Duration,
+) -> Hub {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&dir.path().join("lockhub.db"), &Default::default()).unwrap();
     let settings = SyncSettings {
@@ -176,6 +185,7 @@ fn start_hub_decider(mqtt: MqttConfig, window: ReceiveWindow, decider: RecordOnc
         cloud_stale: Duration::from_secs(900),
         backlog: BacklogLimits::default(),
         window,
+        keep_alive,
     };
     let sync = sync::start(
         settings,
@@ -544,6 +554,85 @@ async fn a_flood_faster_than_the_hub_commits_stays_within_its_receive_window() {
     assert_eq!(
         flow.received, EVENTS as u64,
         "no redelivery: never recycled"
+    );
+    assert_eq!(hub.applied(), EVENTS);
+    hub.stop().await;
+}
+
+/// With its receive window full and reading paused, the hub reads no
+/// PINGRESP (it waits behind the backlog the broker queued), and while its
+/// writer is stalled it writes no acks either: it must still keep the
+/// connection alive. Here another connection holds the write lock for four
+/// keep-alives, then a slow writer takes many keep-alives to read the
+/// backlog (before the fix rumqttc gave up twice: "Last pingreq isn't
+/// acked"). The connection survives, so nothing is delivered twice, and
+/// the window still bounds what the hub took meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_stalled_longer_than_the_keep_alive_with_the_window_full_keeps_the_connection() {
+    const EVENTS: usize = 1500;
+    const WINDOW: usize = 16;
+    // rumqttc decodes up to 10 packets per read once it reads at all.
+    const READ_BATCH: usize = 10;
+    const KEEP_ALIVE: Duration = Duration::from_secs(1);
+    // Longer than 1.5 keep-alives, shorter than the writer's own 5 s wait
+    // for the lock (past it the job fails and the hub reconnects on purpose).
+    const STALL: Duration = Duration::from_millis(4_200);
+    let broker = Mosquitto::start_with(BrokerOptions {
+        max_queued_messages: Some(10_000),
+        ..Default::default()
+    });
+    let mut cloud = TestCloud::plain(broker.port).await;
+    let window = ReceiveWindow {
+        messages: WINDOW,
+        bytes: 1 << 20,
+    };
+    let hub = start_hub_keep_alive(
+        mqtt_config(&broker.url()),
+        window,
+        RecordOnce {
+            ring: test_ring(),
+            // A slow card: the backlog the broker queued ahead of its
+            // PINGRESP takes many keep-alives to read.
+            delay: Duration::from_millis(3),
+            spike: None,
+            commits: Default::default(),
+        },
+        KEEP_ALIVE,
+    );
+    cloud.expect(is_online).await;
+    // The table the decider writes, so `applied` counts from the start.
+    hub.store
+        .write(Priority::Bulk, |c| {
+            c.execute_batch("CREATE TABLE test_applied (event_id TEXT PRIMARY KEY)")?;
+            Ok(())
+        })
+        .await
+        .unwrap();
+
+    let path = hub.store.path().to_owned();
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        let c = Connection::open(&path).unwrap();
+        c.execute_batch("BEGIN IMMEDIATE").unwrap();
+        locked_tx.send(()).unwrap();
+        std::thread::sleep(STALL);
+        c.execute_batch("ROLLBACK").unwrap();
+    });
+    locked_rx.recv().unwrap();
+    flood_and_wait(&cloud, &hub, EVENTS).await;
+    holder.join().unwrap();
+
+    let flow = hub.flow();
+    assert!(
+        flow.peak_outstanding >= WINDOW && flow.peak_outstanding <= WINDOW + READ_BATCH,
+        "the stall should have filled the window and no more (peak {})",
+        flow.peak_outstanding
+    );
+    assert_eq!(
+        flow.received,
+        EVENTS as u64,
+        "each event arrived once: the connection never dropped ({})",
+        broker.log()
     );
     assert_eq!(hub.applied(), EVENTS);
     hub.stop().await;

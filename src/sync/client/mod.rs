@@ -25,6 +25,13 @@
 //!   rumqttc's request channel, which is only served by the same `poll()`
 //!   that reads: the [`Gate`] queues their packet ids and the poll task
 //!   writes them to the connection itself, paused or not.
+//! - **The keep-alive outlives a paused read.** rumqttc reads PINGRESP
+//!   from the same socket and pings only while polled: with reading paused
+//!   it neither pings nor reads the answer, and it gives up on its next
+//!   ping if the last answer is still unread. So while paused the poll
+//!   task writes a PINGREQ itself, any packet read counts as the answer,
+//!   and a ping unanswered across a pause is forgiven
+//!   ([`PausedPings`](super::window::PausedPings)).
 //! - **No reconnect storm.** rumqttc reconnects as fast as it is polled; the
 //!   poll task sleeps a capped, jittered backoff between attempts.
 //! - **Big envelopes.** The default incoming limit (10 KiB) is far below the

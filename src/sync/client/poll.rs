@@ -5,15 +5,16 @@
 
 use super::gate::Gate;
 use super::state::{Access, ConnAckStep, PollState, Refusal, SubAckStep};
-use crate::sync::window::ReceiveWindow;
+use crate::sync::window::{PausedPings, ReceiveWindow};
 use rumqttc::{Event, EventLoop, Outgoing, Packet, PubAck, Publish};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Notify, mpsc, watch};
 
-/// How long writing acks to the socket may take before the connection is
-/// considered dead (rumqttc's own flush timeout is its connection timeout).
+/// How long writing acks (or a ping) to the socket may take before the
+/// connection is considered dead (rumqttc's own flush timeout is its
+/// connection timeout).
 const ACK_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// An incoming event message, tagged with the connection that delivered it.
@@ -119,19 +120,34 @@ impl<T> Parked<T> {
 /// interleave with rumqttc's own packets, even when a `poll()` was dropped
 /// mid-flush: the next flush sends both, in order.
 async fn write_acks(eventloop: &mut EventLoop, pkids: &[u16]) -> Result<(), String> {
+    let packets: Vec<Packet> = pkids
+        .iter()
+        .map(|&pkid| Packet::PubAck(PubAck::new(pkid)))
+        .collect();
+    write_packets(eventloop, packets, "acks").await
+}
+
+/// Writes `packets` to the connection and flushes, within
+/// [`ACK_WRITE_TIMEOUT`] (for the acks, and the pings of a paused read: see
+/// [`crate::sync::window`]).
+async fn write_packets(
+    eventloop: &mut EventLoop,
+    packets: Vec<Packet>,
+    what: &str,
+) -> Result<(), String> {
     let Some(network) = eventloop.network.as_mut() else {
-        return Err("no connection to ack on".to_owned());
+        return Err(format!("no connection to write {what} on"));
     };
     let io = async {
-        for &pkid in pkids {
-            network.write(Packet::PubAck(PubAck::new(pkid))).await?;
+        for packet in packets {
+            network.write(packet).await?;
         }
         network.flush().await
     };
     match tokio::time::timeout(ACK_WRITE_TIMEOUT, io).await {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(format!("cannot write acks: {e}")),
-        Err(_) => Err("timed out writing acks".to_owned()),
+        Ok(Err(e)) => Err(format!("cannot write {what}: {e}")),
+        Err(_) => Err(format!("timed out writing {what}")),
     }
 }
 
@@ -172,7 +188,8 @@ fn forget_connection(eventloop: &mut EventLoop) {
 /// Polls the event loop until `stop` turns true and the connection is
 /// closed (cleanly by the publisher, or lost). Only forwards; never awaits
 /// the client. Stops reading while `window` is full, and writes the acks the
-/// [`Gate`] queues. `reconnect` drops the current connection on purpose
+/// [`Gate`] queues, and meanwhile keeps the connection alive itself
+/// ([`PausedPings`]). `reconnect` drops the current connection on purpose
 /// (the ingest pipeline asks for it after a storage failure, to get the
 /// unacked messages redelivered).
 pub async fn poll_loop(
@@ -194,6 +211,8 @@ pub async fn poll_loop(
         Drained(bool),
         /// Time to ask again for the subscription the broker refused.
         Resubscribe,
+        /// Reading is paused and the broker must hear from the hub.
+        Ping,
     }
     let PollSinks {
         inbound,
@@ -206,11 +225,20 @@ pub async fn poll_loop(
     let mut session = Parked::new(session);
     let mut access = Parked::new(access);
     let mut state = PollState::new();
+    let mut pings = PausedPings::new(eventloop.mqtt_options.keep_alive());
     loop {
         let up = state.is_up();
         // While connected, `acks_ready` is always armed, so the select never
         // runs out of branches even with reading paused.
         let reading = state.reading(&window);
+        if up && !reading {
+            pings.paused(tokio::time::Instant::now());
+        } else if pings.resumed() {
+            // The answer to rumqttc's last ping was not read because the hub
+            // chose not to read: not held against the broker.
+            eventloop.state.await_pingresp = false;
+        }
+        let ping_at = pings.due();
         let resubscribe_at = state.resubscribe_at();
         let step = tokio::select! {
             biased;
@@ -222,6 +250,7 @@ pub async fn poll_loop(
             ok = session.drain_one(), if !session.queue.is_empty() => Step::Drained(ok),
             ok = access.drain_one(), if !access.queue.is_empty() => Step::Drained(ok),
             _ = sleep_until_some(resubscribe_at), if resubscribe_at.is_some() => Step::Resubscribe,
+            _ = sleep_until_some(ping_at), if ping_at.is_some() => Step::Ping,
             ev = eventloop.poll(), if reading => Step::Event(ev),
         };
         let failure = match step {
@@ -242,6 +271,20 @@ pub async fn poll_loop(
                 match write_acks(&mut eventloop, &pkids).await {
                     Ok(()) => {
                         state.on_acks_written(&pkids);
+                        pings.wrote(tokio::time::Instant::now());
+                        continue;
+                    }
+                    Err(e) => e,
+                }
+            }
+            Step::Ping => {
+                match write_packets(&mut eventloop, vec![Packet::PingReq], "a ping").await {
+                    Ok(()) => {
+                        tracing::debug!(
+                            outstanding = state.outstanding(),
+                            "pinged the broker while reading is paused"
+                        );
+                        pings.wrote(tokio::time::Instant::now());
                         continue;
                     }
                     Err(e) => e,
@@ -261,6 +304,12 @@ pub async fn poll_loop(
             Step::Kick => "reconnecting to get unacked events redelivered".to_owned(),
             Step::Event(Ok(ev)) => {
                 let epoch = state.epoch();
+                if matches!(ev, Event::Incoming(_)) {
+                    // Any packet from the broker shows the connection alive,
+                    // also while a PINGRESP still waits behind the messages
+                    // it queued before it (see `window`).
+                    eventloop.state.await_pingresp = false;
+                }
                 match ev {
                     Event::Incoming(Packet::ConnAck(ack)) => {
                         match state.on_connack(ack.session_present) {
