@@ -12,14 +12,16 @@
 //! is SQLite's: the invariant indexes and triggers refuse the write, and
 //! [`reason_for_constraint`] turns the refusal into the stable code. Each
 //! change runs in its own SAVEPOINT, so a rejected change leaves nothing
-//! behind, and a batch nests its items inside one more.
+//! behind. A batch nests its items inside one more, or, alone in its
+//! transaction ([`apply_event_alone`]), starts the transaction over when an
+//! item rejects it.
 //!
 //! Never log a body, a PIN tag or a holder name from here.
 
-use super::StoreError;
 use super::alerts::{self, Condition};
 use super::audit::{self, AuditKind, AuditRecord};
 use super::outbox::{self, Topic};
+use super::{Alone, StoreError};
 use crate::config::Policy;
 use crate::event::{
     Change, EventKind, EventResult, Evidence, Grant, ItemResult, Outcome, Reason, SchemaError,
@@ -87,6 +89,43 @@ pub fn apply_event(
     kind: Result<EventKind, SchemaError>,
     now: Timestamp,
 ) -> Result<Applied, StoreError> {
+    apply(conn, Scope::Shared, ctx, ev, kind, now)
+}
+
+/// [`apply_event`] for an event that has the writer's transaction to itself
+/// ([`super::Store::write_alone`]; the ingest pipeline sends every batch
+/// so). A batch then needs no savepoint of its own: each item's savepoint
+/// is the outermost one, so SQLite's sub-journal holds one item's pages at
+/// a time rather than the whole batch's, and an item that rejects the
+/// batch undoes it by starting the transaction over.
+pub fn apply_event_alone(
+    tx: &Alone<'_>,
+    ctx: &ApplyContext,
+    ev: &VerifiedEvent,
+    kind: Result<EventKind, SchemaError>,
+    now: Timestamp,
+) -> Result<Applied, StoreError> {
+    apply(tx.conn(), Scope::Alone(tx), ctx, ev, kind, now)
+}
+
+/// How a batch is made atomic.
+#[derive(Clone, Copy)]
+enum Scope<'a> {
+    /// Other work may share the transaction: the batch runs in a savepoint.
+    Shared,
+    /// Nothing else is in the transaction, and nothing of this event was
+    /// written before the batch: a rejected batch starts it over.
+    Alone(&'a Alone<'a>),
+}
+
+fn apply(
+    conn: &Connection,
+    scope: Scope<'_>,
+    ctx: &ApplyContext,
+    ev: &VerifiedEvent,
+    kind: Result<EventKind, SchemaError>,
+    now: Timestamp,
+) -> Result<Applied, StoreError> {
     let event_id = ev.header.event_id.to_string();
     if let Some(first) = load_dedupe(conn, ctx, &event_id)? {
         return if first.body_sha256 == ev.body_sha256 {
@@ -103,7 +142,7 @@ pub fn apply_event(
                 item: e.item,
                 ..Verdict::rejected(e.reason)
             },
-            Ok(kind) => decide(conn, ctx, &event_id, kind, now)?,
+            Ok(kind) => decide(conn, scope, ctx, &event_id, kind, now)?,
         }
     };
     let result = EventResult {
@@ -525,6 +564,7 @@ impl Verdict {
 
 fn decide(
     conn: &Connection,
+    scope: Scope<'_>,
     ctx: &ApplyContext,
     event_id: &str,
     kind: &EventKind,
@@ -532,9 +572,9 @@ fn decide(
 ) -> Result<Verdict, StoreError> {
     match kind {
         EventKind::Change(change) => apply_change(conn, ctx, event_id, change, now),
-        EventKind::Batch(items) => apply_batch(conn, ctx, event_id, items, None, now),
+        EventKind::Batch(items) => apply_batch(conn, scope, ctx, event_id, items, None, now),
         EventKind::BatchCutShort { items, invalid } => {
-            apply_batch(conn, ctx, event_id, items, Some(*invalid), now)
+            apply_batch(conn, scope, ctx, event_id, items, Some(*invalid), now)
         }
         // The head is counted with the seq bookkeeping; nothing to change.
         EventKind::Checkpoint { .. } => Ok(Verdict::of(Outcome::Noop)),
@@ -559,13 +599,16 @@ fn in_savepoint<T>(
     out
 }
 
-/// A batch: every item in one nested savepoint, decided in order. Items that
+/// A batch: every item in its own savepoint, decided in order. Items that
 /// come out noop, `revoked` or `illegal_transition` are recorded and
 /// skipped; any other rejection rolls every item back and rejects the batch
 /// at that index. `invalid` is the item after `items` that failed step 4: it
-/// is reported only if no earlier item failed first.
+/// is reported only if no earlier item failed first. The items are rolled
+/// back by one more savepoint around them, or, when the event is alone in
+/// its transaction, by starting the transaction over.
 fn apply_batch(
     conn: &Connection,
+    scope: Scope<'_>,
     ctx: &ApplyContext,
     event_id: &str,
     items: &[Change],
@@ -605,9 +648,18 @@ fn apply_batch(
             ..Verdict::changed(any)
         })
     };
-    in_savepoint(conn, "apply_batch", run, |v: &Verdict| {
-        v.outcome != Outcome::Rejected
-    })
+    match scope {
+        Scope::Shared => in_savepoint(conn, "apply_batch", run, |v: &Verdict| {
+            v.outcome != Outcome::Rejected
+        }),
+        Scope::Alone(tx) => {
+            let verdict = run()?;
+            if verdict.outcome == Outcome::Rejected {
+                tx.start_over()?;
+            }
+            Ok(verdict)
+        }
+    }
 }
 
 /// One change, in its own savepoint: rolled back if rejected.
