@@ -129,7 +129,7 @@ fn apply(
     let event_id = ev.header.event_id.to_string();
     if let Some(first) = load_dedupe(conn, ctx, &event_id)? {
         return if first.body_sha256 == ev.body_sha256 {
-            replay_duplicate(conn, &event_id, &first.result, now)
+            replay_duplicate(conn, &event_id, first.result, now)
         } else {
             answer_conflict(conn, ev, &event_id, now)
         };
@@ -250,7 +250,7 @@ pub fn reason_for_constraint(err: &StoreError) -> Option<Reason> {
 
 struct FirstRecord {
     body_sha256: Vec<u8>,
-    result: String,
+    result: EventResult,
 }
 
 fn load_dedupe(
@@ -258,17 +258,48 @@ fn load_dedupe(
     ctx: &ApplyContext,
     event_id: &str,
 ) -> Result<Option<FirstRecord>, StoreError> {
-    Ok(conn
+    let row = conn
         .prepare_cached(
-            "SELECT body_sha256, result FROM dedupe WHERE site_id = ?1 AND event_id = ?2",
+            "SELECT body_sha256, result, seq, outcome, reason, received_at
+               FROM dedupe WHERE site_id = ?1 AND event_id = ?2",
         )?
         .query_row(params![ctx.site_id.to_string(), event_id], |r| {
-            Ok(FirstRecord {
-                body_sha256: r.get(0)?,
-                result: r.get(1)?,
-            })
+            Ok((
+                r.get::<_, Vec<u8>>(0)?,
+                r.get::<_, Option<String>>(1)?,
+                r.get::<_, Option<i64>>(2)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, Option<String>>(4)?,
+                r.get::<_, i64>(5)?,
+            ))
         })
-        .optional()?)
+        .optional()?;
+    let Some((body_sha256, json, seq, outcome, reason, received_at)) = row else {
+        return Ok(None);
+    };
+    let unreadable = || StoreError::Invalid("a stored dedupe result is unreadable".into());
+    let result = match json {
+        Some(json) => result_from_json(&json).ok_or_else(unreadable)?,
+        // What the columns say is the whole result ([`store_dedupe`]).
+        None => EventResult {
+            event_id: Some(Uuid::parse_str(event_id).map_err(|_| unreadable())?),
+            seq: seq.map(|s| s as u64),
+            outcome: Outcome::parse(&outcome).ok_or_else(unreadable)?,
+            reason: match reason {
+                Some(r) => Some(Reason::parse(&r).ok_or_else(unreadable)?),
+                None => None,
+            },
+            duplicate: false,
+            clamped: false,
+            at: Timestamp(received_at),
+            item: None,
+            items: None,
+        },
+    };
+    Ok(Some(FirstRecord {
+        body_sha256,
+        result,
+    }))
 }
 
 /// The same event again: its first result, marked duplicate, re-queued for
@@ -278,11 +309,10 @@ fn load_dedupe(
 fn replay_duplicate(
     conn: &Connection,
     event_id: &str,
-    first: &str,
+    first: EventResult,
     now: Timestamp,
 ) -> Result<Applied, StoreError> {
-    let mut result = result_from_json(first)
-        .ok_or_else(|| StoreError::Invalid("a stored dedupe result is unreadable".into()))?;
+    let mut result = first;
     result.duplicate = true;
     if !outbox::is_held(conn, event_id)? {
         outbox::enqueue(conn, Topic::Results, &result.to_json(), None, now)?;
@@ -372,6 +402,9 @@ fn result_from_json(s: &str) -> Option<EventResult> {
 
 /// The dedupe row: the claim on the id, with the first result. Written
 /// whatever the outcome (a conflict writes none: the first record stands).
+/// The result's JSON is stored only when the row's columns cannot rebuild
+/// it ([`load_dedupe`]): it is most of the row, the outbox carries it
+/// already, and the smaller rows cost fewer pages written per event.
 fn store_dedupe(
     conn: &Connection,
     ctx: &ApplyContext,
@@ -380,8 +413,21 @@ fn store_dedupe(
     result: &EventResult,
     now: Timestamp,
 ) -> Result<(), StoreError> {
-    let json = String::from_utf8(result.to_json())
-        .map_err(|_| StoreError::Invalid("result is not UTF-8".into()))?;
+    let rebuildable = !result.clamped
+        && result.item.is_none()
+        && result.items.is_none()
+        && !result.duplicate
+        && result.at == now
+        && result.seq == ev.header.seq
+        && result.event_id == Some(ev.header.event_id);
+    let json = if rebuildable {
+        None
+    } else {
+        Some(
+            String::from_utf8(result.to_json())
+                .map_err(|_| StoreError::Invalid("result is not UTF-8".into()))?,
+        )
+    };
     conn.prepare_cached(
         "INSERT INTO dedupe (site_id, event_id, body_sha256, seq, outcome, reason, result, received_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
