@@ -13,7 +13,9 @@
 //!   (the first needs none: if it fails, the transaction holds nothing else),
 //!   then commits once and only then answers every job. Under a flood many
 //!   events share one fsync; each caller still learns of its own job only
-//!   after the commit.
+//!   after the commit. A job sent with [`Store::write_alone`] (a batch
+//!   event) has a transaction to itself instead, so its savepoints are the
+//!   outermost and SQLite's sub-journal stays one item small.
 //! - **The door first.** Jobs marked [`Priority::Door`] jump the queue and
 //!   commit as soon as they have run; a waiting door job is visible to bulk
 //!   jobs ([`Store::door_signal`]), which stop early for it. A keypad entry

@@ -9,7 +9,9 @@
 //! alone and stops the batch there. A lone event is committed at once;
 //! under a flood up to [`MAX_IN_FLIGHT`] jobs wait at the writer, which
 //! runs them back to back in one transaction, so the writer never idles
-//! while we ack and one fsync covers several jobs.
+//! while we ack and one fsync covers several jobs. A message the decider
+//! names [`Decide::alone`] (a batch event) goes as a job of its own, in a
+//! transaction of its own ([`Store::write_alone`]), in its place in order.
 //!
 //! ## Job size, and jobs cut short
 //! A job should take about [`JOB_SLICE`] (a door entry may have to wait for
