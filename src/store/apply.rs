@@ -12,14 +12,16 @@
 //! is SQLite's: the invariant indexes and triggers refuse the write, and
 //! [`reason_for_constraint`] turns the refusal into the stable code. Each
 //! change runs in its own SAVEPOINT, so a rejected change leaves nothing
-//! behind, and a batch nests its items inside one more.
+//! behind. A batch nests its items inside one more, or, alone in its
+//! transaction ([`apply_event_alone`]), starts the transaction over when an
+//! item rejects it.
 //!
 //! Never log a body, a PIN tag or a holder name from here.
 
-use super::StoreError;
 use super::alerts::{self, Condition};
 use super::audit::{self, AuditKind, AuditRecord};
 use super::outbox::{self, Topic};
+use super::{Alone, StoreError};
 use crate::config::Policy;
 use crate::event::{
     Change, EventKind, EventResult, Evidence, Grant, ItemResult, Outcome, Reason, SchemaError,
@@ -87,10 +89,47 @@ pub fn apply_event(
     kind: Result<EventKind, SchemaError>,
     now: Timestamp,
 ) -> Result<Applied, StoreError> {
+    apply(conn, Scope::Shared, ctx, ev, kind, now)
+}
+
+/// [`apply_event`] for an event that has the writer's transaction to itself
+/// ([`super::Store::write_alone`]; the ingest pipeline sends every batch
+/// so). A batch then needs no savepoint of its own: each item's savepoint
+/// is the outermost one, so SQLite's sub-journal holds one item's pages at
+/// a time rather than the whole batch's, and an item that rejects the
+/// batch undoes it by starting the transaction over.
+pub fn apply_event_alone(
+    tx: &Alone<'_>,
+    ctx: &ApplyContext,
+    ev: &VerifiedEvent,
+    kind: Result<EventKind, SchemaError>,
+    now: Timestamp,
+) -> Result<Applied, StoreError> {
+    apply(tx.conn(), Scope::Alone(tx), ctx, ev, kind, now)
+}
+
+/// How a batch is made atomic.
+#[derive(Clone, Copy)]
+enum Scope<'a> {
+    /// Other work may share the transaction: the batch runs in a savepoint.
+    Shared,
+    /// Nothing else is in the transaction, and nothing of this event was
+    /// written before the batch: a rejected batch starts it over.
+    Alone(&'a Alone<'a>),
+}
+
+fn apply(
+    conn: &Connection,
+    scope: Scope<'_>,
+    ctx: &ApplyContext,
+    ev: &VerifiedEvent,
+    kind: Result<EventKind, SchemaError>,
+    now: Timestamp,
+) -> Result<Applied, StoreError> {
     let event_id = ev.header.event_id.to_string();
     if let Some(first) = load_dedupe(conn, ctx, &event_id)? {
         return if first.body_sha256 == ev.body_sha256 {
-            replay_duplicate(conn, &event_id, &first.result, now)
+            replay_duplicate(conn, &event_id, first.result, now)
         } else {
             answer_conflict(conn, ev, &event_id, now)
         };
@@ -103,7 +142,7 @@ pub fn apply_event(
                 item: e.item,
                 ..Verdict::rejected(e.reason)
             },
-            Ok(kind) => decide(conn, ctx, &event_id, kind, now)?,
+            Ok(kind) => decide(conn, scope, ctx, &event_id, kind, now)?,
         }
     };
     let result = EventResult {
@@ -211,7 +250,7 @@ pub fn reason_for_constraint(err: &StoreError) -> Option<Reason> {
 
 struct FirstRecord {
     body_sha256: Vec<u8>,
-    result: String,
+    result: EventResult,
 }
 
 fn load_dedupe(
@@ -219,17 +258,50 @@ fn load_dedupe(
     ctx: &ApplyContext,
     event_id: &str,
 ) -> Result<Option<FirstRecord>, StoreError> {
-    Ok(conn
+    let row = conn
         .prepare_cached(
-            "SELECT body_sha256, result FROM dedupe WHERE site_id = ?1 AND event_id = ?2",
+            "SELECT body_sha256, result, seq, outcome, reason, received_at
+               FROM dedupe WHERE site_id = ?1 AND event_id = ?2",
         )?
         .query_row(params![ctx.site_id.to_string(), event_id], |r| {
-            Ok(FirstRecord {
-                body_sha256: r.get(0)?,
-                result: r.get(1)?,
-            })
+            Ok((
+                r.get::<_, Vec<u8>>(0)?,
+                r.get::<_, Option<String>>(1)?,
+                r.get::<_, Option<i64>>(2)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, Option<String>>(4)?,
+                r.get::<_, i64>(5)?,
+            ))
         })
-        .optional()?)
+        .optional()?;
+    let Some((body_sha256, json, seq, outcome, reason, received_at)) = row else {
+        return Ok(None);
+    };
+    let unreadable = || StoreError::Unreadable {
+        what: "a stored dedupe result".into(),
+    };
+    let result = match json {
+        Some(json) => result_from_json(&json).ok_or_else(unreadable)?,
+        // What the columns say is the whole result ([`store_dedupe`]).
+        None => EventResult {
+            event_id: Some(Uuid::parse_str(event_id).map_err(|_| unreadable())?),
+            seq: seq.map(|s| s as u64),
+            outcome: Outcome::parse(&outcome).ok_or_else(unreadable)?,
+            reason: match reason {
+                Some(r) => Some(Reason::parse(&r).ok_or_else(unreadable)?),
+                None => None,
+            },
+            duplicate: false,
+            clamped: false,
+            at: Timestamp(received_at),
+            item: None,
+            items: None,
+        },
+    };
+    Ok(Some(FirstRecord {
+        body_sha256,
+        result,
+    }))
 }
 
 /// The same event again: its first result, marked duplicate, re-queued for
@@ -239,12 +311,10 @@ fn load_dedupe(
 fn replay_duplicate(
     conn: &Connection,
     event_id: &str,
-    first: &str,
+    first: EventResult,
     now: Timestamp,
 ) -> Result<Applied, StoreError> {
-    let mut result = result_from_json(first).ok_or_else(|| StoreError::Unreadable {
-        what: format!("dedupe row {event_id}: result"),
-    })?;
+    let mut result = first;
     result.duplicate = true;
     if !outbox::is_held(conn, event_id)? {
         outbox::enqueue(conn, Topic::Results, &result.to_json(), None, now)?;
@@ -334,6 +404,9 @@ fn result_from_json(s: &str) -> Option<EventResult> {
 
 /// The dedupe row: the claim on the id, with the first result. Written
 /// whatever the outcome (a conflict writes none: the first record stands).
+/// The result's JSON is stored only when the row's columns cannot rebuild
+/// it ([`load_dedupe`]): it is most of the row, the outbox carries it
+/// already, and the smaller rows cost fewer pages written per event.
 fn store_dedupe(
     conn: &Connection,
     ctx: &ApplyContext,
@@ -342,9 +415,22 @@ fn store_dedupe(
     result: &EventResult,
     now: Timestamp,
 ) -> Result<(), StoreError> {
-    let json = String::from_utf8(result.to_json()).map_err(|_| StoreError::Unreadable {
-        what: format!("the result of {event_id}: not UTF-8"),
-    })?;
+    let rebuildable = !result.clamped
+        && result.item.is_none()
+        && result.items.is_none()
+        && !result.duplicate
+        && result.at == now
+        && result.seq == ev.header.seq
+        && result.event_id == Some(ev.header.event_id);
+    let json = if rebuildable {
+        None
+    } else {
+        Some(
+            String::from_utf8(result.to_json()).map_err(|_| StoreError::Unreadable {
+                what: format!("the result of {event_id}: not UTF-8"),
+            })?,
+        )
+    };
     conn.prepare_cached(
         "INSERT INTO dedupe (site_id, event_id, body_sha256, seq, outcome, reason, result, received_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
@@ -527,6 +613,7 @@ impl Verdict {
 
 fn decide(
     conn: &Connection,
+    scope: Scope<'_>,
     ctx: &ApplyContext,
     event_id: &str,
     kind: &EventKind,
@@ -534,9 +621,9 @@ fn decide(
 ) -> Result<Verdict, StoreError> {
     match kind {
         EventKind::Change(change) => apply_change(conn, ctx, event_id, change, now),
-        EventKind::Batch(items) => apply_batch(conn, ctx, event_id, items, None, now),
+        EventKind::Batch(items) => apply_batch(conn, scope, ctx, event_id, items, None, now),
         EventKind::BatchCutShort { items, invalid } => {
-            apply_batch(conn, ctx, event_id, items, Some(*invalid), now)
+            apply_batch(conn, scope, ctx, event_id, items, Some(*invalid), now)
         }
         // The head is counted with the seq bookkeeping; nothing to change.
         EventKind::Checkpoint { .. } => Ok(Verdict::of(Outcome::Noop)),
@@ -561,13 +648,16 @@ fn in_savepoint<T>(
     out
 }
 
-/// A batch: every item in one nested savepoint, decided in order. Items that
+/// A batch: every item in its own savepoint, decided in order. Items that
 /// come out noop, `revoked` or `illegal_transition` are recorded and
 /// skipped; any other rejection rolls every item back and rejects the batch
 /// at that index. `invalid` is the item after `items` that failed step 4: it
-/// is reported only if no earlier item failed first.
+/// is reported only if no earlier item failed first. The items are rolled
+/// back by one more savepoint around them, or, when the event is alone in
+/// its transaction, by starting the transaction over.
 fn apply_batch(
     conn: &Connection,
+    scope: Scope<'_>,
     ctx: &ApplyContext,
     event_id: &str,
     items: &[Change],
@@ -607,9 +697,18 @@ fn apply_batch(
             ..Verdict::changed(any)
         })
     };
-    in_savepoint(conn, "apply_batch", run, |v: &Verdict| {
-        v.outcome != Outcome::Rejected
-    })
+    match scope {
+        Scope::Shared => in_savepoint(conn, "apply_batch", run, |v: &Verdict| {
+            v.outcome != Outcome::Rejected
+        }),
+        Scope::Alone(tx) => {
+            let verdict = run()?;
+            if verdict.outcome == Outcome::Rejected {
+                tx.start_over()?;
+            }
+            Ok(verdict)
+        }
+    }
 }
 
 /// One change, in its own savepoint: rolled back if rejected.

@@ -37,6 +37,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0007_hub_runtime",
         include_str!("../../migrations/0007_hub_runtime.sql"),
     ),
+    (
+        "0008_dedupe_result_optional",
+        include_str!("../../migrations/0008_dedupe_result_optional.sql"),
+    ),
 ];
 
 /// The schema version a database is at.

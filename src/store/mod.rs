@@ -13,7 +13,9 @@
 //!   (the first needs none: if it fails, the transaction holds nothing else),
 //!   then commits once and only then answers every job. Under a flood many
 //!   events share one fsync; each caller still learns of its own job only
-//!   after the commit.
+//!   after the commit. A job sent with [`Store::write_alone`] (a batch
+//!   event) has a transaction to itself instead, so its savepoints are the
+//!   outermost and SQLite's sub-journal stays one item small.
 //! - **The door first.** Jobs marked [`Priority::Door`] jump the queue and
 //!   commit as soon as they have run; a waiting door job is visible to bulk
 //!   jobs ([`Store::door_signal`]), which stop early for it. A keypad entry
@@ -197,6 +199,8 @@ type JobFn = Box<dyn FnOnce(Result<&Connection, StoreError>) -> (bool, Finish) +
 
 struct Job {
     priority: Priority,
+    /// Runs as the only job of its transaction ([`Store::write_alone`]).
+    alone: bool,
     /// Runs between transactions (for `wal_checkpoint`, which cannot run
     /// inside one) instead of inside the group transaction.
     outside: bool,
@@ -220,6 +224,25 @@ struct Inner {
     checkpointer: Mutex<Option<Checkpointer>>,
     doors: DoorSignal,
     failures: Arc<door::StorageFailures>,
+}
+
+/// The writer's connection inside a transaction that holds one job's work
+/// and nothing else ([`Store::write_alone`]).
+pub struct Alone<'a>(&'a Connection);
+
+impl Alone<'_> {
+    pub fn conn(&self) -> &Connection {
+        self.0
+    }
+
+    /// Undoes everything the job wrote and begins a new transaction, which
+    /// only a job alone in its transaction may do: what a batch does when
+    /// an item rejects it, with no savepoint around the batch to roll back.
+    pub fn start_over(&self) -> Result<(), StoreError> {
+        self.0.execute_batch("ROLLBACK")?;
+        self.0.execute_batch("BEGIN IMMEDIATE")?;
+        Ok(())
+    }
 }
 
 /// Tells long bulk jobs that a door job is waiting for the writer, so they
@@ -764,6 +787,20 @@ impl Store {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
+        Self::job_of(priority, outside, false, deadline, f)
+    }
+
+    fn job_of<T, F>(
+        priority: Priority,
+        outside: bool,
+        alone: bool,
+        deadline: Option<Instant>,
+        f: F,
+    ) -> (Job, oneshot::Receiver<Result<T, StoreError>>)
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
         let (reply, rx) = oneshot::channel();
         let run: JobFn = Box::new(move |conn| {
             let result = conn.and_then(f);
@@ -782,6 +819,7 @@ impl Store {
         (
             Job {
                 priority,
+                alone,
                 outside,
                 deadline,
                 run,
@@ -832,6 +870,49 @@ impl Store {
             .await
             .map_err(|_| StoreError::Closed)?;
         rx.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// [`Store::write`] for a bulk job that gets a transaction to itself: it
+    /// runs first in its group, with no savepoint around it, and the group
+    /// takes no other bulk job after it. So a savepoint `f` opens is the
+    /// outermost one, and SQLite drops its in-memory sub-journal each time
+    /// one is released (it keeps every page journalled at any level until
+    /// the outermost savepoint ends: 500 batch items nested in one
+    /// savepoint held ~30 MiB). `f` may also undo everything it wrote and
+    /// start over ([`Alone::start_over`]); an error rolls the whole
+    /// transaction back.
+    pub async fn write_alone<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Alone<'_>) -> Result<T, StoreError> + Send + 'static,
+    {
+        let (job, rx) = Self::alone_job(self.with_ticket(Priority::Bulk, move |c| f(&Alone(c))));
+        self.sender()?
+            .send(job)
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        rx.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// [`Store::write_alone`] for threads outside the async runtime (tests).
+    pub fn write_alone_blocking<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Alone<'_>) -> Result<T, StoreError> + Send + 'static,
+    {
+        let (job, rx) = Self::alone_job(self.with_ticket(Priority::Bulk, move |c| f(&Alone(c))));
+        self.sender()?
+            .blocking_send(job)
+            .map_err(|_| StoreError::Closed)?;
+        rx.blocking_recv().map_err(|_| StoreError::Closed)?
+    }
+
+    fn alone_job<T, F>(f: F) -> (Job, oneshot::Receiver<Result<T, StoreError>>)
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        Self::job_of(Priority::Bulk, false, true, None, f)
     }
 
     /// [`Store::write`] for threads outside the async runtime (CLI, tests).
@@ -1102,7 +1183,8 @@ fn run_group(
     let mut finishes: Vec<Finish> = Vec::new();
     let mut door_waits = false;
     while let Some(job) = pending.pop_front() {
-        if job.outside {
+        let first = finishes.is_empty();
+        if job.outside || (job.alone && !first) {
             pending.push_front(job);
             break;
         }
@@ -1117,12 +1199,12 @@ fn run_group(
         // page a job touches, and the first job is most of the writer's work
         // (an ingest slice fills a group), so this saves a level where it
         // counts. The jobs that join the group get their savepoint.
-        let first = finishes.is_empty();
         if !first && conn.execute_batch("SAVEPOINT job").is_err() {
             pending.push_front(job);
             break;
         }
         door_waits |= job.priority == Priority::Door;
+        let alone = job.alone;
         let deadline = job.deadline;
         let (ok, finish) = (job.run)(Ok(conn));
         // A door job that finished after its deadline is undone: its
@@ -1157,7 +1239,8 @@ fn run_group(
         let door_next = pending
             .front()
             .is_some_and(|j| j.priority == Priority::Door && !j.outside);
-        let full = door_waits || started.elapsed() >= GROUP_BUDGET || finishes.len() >= MAX_GROUP;
+        let full =
+            alone || door_waits || started.elapsed() >= GROUP_BUDGET || finishes.len() >= MAX_GROUP;
         if full && !door_next {
             break;
         }

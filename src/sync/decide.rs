@@ -8,7 +8,7 @@ use crate::clock::SharedClock;
 use crate::config::{Config, Signer};
 use crate::event::{self, EventKind, EventResult, Outcome, SchemaContext, SchemaError};
 use crate::store::apply::{self, ApplyContext};
-use crate::store::{Store, StoreError};
+use crate::store::{Alone, Store, StoreError};
 use crate::time::Timestamp;
 use crate::verify::{self, VerifiedEvent, VerifyContext};
 use rusqlite::Connection;
@@ -71,6 +71,29 @@ impl HubDecider {
     }
 
     /// The hub's effective time.
+    /// What the sync layer learns from an applied event.
+    fn decided(&self, ev: &VerifiedEvent, applied: &apply::Applied) -> Decided {
+        // Debug, not info: this runs inside the writer's transaction,
+        // once per event; ingest logs each committed batch at info.
+        tracing::debug!(
+            event_id = %ev.header.event_id,
+            seq = ?ev.header.seq,
+            outcome = applied.result.outcome.as_str(),
+            reason = applied.result.reason.map(|r| r.as_str()),
+            duplicate = applied.result.duplicate,
+            "event decided"
+        );
+        Decided {
+            seq: Some(SeqView {
+                watermark: applied.watermark,
+                gap: applied.gap,
+            }),
+            checkpoint_head: applied.head_seq,
+            sign_of_life: applied.sign_of_life,
+            erased: applied.erased,
+        }
+    }
+
     fn now(&self) -> Timestamp {
         self.clock.now()
     }
@@ -135,26 +158,26 @@ impl Decide for HubDecider {
             }
             Checked::Verified(ev, kind) => {
                 let applied = apply::apply_event(conn, &self.apply, &ev, kind, now)?;
-                // Debug, not info: this runs inside the writer's transaction,
-                // once per event; ingest logs each committed batch at info.
-                tracing::debug!(
-                    event_id = %ev.header.event_id,
-                    seq = ?ev.header.seq,
-                    outcome = applied.result.outcome.as_str(),
-                    reason = applied.result.reason.map(|r| r.as_str()),
-                    duplicate = applied.result.duplicate,
-                    "event decided"
-                );
-                Ok(Decided {
-                    seq: Some(SeqView {
-                        watermark: applied.watermark,
-                        gap: applied.gap,
-                    }),
-                    checkpoint_head: applied.head_seq,
-                    sign_of_life: applied.sign_of_life,
-                    erased: applied.erased,
-                })
+                Ok(self.decided(&ev, &applied))
             }
+        }
+    }
+
+    fn alone(&self, checked: &Checked) -> bool {
+        matches!(
+            checked,
+            Checked::Verified(_, Ok(EventKind::Batch(_) | EventKind::BatchCutShort { .. }))
+        )
+    }
+
+    fn commit_alone(&self, tx: &Alone<'_>, checked: Checked) -> Result<Decided, StoreError> {
+        match checked {
+            Checked::Verified(ev, kind) => {
+                let now = self.now();
+                let applied = apply::apply_event_alone(tx, &self.apply, &ev, kind, now)?;
+                Ok(self.decided(&ev, &applied))
+            }
+            other => self.commit(tx.conn(), other),
         }
     }
 

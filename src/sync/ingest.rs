@@ -9,7 +9,9 @@
 //! alone and stops the batch there. A lone event is committed at once;
 //! under a flood up to [`MAX_IN_FLIGHT`] jobs wait at the writer, which
 //! runs them back to back in one transaction, so the writer never idles
-//! while we ack and one fsync covers several jobs.
+//! while we ack and one fsync covers several jobs. A message the decider
+//! names [`Decide::alone`] (a batch event) goes as a job of its own, in a
+//! transaction of its own ([`Store::write_alone`]), in its place in order.
 //!
 //! ## Job size, and jobs cut short
 //! A job should take about [`JOB_SLICE`] (a door entry may have to wait for
@@ -40,7 +42,7 @@
 
 use super::client::{Gate, Inbound};
 use super::plan::SeqView;
-use crate::store::{JOB_SLICE, Priority, Store, StoreError};
+use crate::store::{Alone, JOB_SLICE, Priority, Store, StoreError};
 use rusqlite::Connection;
 use std::collections::VecDeque;
 use std::future::Future;
@@ -127,6 +129,19 @@ pub trait Decide: Send + Sync + 'static {
     /// dedupe record and the result (on the outbox) together.
     fn commit(&self, conn: &Connection, checked: Self::Checked) -> Result<Decided, StoreError>;
 
+    /// Whether this message goes to the writer as a transaction of its own
+    /// ([`Store::write_alone`], then [`Decide::commit_alone`]): a batch, so
+    /// that SQLite's sub-journal holds one item's pages rather than the
+    /// whole batch's.
+    fn alone(&self, _checked: &Self::Checked) -> bool {
+        false
+    }
+
+    /// [`Decide::commit`] for a message alone in its transaction.
+    fn commit_alone(&self, tx: &Alone<'_>, checked: Self::Checked) -> Result<Decided, StoreError> {
+        self.commit(tx.conn(), checked)
+    }
+
     /// Runs after a batch committed (outside the transaction).
     fn after_commit(&self, _decided: &[Decided]) {}
 }
@@ -142,6 +157,9 @@ struct CommitOutput<C> {
     leftover: Vec<C>,
     /// Writer time spent applying.
     busy: Duration,
+    /// It was a message alone in its transaction (a batch): its time says
+    /// nothing about the cost of one event.
+    alone: bool,
 }
 type Commit<C> = Pin<Box<dyn Future<Output = Result<CommitOutput<C>, StoreError>> + Send>>;
 
@@ -165,6 +183,35 @@ fn start_commit<D: Decide>(
     let store = store.clone();
     let decider = decider.clone();
     let cut = cut.clone();
+    if checked.len() == 1 && decider.alone(&checked[0]) {
+        return Box::pin(async move {
+            store
+                .write_alone(move |tx| {
+                    let started = std::time::Instant::now();
+                    if cut.load(Ordering::Relaxed) {
+                        return Ok(CommitOutput {
+                            decided: Vec::new(),
+                            failed: false,
+                            leftover: checked,
+                            busy: Duration::ZERO,
+                            alone: true,
+                        });
+                    }
+                    // No savepoint: an error rolls the whole transaction
+                    // back, which holds this event alone.
+                    let item = checked.into_iter().next().expect("one event");
+                    let decided = decider.commit_alone(tx, item)?;
+                    Ok(CommitOutput {
+                        decided: vec![decided],
+                        failed: false,
+                        leftover: Vec::new(),
+                        busy: started.elapsed(),
+                        alone: true,
+                    })
+                })
+                .await
+        });
+    }
     Box::pin(async move {
         store
             .write(Priority::Bulk, move |conn| {
@@ -177,6 +224,7 @@ fn start_commit<D: Decide>(
                         failed: false,
                         leftover: checked,
                         busy: Duration::ZERO,
+                        alone: false,
                     });
                 }
                 let mut decided = Vec::with_capacity(checked.len());
@@ -211,6 +259,7 @@ fn start_commit<D: Decide>(
                     failed,
                     leftover,
                     busy: started.elapsed(),
+                    alone: false,
                 })
             })
             .await
@@ -255,12 +304,16 @@ pub async fn run<D: Decide>(
         }
         // A lone event goes at once; otherwise wait for a full job, so a
         // flood makes few big jobs rather than many small ones.
-        while !draining
-            && in_flight.len() < MAX_IN_FLIGHT
-            && !next.is_empty()
-            && (in_flight.is_empty() || next.len() >= sizer.batch() || !open)
-        {
-            let take = next.len().min(sizer.batch());
+        // A message that must be alone (a batch) goes as a job of its own,
+        // and ends the job before it.
+        while !draining && in_flight.len() < MAX_IN_FLIGHT && !next.is_empty() {
+            let limit = next.len().min(sizer.batch());
+            let take = match next.iter().take(limit).position(|(_, c)| decider.alone(c)) {
+                Some(0) => 1,
+                Some(before) => before,
+                None if in_flight.is_empty() || next.len() >= sizer.batch() || !open => limit,
+                None => break,
+            };
             let (inbound, checked): (Vec<_>, Vec<_>) = next.drain(..take).unzip();
             in_flight.push_back((start_commit(&store, &decider, checked, &cut), inbound));
         }
@@ -293,11 +346,14 @@ pub async fn run<D: Decide>(
                             failed: true,
                             leftover: Vec::new(),
                             busy: Duration::ZERO,
+                            alone: false,
                         }
                     }
                 };
                 let committed = out.decided.len();
-                sizer.observe(committed, out.busy);
+                if !out.alone {
+                    sizer.observe(committed, out.busy);
+                }
                 if out.failed || !out.leftover.is_empty() {
                     draining = true;
                 }

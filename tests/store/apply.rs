@@ -468,6 +468,84 @@ fn the_same_event_twice_returns_its_first_result_and_changes_nothing() {
     );
 }
 
+/// The dedupe row keeps the result's JSON only when its columns cannot say
+/// it all (a clamp, a batch's items, a failing item): the replay is the
+/// same first result either way.
+#[test]
+fn a_dedupe_row_stores_the_result_json_only_when_its_columns_cannot_rebuild_it() {
+    let hub = Hub::new();
+    let plain = hub.change(1, 1, issue(grant("k-1", 1, Active, "c-1", 1)));
+    let stale = hub.change(2, 1, issue(grant("k-2", 1, Active, "c-2", 2)));
+    assert_eq!(outcome(&stale), rejected(Reason::StaleSeq));
+    let mut long = grant("k-3", 1, Active, "c-3", 3);
+    long.valid_until = long.valid_from.saturating_add_days(90);
+    let clamped = hub.change(3, 2, issue(long.clone()));
+    assert!(clamped.result.clamped);
+    let batch = hub.apply(
+        4,
+        Some(3),
+        Ok(EventKind::Batch(vec![issue(grant(
+            "k-4", 1, Active, "c-4", 4,
+        ))])),
+        "body-4",
+    );
+    let stored = |id: u128| -> Option<String> {
+        hub.reader()
+            .query_row(
+                "SELECT result FROM dedupe WHERE event_id = ?1",
+                [uuid::Uuid::from_u128(id).to_string()],
+                |r| r.get(0),
+            )
+            .unwrap()
+    };
+    assert_eq!(stored(1), None, "an applied change: the columns say it all");
+    assert_eq!(stored(2), None, "a rejection with its reason, too");
+    assert!(stored(3).is_some_and(|j| j.contains(r#""clamped":true"#)));
+    assert!(stored(4).is_some_and(|j| j.contains(r#""items""#)));
+    for (id, seq, kind, body, first) in [
+        (
+            1,
+            Some(1),
+            Ok(EventKind::Change(issue(grant("k-1", 1, Active, "c-1", 1)))),
+            "body-1",
+            plain,
+        ),
+        (
+            2,
+            Some(1),
+            Ok(EventKind::Change(issue(grant("k-2", 1, Active, "c-2", 2)))),
+            "body-2",
+            stale,
+        ),
+        (
+            3,
+            Some(2),
+            Ok(EventKind::Change(issue(long.clone()))),
+            "body-3",
+            clamped,
+        ),
+        (
+            4,
+            Some(3),
+            Ok(EventKind::Batch(vec![issue(grant(
+                "k-4", 1, Active, "c-4", 4,
+            ))])),
+            "body-4",
+            batch,
+        ),
+    ] {
+        let again = hub.apply(id, seq, kind, body);
+        assert_eq!(
+            again.result,
+            EventResult {
+                duplicate: true,
+                ..first.result
+            },
+            "event {id}"
+        );
+    }
+}
+
 #[test]
 fn a_different_body_under_a_seen_id_is_a_conflict_and_the_first_record_stands() {
     let hub = Hub::new();

@@ -8,7 +8,7 @@ use lockhub::config::{MqttConfig, Signer};
 use lockhub::event::{EventResult, Outcome};
 use lockhub::sim::cloud::Cloud;
 use lockhub::store::outbox::{self, Topic};
-use lockhub::store::{Priority, Store, StoreError};
+use lockhub::store::{Alone, Priority, Store, StoreError};
 use lockhub::sync::ingest::{Decide, Decided};
 use lockhub::sync::plan::{BacklogLimits, SeqStart};
 use lockhub::sync::window::ReceiveWindow;
@@ -44,6 +44,10 @@ struct RecordOnce {
     /// so the job is cut short).
     spike: Option<(u64, Duration)>,
     commits: std::sync::atomic::AtomicU64,
+    /// Events whose seq is a multiple of this go alone (`Decide::alone`),
+    /// and their commit writes, starts its transaction over and writes
+    /// again, as a rejected batch does.
+    alone_every: Option<u64>,
 }
 
 impl Decide for RecordOnce {
@@ -59,6 +63,27 @@ impl Decide for RecordOnce {
                 now: Timestamp::now_system(),
             },
         )
+    }
+
+    fn alone(&self, checked: &Self::Checked) -> bool {
+        match (checked, self.alone_every) {
+            (Ok(ev), Some(every)) => ev.header.seq.is_some_and(|s| s.is_multiple_of(every)),
+            _ => false,
+        }
+    }
+
+    fn commit_alone(&self, tx: &Alone<'_>, checked: Self::Checked) -> Result<Decided, StoreError> {
+        // What the first try wrote is undone: only the second counts.
+        tx.conn().execute_batch(
+            "CREATE TABLE IF NOT EXISTS test_applied (event_id TEXT PRIMARY KEY);
+             INSERT INTO test_applied (event_id) VALUES ('first try');",
+        )?;
+        tx.start_over()?;
+        tx.conn().execute_batch(
+            "CREATE TABLE IF NOT EXISTS test_alone (n INTEGER);
+             INSERT INTO test_alone (n) VALUES (1);",
+        )?;
+        self.commit(tx.conn(), checked)
     }
 
     fn commit(&self, conn: &Connection, checked: Self::Checked) -> Result<Decided, StoreError> {
@@ -153,6 +178,7 @@ fn start_hub_with(mqtt: MqttConfig, window: ReceiveWindow, delay: Duration) -> H
             delay,
             spike: None,
             commits: Default::default(),
+            alone_every: None,
         },
     )
 }
@@ -596,6 +622,7 @@ async fn a_writer_stalled_longer_than_the_keep_alive_with_the_window_full_keeps_
             delay: Duration::from_millis(3),
             spike: None,
             commits: Default::default(),
+            alone_every: None,
         },
         KEEP_ALIVE,
     );
@@ -658,6 +685,7 @@ async fn jobs_cut_short_still_commit_every_event_once_in_arrival_order() {
             // Longer than a job slice: that job is cut short.
             spike: Some((23, lockhub::store::JOB_SLICE * 3)),
             commits: Default::default(),
+            alone_every: None,
         },
     );
     cloud.expect(is_online).await;
@@ -674,6 +702,49 @@ async fn jobs_cut_short_still_commit_every_event_once_in_arrival_order() {
         hub.flow().received,
         EVENTS as u64,
         "no redelivery: the connection was never recycled"
+    );
+    hub.stop().await;
+}
+
+/// A batch goes to the writer as a transaction of its own, so it may undo
+/// all it wrote by starting over (a rejected batch does) without taking
+/// the events around it along; events still commit once each, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_must_be_alone_gets_a_transaction_of_its_own_and_may_start_it_over() {
+    const EVENTS: usize = 300;
+    let broker = Mosquitto::start_with(BrokerOptions {
+        max_queued_messages: Some(10_000),
+        ..Default::default()
+    });
+    let mut cloud = TestCloud::plain(broker.port).await;
+    let hub = start_hub_decider(
+        mqtt_config(&broker.url()),
+        ReceiveWindow::default(),
+        RecordOnce {
+            ring: test_ring(),
+            delay: Duration::from_micros(200),
+            spike: None,
+            commits: Default::default(),
+            alone_every: Some(7),
+        },
+    );
+    cloud.expect(is_online).await;
+
+    let sent = flood_and_wait(&cloud, &hub, EVENTS).await;
+    let order = hub.applied_order();
+    assert_eq!(
+        order, sent,
+        "every event once, in arrival order, no first try"
+    );
+    assert_eq!(
+        hub.store
+            .reader()
+            .unwrap()
+            .query_row("SELECT count(*) FROM test_alone", [], |r| r
+                .get::<_, i64>(0))
+            .unwrap(),
+        (EVENTS / 7) as i64,
+        "every seq divisible by 7 ran alone"
     );
     hub.stop().await;
 }
