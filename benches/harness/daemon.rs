@@ -82,7 +82,24 @@ impl Daemon {
         prefill: usize,
         extra: impl FnOnce(&Path),
     ) -> Daemon {
-        Self::start_in(bench_dir(), mqtt_url, serial_port, policy, prefill, extra).await
+        let dir = bench_dir();
+        fixture::write_config(dir.path(), mqtt_url, serial_port, policy);
+        extra(dir.path());
+        if prefill > 0 {
+            let store = Store::open(
+                &dir.path().join("data/lockhub.db"),
+                &fixture::default_policy(),
+            )
+            .expect("open store");
+            store
+                .write(Priority::Bulk, move |c| {
+                    fixture::bulk_load_keys(c, "p", prefill).map_err(Into::into)
+                })
+                .await
+                .expect("prefill");
+            store.close();
+        }
+        Self::spawn(dir, true)
     }
 
     /// [`Daemon::start`] on the system's temp folder, whatever
@@ -113,33 +130,6 @@ impl Daemon {
             .status()
             .is_ok_and(|s| s.success());
         assert!(synced, "sync the copied folder");
-        Self::spawn(dir, true)
-    }
-
-    async fn start_in(
-        dir: tempfile::TempDir,
-        mqtt_url: &str,
-        serial_port: &Path,
-        policy: &str,
-        prefill: usize,
-        extra: impl FnOnce(&Path),
-    ) -> Daemon {
-        fixture::write_config(dir.path(), mqtt_url, serial_port, policy);
-        extra(dir.path());
-        if prefill > 0 {
-            let store = Store::open(
-                &dir.path().join("data/lockhub.db"),
-                &fixture::default_policy(),
-            )
-            .expect("open store");
-            store
-                .write(Priority::Bulk, move |c| {
-                    fixture::bulk_load_keys(c, "p", prefill).map_err(Into::into)
-                })
-                .await
-                .expect("prefill");
-            store.close();
-        }
         Self::spawn(dir, true)
     }
 

@@ -161,6 +161,20 @@ struct CommitOutput<C> {
     /// nothing about the cost of one event.
     alone: bool,
 }
+impl<C> CommitOutput<C> {
+    /// A job ahead of this one stopped short: applying ours now would commit
+    /// later events before earlier ones, so all of it is left over.
+    fn untouched(checked: Vec<C>, alone: bool) -> Self {
+        CommitOutput {
+            decided: Vec::new(),
+            failed: false,
+            leftover: checked,
+            busy: Duration::ZERO,
+            alone,
+        }
+    }
+}
+
 type Commit<C> = Pin<Box<dyn Future<Output = Result<CommitOutput<C>, StoreError>> + Send>>;
 
 /// Where the pipeline reports.
@@ -189,13 +203,7 @@ fn start_commit<D: Decide>(
                 .write_alone(move |tx| {
                     let started = std::time::Instant::now();
                     if cut.load(Ordering::Relaxed) {
-                        return Ok(CommitOutput {
-                            decided: Vec::new(),
-                            failed: false,
-                            leftover: checked,
-                            busy: Duration::ZERO,
-                            alone: true,
-                        });
+                        return Ok(CommitOutput::untouched(checked, true));
                     }
                     // No savepoint: an error rolls the whole transaction
                     // back, which holds this event alone.
@@ -216,16 +224,8 @@ fn start_commit<D: Decide>(
         store
             .write(Priority::Bulk, move |conn| {
                 let started = std::time::Instant::now();
-                // A job ahead of this one stopped short: applying ours now
-                // would commit later events before earlier ones.
                 if cut.load(Ordering::Relaxed) {
-                    return Ok(CommitOutput {
-                        decided: Vec::new(),
-                        failed: false,
-                        leftover: checked,
-                        busy: Duration::ZERO,
-                        alone: false,
-                    });
+                    return Ok(CommitOutput::untouched(checked, false));
                 }
                 let mut decided = Vec::with_capacity(checked.len());
                 let mut items = checked.into_iter();
