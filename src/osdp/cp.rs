@@ -1017,6 +1017,26 @@ mod tests {
         ev
     }
 
+    /// A reader at address 5 with its Secure Channel up against a fake
+    /// with the right key, and the time the handshake ended.
+    fn secure_session() -> (Reader, FakePd, u64) {
+        let mut r = Reader::new(5, Security::Secure(KEY), T, 0);
+        let mut pd = FakePd::new(KEY);
+        let mut now = 0;
+        drive(&mut r, &mut pd, &mut now, 20, Reader::is_ready);
+        assert!(r.is_ready(), "the session opens");
+        (r, pd, now)
+    }
+
+    /// The door's unlock as the door driver sends it (control 0x05, 5 s).
+    fn unlock() -> Command {
+        Command::Out {
+            output: 0,
+            control: 5,
+            timer: 50,
+        }
+    }
+
     #[test]
     fn a_session_opens_the_channel_then_introduces_the_reader() {
         let mut r = Reader::new(5, Security::Secure(KEY), T, 0);
@@ -1078,22 +1098,12 @@ mod tests {
                 .any(|e| matches!(e, Event::Keys(_) | Event::Identity(_)))
         );
         assert!(!ev.contains(&Event::Offline), "it answers: not offline");
-        assert_eq!(
-            r.send(Command::Out {
-                output: 0,
-                control: 5,
-                timer: 50
-            }),
-            Err(SendError::NotReady)
-        );
+        assert_eq!(r.send(unlock()), Err(SendError::NotReady));
     }
 
     #[test]
     fn a_reply_with_a_bad_mac_ends_the_session_as_a_link_fault() {
-        let mut r = Reader::new(5, Security::Secure(KEY), T, 0);
-        let mut pd = FakePd::new(KEY);
-        let mut now = 0;
-        drive(&mut r, &mut pd, &mut now, 20, Reader::is_ready);
+        let (mut r, mut pd, now) = secure_session();
         let bytes = r.next(now, [9; 8]).unwrap();
         let good = pd.answer(&bytes);
         let mut raw = good.mac_input().to_vec();
@@ -1108,10 +1118,7 @@ mod tests {
 
     #[test]
     fn key_presses_in_plain_text_while_the_channel_is_up_are_a_fault_not_keys() {
-        let mut r = Reader::new(5, Security::Secure(KEY), T, 0);
-        let mut pd = FakePd::new(KEY);
-        let mut now = 0;
-        drive(&mut r, &mut pd, &mut now, 20, Reader::is_ready);
+        let (mut r, _, now) = secure_session();
         let bytes = r.next(now, [9; 8]).unwrap();
         let seq = Packet::parse(&bytes[1..]).unwrap().seq();
         let forged = Packet::parse(
@@ -1125,10 +1132,7 @@ mod tests {
 
     #[test]
     fn a_plaintext_nak_restarts_the_session_without_a_fault() {
-        let mut r = Reader::new(5, Security::Secure(KEY), T, 0);
-        let mut pd = FakePd::new(KEY);
-        let mut now = 0;
-        drive(&mut r, &mut pd, &mut now, 20, Reader::is_ready);
+        let (mut r, _, now) = secure_session();
         let bytes = r.next(now, [9; 8]).unwrap();
         let seq = Packet::parse(&bytes[1..]).unwrap().seq();
         let nak = Packet::parse(&packet::encode(5 | 0x80, seq, &[], reply::NAK, &[6], None)[1..])
@@ -1155,17 +1159,8 @@ mod tests {
 
     #[test]
     fn an_output_is_acknowledged_or_fails_after_two_resends() {
-        let mut r = Reader::new(5, Security::Secure(KEY), T, 0);
-        let mut pd = FakePd::new(KEY);
-        let mut now = 0;
-        drive(&mut r, &mut pd, &mut now, 20, Reader::is_ready);
-        let token = r
-            .send(Command::Out {
-                output: 0,
-                control: 5,
-                timer: 50,
-            })
-            .unwrap();
+        let (mut r, mut pd, mut now) = secure_session();
+        let token = r.send(unlock()).unwrap();
         let ev = drive(&mut r, &mut pd, &mut now, 1, |_| false);
         assert!(
             ev.contains(&Event::Done {
@@ -1202,17 +1197,8 @@ mod tests {
 
     #[test]
     fn queued_outputs_fail_when_the_session_ends_rather_than_fire_later() {
-        let mut r = Reader::new(5, Security::Secure(KEY), T, 0);
-        let mut pd = FakePd::new(KEY);
-        let mut now = 0;
-        drive(&mut r, &mut pd, &mut now, 20, Reader::is_ready);
-        let token = r
-            .send(Command::Out {
-                output: 0,
-                control: 5,
-                timer: 50,
-            })
-            .unwrap();
+        let (mut r, _, now) = secure_session();
+        let token = r.send(unlock()).unwrap();
         let ev = r.restart(now);
         assert!(ev.contains(&Event::Done {
             token,
@@ -1222,10 +1208,7 @@ mod tests {
 
     #[test]
     fn a_silent_reader_goes_offline_after_8_s_and_is_probed_at_most_every_5_s() {
-        let mut r = Reader::new(5, Security::Secure(KEY), T, 0);
-        let mut pd = FakePd::new(KEY);
-        let mut now = 0;
-        drive(&mut r, &mut pd, &mut now, 20, Reader::is_ready);
+        let (mut r, mut pd, mut now) = secure_session();
         let last_reply = now;
         let mut sent_at = Vec::new();
         let mut offline_at = None;
