@@ -303,6 +303,21 @@ impl CloudClient {
             .await;
     }
 
+    /// The opening of most sync tests: the cloud subscribes on `port`
+    /// first (so it hears everything from the hub's first message), then a
+    /// daemon starts on the broker at `url`, and both are returned once the
+    /// hub is online.
+    pub async fn with_online_hub(
+        port: u16,
+        url: &str,
+        opts: crate::daemon::DaemonOptions,
+    ) -> (Self, crate::daemon::Daemon) {
+        let mut cloud = Self::plain(port).await;
+        let hub = crate::daemon::Daemon::start(url, opts);
+        cloud.wait_online().await;
+        (cloud, hub)
+    }
+
     /// Publishes raw bytes on the events topic (QoS 1).
     pub async fn publish_raw(&self, payload: Vec<u8>) {
         self.client

@@ -19,9 +19,8 @@ fn alert_clear(hub: &Daemon, args: &[&str]) -> Output {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_clears_tamper_while_the_daemon_runs_and_the_cloud_hears_it_with_the_audit() {
     let broker = Mosquitto::start();
-    let mut cloud = CloudClient::plain(broker.port).await;
-    let mut hub = Daemon::start(&broker.url(), DaemonOptions::default());
-    cloud.wait_online().await;
+    let (mut cloud, mut hub) =
+        CloudClient::with_online_hub(broker.port, &broker.url(), DaemonOptions::default()).await;
     // Point the daemon's board at a pty the test plays.
     assert!(hub.sigterm());
     let pty = pty::Pty::open();

@@ -6,20 +6,20 @@
 use lockhub::time::Timestamp;
 use testkit::broker::Mosquitto;
 use testkit::cloud::CloudClient;
-use testkit::daemon::{Daemon, DaemonOptions};
+use testkit::daemon::DaemonOptions;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_system_clock_behind_the_floor_alerts_and_outbox_marks_carry_the_effective_time() {
     let broker = Mosquitto::start();
-    let mut cloud = CloudClient::plain(broker.port).await;
-    let mut hub = Daemon::start(
+    let (mut cloud, mut hub) = CloudClient::with_online_hub(
+        broker.port,
         &broker.url(),
         DaemonOptions {
             policy: "cloud_stale_s = 2".into(),
             ..Default::default()
         },
-    );
-    cloud.wait_online().await;
+    )
+    .await;
     assert!(hub.sigterm());
     let floor = Timestamp::now_system().saturating_add_days(30);
     {

@@ -5,14 +5,13 @@
 use std::time::{Duration, Instant};
 use testkit::broker::{BrokerOptions, Mosquitto};
 use testkit::cloud::{CloudClient, cloud, issue_many};
-use testkit::daemon::{Daemon, DaemonOptions};
+use testkit::daemon::DaemonOptions;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_reads_a_running_daemon_without_disturbing_it() {
     let broker = Mosquitto::start_with(BrokerOptions::default());
-    let mut cloud_client = CloudClient::plain(broker.port).await;
-    let mut hub = Daemon::start(&broker.url(), DaemonOptions::default());
-    cloud_client.wait_online().await;
+    let (cloud_client, mut hub) =
+        CloudClient::with_online_hub(broker.port, &broker.url(), DaemonOptions::default()).await;
 
     let mut c = cloud();
     let events = issue_many(&mut c, 0, 5);

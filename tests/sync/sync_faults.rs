@@ -78,9 +78,9 @@ async fn a_sigkill_in_the_middle_of_a_flood_loses_nothing_through_rumqttd_either
 
 async fn sigkill_mid_flood(broker: AnyBroker) {
     let t0 = Instant::now();
-    let mut cloud_client = CloudClient::plain(broker.cloud_port()).await;
-    let mut hub = Daemon::start(&broker.url(), DaemonOptions::default());
-    cloud_client.wait_online().await;
+    let (mut cloud_client, mut hub) =
+        CloudClient::with_online_hub(broker.cloud_port(), &broker.url(), DaemonOptions::default())
+            .await;
 
     let mut c = cloud();
     let events = issue_many(&mut c, 0, 2000);
@@ -175,9 +175,8 @@ async fn a_broker_restart_under_a_running_hub_is_survived_without_help() {
         max_inflight_messages: Some(100),
         ..Default::default()
     });
-    let mut cloud_client = CloudClient::plain(broker.port).await;
-    let mut hub = Daemon::start(&broker.url(), DaemonOptions::default());
-    cloud_client.wait_online().await;
+    let (mut cloud_client, mut hub) =
+        CloudClient::with_online_hub(broker.port, &broker.url(), DaemonOptions::default()).await;
 
     let mut c = cloud();
     let before = issue_many(&mut c, 0, 100);
@@ -222,9 +221,8 @@ async fn events_dropped_by_the_broker_are_asked_for_again_and_the_gap_closes() {
         max_queued_messages: Some(10),
         ..Default::default()
     });
-    let mut cc = CloudClient::plain(broker.port).await;
-    let mut hub = Daemon::start(&broker.url(), DaemonOptions::default());
-    cc.wait_online().await;
+    let (mut cc, mut hub) =
+        CloudClient::with_online_hub(broker.port, &broker.url(), DaemonOptions::default()).await;
     cc.wait_until("the first start's fresh_session request", |c| {
         c.sync_requests()
             .iter()
@@ -462,15 +460,15 @@ async fn the_outbox_keeps_what_happens_while_the_broker_is_down_and_delivers_it_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_replaying_old_events_does_not_hide_a_silent_cloud() {
     let broker = Mosquitto::start();
-    let mut cc = CloudClient::plain(broker.port).await;
-    let mut hub = Daemon::start(
+    let (mut cc, mut hub) = CloudClient::with_online_hub(
+        broker.port,
         &broker.url(),
         DaemonOptions {
             policy: "cloud_stale_s = 3".into(),
             ..Default::default()
         },
-    );
-    cc.wait_online().await;
+    )
+    .await;
     let mut c = cloud();
     let first = issue_many(&mut c, 0, 1);
     cc.publish(&first).await;
@@ -539,9 +537,8 @@ fn files_holding(db: &std::path::Path, needle: &[u8]) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guest_erasure_is_published_only_once_no_file_holds_the_name() {
     let broker = Mosquitto::start();
-    let mut cc = CloudClient::plain(broker.port).await;
-    let mut hub = Daemon::start(&broker.url(), DaemonOptions::default());
-    cc.wait_online().await;
+    let (mut cc, mut hub) =
+        CloudClient::with_online_hub(broker.port, &broker.url(), DaemonOptions::default()).await;
     let mut c = cloud();
     let named = |n: usize, holder: &str, name: &str| {
         let mut g = testkit::cloud::grant(n);
@@ -616,9 +613,8 @@ async fn a_guest_erasure_is_published_only_once_no_file_holds_the_name() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_restart_the_hub_still_asks_until_it_reaches_the_last_checkpoint() {
     let broker = Mosquitto::start();
-    let mut cc = CloudClient::plain(broker.port).await;
-    let mut hub = Daemon::start(&broker.url(), DaemonOptions::default());
-    cc.wait_online().await;
+    let (mut cc, mut hub) =
+        CloudClient::with_online_hub(broker.port, &broker.url(), DaemonOptions::default()).await;
     let mut c = cloud();
     let first = issue_many(&mut c, 0, 2);
     cc.publish(&first).await;
@@ -658,15 +654,15 @@ async fn after_a_restart_the_hub_still_asks_until_it_reaches_the_last_checkpoint
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hub_restarting_in_a_loop_still_raises_cloud_stale() {
     let broker = Mosquitto::start();
-    let mut cc = CloudClient::plain(broker.port).await;
-    let mut hub = Daemon::start(
+    let (mut cc, mut hub) = CloudClient::with_online_hub(
+        broker.port,
         &broker.url(),
         DaemonOptions {
             policy: "cloud_stale_s = 3".into(),
             ..Default::default()
         },
-    );
-    cc.wait_online().await;
+    )
+    .await;
     let mut c = cloud();
     let first = issue_many(&mut c, 0, 1);
     cc.publish(&first).await;
@@ -688,9 +684,8 @@ async fn a_hub_restarting_in_a_loop_still_raises_cloud_stale() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_daemon_reports_the_first_failing_batch_item_at_any_step() {
     let broker = Mosquitto::start();
-    let mut cc = CloudClient::plain(broker.port).await;
-    let mut hub = Daemon::start(&broker.url(), DaemonOptions::default());
-    cc.wait_online().await;
+    let (mut cc, mut hub) =
+        CloudClient::with_online_hub(broker.port, &broker.url(), DaemonOptions::default()).await;
     let mut c = cloud();
     let first = issue_many(&mut c, 0, 1);
     cc.publish(&first).await;

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 use testkit::broker::Mosquitto;
 use testkit::cloud::{CloudClient, SIGNER_ID, cloud, cloud_key, grant, issue_many, rogue_key};
-use testkit::daemon::{Daemon, DaemonOptions};
+use testkit::daemon::DaemonOptions;
 use testkit::files::{HUB_ID, SITE_ID};
 use uuid::Uuid;
 
@@ -263,9 +263,8 @@ fn cases(c: &mut Cloud) -> (Vec<Case>, lockhub::sim::cloud::SignedEvent) {
 async fn every_malformed_envelope_is_rejected_with_its_reason_and_changes_nothing() {
     let t0 = Instant::now();
     let broker = Mosquitto::start();
-    let mut cc = CloudClient::plain(broker.port).await;
-    let mut hub = Daemon::start(&broker.url(), DaemonOptions::default());
-    cc.wait_online().await;
+    let (mut cc, mut hub) =
+        CloudClient::with_online_hub(broker.port, &broker.url(), DaemonOptions::default()).await;
 
     let mut c = cloud();
     let setup = issue_many(&mut c, 0, 3);
@@ -353,9 +352,8 @@ fn ratelimit_burst() -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_event_with_a_genuine_id_does_not_block_the_genuine_event() {
     let broker = Mosquitto::start();
-    let mut cc = CloudClient::plain(broker.port).await;
-    let hub = Daemon::start(&broker.url(), DaemonOptions::default());
-    cc.wait_online().await;
+    let (mut cc, hub) =
+        CloudClient::with_online_hub(broker.port, &broker.url(), DaemonOptions::default()).await;
 
     let mut c = cloud();
     let genuine = c.key_issued(&grant(1), &[]);
@@ -405,9 +403,8 @@ async fn a_forged_event_with_a_genuine_id_does_not_block_the_genuine_event() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_envelope_above_the_mqtt_packet_limit_does_not_wedge_the_hub() {
     let broker = Mosquitto::start();
-    let mut cc = CloudClient::plain(broker.port).await;
-    let mut hub = Daemon::start(&broker.url(), DaemonOptions::default());
-    cc.wait_online().await;
+    let (mut cc, mut hub) =
+        CloudClient::with_online_hub(broker.port, &broker.url(), DaemonOptions::default()).await;
     let mut c = cloud();
     let before = issue_many(&mut c, 0, 2);
     cc.publish(&before).await;
