@@ -49,6 +49,21 @@ fn alert_open(db: &Connection, condition: &str, subject: &str) -> bool {
         > 0
 }
 
+/// Online over a Secure Channel and not quarantined: a reader the hub trusts.
+fn trusted(db: &Connection, reader: &str) -> bool {
+    link(db, reader) == Some((true, true, false))
+}
+
+/// The serial number the hub recorded from the reader's osdp_PDID.
+fn reader_serial(db: &Connection, reader: &str) -> Option<i64> {
+    db.query_row(
+        "SELECT serial FROM osdp_readers WHERE reader = ?1",
+        [reader],
+        |r| r.get(0),
+    )
+    .ok()
+}
+
 fn link(db: &Connection, reader: &str) -> Option<(bool, bool, bool)> {
     db.query_row(
         "SELECT online, secure, quarantined FROM osdp_links WHERE reader = ?1",
@@ -88,17 +103,10 @@ async fn a_reader_with_the_right_key_gets_a_secure_channel_and_its_identity_is_r
     let mut hub = one_reader_hub(&broker, &peer, Some(&KEY_1), "");
     peer.wait_sc();
     hub.wait_db("the reader online over a secure channel", |db| {
-        link(db, "r-201") == Some((true, true, false))
+        trusted(db, "r-201")
     })
     .await;
-    let serial: i64 = hub
-        .db()
-        .query_row(
-            "SELECT serial FROM osdp_readers WHERE reader = 'r-201'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
+    let serial = reader_serial(&hub.db(), "r-201").expect("the reader's serial recorded");
     assert_eq!(serial, 0x11223344);
     let db = hub.db();
     assert!(!alert_open(&db, "reader_link_fault", "r-201"));
@@ -323,17 +331,10 @@ async fn osdp_install_moves_a_factory_reader_to_its_own_key_and_run_then_works()
 
     hub.spawn();
     hub.wait_db("the installed reader over a secure channel", |db| {
-        link(db, "r-201") == Some((true, true, false))
+        trusted(db, "r-201")
     })
     .await;
-    let serial: i64 = hub
-        .db()
-        .query_row(
-            "SELECT serial FROM osdp_readers WHERE reader = 'r-201'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
+    let serial = reader_serial(&hub.db(), "r-201").expect("the reader's serial recorded");
     assert_eq!(serial, 0x0BADCAFE);
     assert!(!alert_open(&hub.db(), "reader_link_fault", "r-201"));
     // An unknown reader is a config problem.
@@ -427,8 +428,7 @@ async fn two_readers_share_a_bus_and_one_stopping_does_not_stop_the_other() {
     a.wait_sc();
     b.wait_sc();
     hub.wait_db("both readers secure", |db| {
-        link(db, "r-201") == Some((true, true, false))
-            && link(db, "r-202") == Some((true, true, false))
+        trusted(db, "r-201") && trusted(db, "r-202")
     })
     .await;
 
@@ -484,7 +484,7 @@ async fn two_readers_share_a_bus_and_one_stopping_does_not_stop_the_other() {
     let before = ups(&hub);
     b.send(serde_json::json!({"pause": false}));
     hub.wait_db("board_offline for r-202 cleared", |db| {
-        !alert_open(db, "board_offline", "r-202") && link(db, "r-202") == Some((true, true, false))
+        !alert_open(db, "board_offline", "r-202") && trusted(db, "r-202")
     })
     .await;
     assert!(
@@ -498,10 +498,8 @@ async fn garbage_and_truncated_packets_on_the_bus_are_counted_and_change_nothing
     let broker = Mosquitto::start_with(BrokerOptions::default());
     let mut peer = Peer::start(&["--key", &key_hex(&KEY_1), "--address", "1"]);
     let mut hub = one_reader_hub(&broker, &peer, Some(&KEY_1), "");
-    hub.wait_db("the reader secure", |db| {
-        link(db, "r-201") == Some((true, true, false))
-    })
-    .await;
+    hub.wait_db("the reader secure", |db| trusted(db, "r-201"))
+        .await;
     // Noise, a truncated reply, a reply with a bad CRC, a huge length, and
     // a well-framed plaintext KEYPAD reply that no MAC vouches for.
     for raw in [
@@ -561,15 +559,7 @@ async fn a_replaced_reader_is_quarantined_until_it_is_installed_again() {
         },
     );
     hub.wait_db("the first reader recorded", |db| {
-        link(db, "r-201") == Some((true, true, false))
-            && db
-                .query_row(
-                    "SELECT serial FROM osdp_readers WHERE reader = 'r-201'",
-                    [],
-                    |r| r.get::<_, i64>(0),
-                )
-                .ok()
-                == Some(0x1111)
+        trusted(db, "r-201") && reader_serial(db, "r-201") == Some(0x1111)
     })
     .await;
 
@@ -599,10 +589,8 @@ async fn a_replaced_reader_is_quarantined_until_it_is_installed_again() {
     );
     assert!(!alert_open(&hub.db(), "reader_replaced", "r-201"));
     hub.spawn();
-    hub.wait_db("the new reader trusted", |db| {
-        link(db, "r-201") == Some((true, true, false))
-    })
-    .await;
+    hub.wait_db("the new reader trusted", |db| trusted(db, "r-201"))
+        .await;
     assert!(!alert_open(&hub.db(), "reader_replaced", "r-201"));
 }
 
@@ -674,10 +662,8 @@ async fn secure_hub(broker: &Mosquitto, peer: &mut Peer, door_extra: &str, polic
             ..DaemonOptions::default()
         },
     );
-    hub.wait_db("the reader secure", |db| {
-        link(db, "r-201") == Some((true, true, false))
-    })
-    .await;
+    hub.wait_db("the reader secure", |db| trusted(db, "r-201"))
+        .await;
     hub
 }
 
@@ -763,10 +749,8 @@ async fn a_locked_out_reader_stays_locked_out_across_a_hub_restart() {
     .await;
     hub.sigterm();
     hub.spawn();
-    hub.wait_db("the reader secure again", |db| {
-        link(db, "r-201") == Some((true, true, false))
-    })
-    .await;
+    hub.wait_db("the reader secure again", |db| trusted(db, "r-201"))
+        .await;
     // Give the new session its introduction before typing.
     idle(1).await;
     peer.forget();
@@ -891,10 +875,8 @@ async fn a_forced_door_is_remembered_across_a_restart_and_cleared_when_it_closes
         .unwrap();
     assert_eq!(open, 1, "the open door is kept durably");
     hub.spawn();
-    hub.wait_db("the reader secure again", |db| {
-        link(db, "r-201") == Some((true, true, false))
-    })
-    .await;
+    hub.wait_db("the reader secure again", |db| trusted(db, "r-201"))
+        .await;
     assert!(alert_open(&hub.db(), "door_forced", "201"));
     peer.send(serde_json::json!({"status": "input", "mask": 0, "n": 2}));
     hub.wait_db("door_forced cleared", |db| {
