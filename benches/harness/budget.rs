@@ -13,7 +13,7 @@
 use super::broker::{BrokerSettings, Mosquitto};
 use super::daemon::{Consumer, Daemon, Sampler, db_bytes, outbox_rows, write_bytes};
 use super::report::Figure;
-use super::stats::{mib, thousands};
+use super::stats::{bytes, mib, thousands};
 use super::{Sizes, fixture, ingest, mqtt};
 use std::path::Path;
 use std::sync::Arc;
@@ -369,17 +369,6 @@ fn describe(p: &Phase) -> String {
         mib(p.grew as f64),
         p.amp()
     )
-}
-
-/// Bytes, in the unit that reads best.
-fn bytes(b: f64) -> String {
-    if b >= 1024.0 * 1024.0 {
-        mib(b)
-    } else if b >= 1024.0 {
-        format!("{:.1} KiB", b / 1024.0)
-    } else {
-        format!("{b:.0} B")
-    }
 }
 
 /// Where the pages go: the frames in the WAL file, by the table or index

@@ -85,7 +85,7 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
         let mut rates = vec![];
         for _ in 0..sizes.runs {
             let dir = tempfile::tempdir().expect("tempdir");
-            let r = pipeline::run(&dir.path().join("lockhub.db"), &events, batch).await;
+            let r = pipeline::run(&dir.path().join("lockhub.db"), &events, batch, 2).await;
             rates.push(events.len() as f64 / r.total.as_secs_f64());
             verify_share.push(r.verify.as_secs_f64() / r.total.as_secs_f64() * 100.0);
         }

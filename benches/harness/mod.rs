@@ -33,6 +33,7 @@ mod ingest;
 mod osdp;
 mod resync;
 mod scale;
+mod writeamp;
 
 use report::Figure;
 use std::path::PathBuf;
@@ -53,6 +54,11 @@ pub struct Sizes {
     pub load_rate: f64,
     /// PINs typed at the OSDP reader, per baud rate.
     pub osdp_entries: usize,
+    /// The write-amplification sweep: keys in its mirror, events per commit
+    /// size, and the commit sizes.
+    pub writeamp_keys: usize,
+    pub writeamp_events: usize,
+    pub writeamp_groups: Vec<usize>,
 }
 
 impl Sizes {
@@ -69,6 +75,9 @@ impl Sizes {
             door_entries: 5_000,
             load_rate: 2_000.0,
             osdp_entries: 50,
+            writeamp_keys: 100_000,
+            writeamp_events: 20_000,
+            writeamp_groups: vec![1, 8, 64, 512, 4096],
         }
     }
 
@@ -87,6 +96,9 @@ impl Sizes {
             door_entries: 30,
             load_rate: 200.0,
             osdp_entries: 3,
+            writeamp_keys: 1_000,
+            writeamp_events: 128,
+            writeamp_groups: vec![1, 64],
         }
     }
 }
@@ -100,6 +112,7 @@ pub const SCENARIOS: &[&str] = &[
     "scale",
     "footprint",
     "budget",
+    "writeamp",
 ];
 
 #[derive(Debug, Clone)]
@@ -212,7 +225,12 @@ pub fn run(opts: &Options) -> Vec<Figure> {
         let mut cloud = fixture::cloud();
         let events = fixture::issue_events(&mut cloud, "k", n);
         let dir = tempfile::tempdir().expect("tempdir");
-        let r = rt.block_on(pipeline::run(&dir.path().join("lockhub.db"), &events, 256));
+        let r = rt.block_on(pipeline::run(
+            &dir.path().join("lockhub.db"),
+            &events,
+            256,
+            2,
+        ));
         println!(
             "profile-apply: {n} events in {:.2} s ({:?})",
             r.total.as_secs_f64(),
@@ -235,6 +253,7 @@ pub fn run(opts: &Options) -> Vec<Figure> {
             "scale" => rt.block_on(scale::run(&opts.sizes)),
             "footprint" => rt.block_on(footprint::run(&opts.sizes)),
             "budget" => rt.block_on(budget::run(&opts.sizes)),
+            "writeamp" => rt.block_on(writeamp::run(&opts.sizes)),
             _ => unreachable!("SCENARIOS lists only these"),
         };
         report::print(&figures);
@@ -257,6 +276,7 @@ pub fn expected_ids(scenario: &str) -> &'static [&'static str] {
         "scale" => scale::IDS,
         "footprint" => footprint::IDS,
         "budget" => budget::IDS,
+        "writeamp" => writeamp::IDS,
         _ => &[],
     }
 }

@@ -1,8 +1,9 @@
 //! The hub's ingest pipeline without the broker: step 1 (verify) and the
 //! schema parse on this thread, then apply on the store's writer in jobs of
-//! `batch` events, with at most two jobs outstanding (one committing while
-//! the next fills), which is the shape of `sync::ingest`. It bounds what the
-//! daemon can reach, and splits its time into verify vs. apply.
+//! `batch` events, with at most `outstanding` jobs outstanding (two: one
+//! committing while the next fills, which is the shape of `sync::ingest`;
+//! one: each job is a commit of its own). It bounds what the daemon can
+//! reach, and splits its time into verify vs. apply.
 
 use super::fixture;
 use lockhub::event::parse_body_in_order;
@@ -25,7 +26,12 @@ pub struct PipelineRun {
     pub waiting: Duration,
 }
 
-pub async fn run(db: &Path, events: &[SignedEvent], batch: usize) -> PipelineRun {
+pub async fn run(
+    db: &Path,
+    events: &[SignedEvent],
+    batch: usize,
+    outstanding: usize,
+) -> PipelineRun {
     let policy = fixture::default_policy();
     let store = Store::open(db, &policy).expect("open store");
     let ctx = ApplyContext {
@@ -34,7 +40,7 @@ pub async fn run(db: &Path, events: &[SignedEvent], batch: usize) -> PipelineRun
     };
     let ring = fixture::ring();
     let schema = fixture::schema();
-    let mut outstanding: VecDeque<tokio::task::JoinHandle<()>> = VecDeque::new();
+    let mut jobs: VecDeque<tokio::task::JoinHandle<()>> = VecDeque::new();
     let (mut verify, mut waiting) = (Duration::ZERO, Duration::ZERO);
     let started = Instant::now();
     for chunk in events.chunks(batch) {
@@ -50,7 +56,7 @@ pub async fn run(db: &Path, events: &[SignedEvent], batch: usize) -> PipelineRun
             .collect();
         verify += t.elapsed();
         let (s, c) = (store.clone(), ctx.clone());
-        outstanding.push_back(tokio::spawn(async move {
+        jobs.push_back(tokio::spawn(async move {
             s.write(Priority::Bulk, move |conn| {
                 let now = Timestamp::now_system();
                 // Each event in its own savepoint, as `sync::ingest` does.
@@ -64,16 +70,16 @@ pub async fn run(db: &Path, events: &[SignedEvent], batch: usize) -> PipelineRun
             .await
             .expect("apply");
         }));
-        if outstanding.len() >= 2 {
+        if jobs.len() >= outstanding.max(1) {
             let t = Instant::now();
-            if let Some(h) = outstanding.pop_front() {
+            if let Some(h) = jobs.pop_front() {
                 h.await.expect("writer job");
             }
             waiting += t.elapsed();
         }
     }
     let t = Instant::now();
-    for h in outstanding {
+    for h in jobs {
         h.await.expect("writer job");
     }
     waiting += t.elapsed();

@@ -26,7 +26,7 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
     let mut secs = vec![];
     for _ in 0..sizes.runs {
         let dir = tempfile::tempdir().expect("tempdir");
-        let r = pipeline::run(&dir.path().join("lockhub.db"), &events, 1).await;
+        let r = pipeline::run(&dir.path().join("lockhub.db"), &events, 1, 2).await;
         secs.push(r.total.as_secs_f64());
     }
     let s = median(&secs);

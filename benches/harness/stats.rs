@@ -83,3 +83,14 @@ pub fn micros(us: f64) -> String {
 pub fn mib(bytes: f64) -> String {
     format!("{:.1} MiB", bytes / (1024.0 * 1024.0))
 }
+
+/// Bytes in the unit that reads best: `850 B`, `1.4 KiB`, `12.3 MiB`.
+pub fn bytes(b: f64) -> String {
+    if b >= 1024.0 * 1024.0 {
+        mib(b)
+    } else if b >= 1024.0 {
+        format!("{:.1} KiB", b / 1024.0)
+    } else {
+        format!("{b:.0} B")
+    }
+}
