@@ -12,7 +12,7 @@
 //! the question this scenario answers, on the store alone (the daemon's
 //! apply path through `pipeline`, no broker, no doors):
 //!
-//! one mirror of `writeamp_keys` keys, copied afresh for each commit size;
+//! one mirror of `writeamp_keys` keys filled by a resync, copied afresh for each commit size;
 //! `writeamp_events` new `key.issued` applied in commits of G events, one
 //! job at a time, then the store closed (its last checkpoint counted).
 //! Bytes written are this process's `/proc/self/io` `write_bytes` over that
@@ -23,7 +23,6 @@ use super::daemon::{bench_dir, write_bytes};
 use super::report::Figure;
 use super::stats::{bytes, thousands};
 use super::{Sizes, fixture, pipeline};
-use lockhub::store::{Priority, Store};
 use std::path::Path;
 
 pub const IDS: &[&str] = &["writeamp.g1.ratio", "writeamp.g64.ratio"];
@@ -52,24 +51,20 @@ fn file_len(p: &Path) -> u64 {
 pub async fn run(sizes: &Sizes) -> Vec<Figure> {
     let dir = bench_dir();
     let base = dir.path().join("mirror.db");
-    let policy = fixture::default_policy();
-    let store = Store::open(&base, &policy).expect("open store");
+    let mut cloud = fixture::cloud();
     let keys = sizes.writeamp_keys;
-    store
-        .write(Priority::Bulk, move |c| {
-            fixture::bulk_load_keys(c, "m", keys).map_err(Into::into)
-        })
-        .await
-        .expect("bulk load");
-    // Closing checkpoints the WAL away: each copy starts from one file.
-    store.close();
+    // Filled the way a hub fills it, by a resync (`batch` events through
+    // the apply path); the store closes after it, checkpointing the WAL
+    // away, so each copy starts from one file.
+    let resync = fixture::batch_events(&mut cloud, "m", keys, sizes.batch_items);
+    pipeline::run(&base, &resync, 1, 2).await;
+    drop(resync);
     println!(
         "   mirror: {} keys, {}",
         thousands(keys as f64),
         bytes(file_len(&base) as f64)
     );
 
-    let mut cloud = fixture::cloud();
     let me = std::process::id();
     let mut runs = vec![];
     for &group in &sizes.writeamp_groups {
