@@ -224,8 +224,6 @@ struct Inner {
     thread: Mutex<Option<JoinHandle<()>>>,
     checkpointer: Mutex<Option<Checkpointer>>,
     doors: DoorSignal,
-    /// Door jobs sent with [`Store::write_door`] and not yet answered.
-    doors_in_flight: DoorSignal,
     failures: Arc<door::StorageFailures>,
 }
 
@@ -770,8 +768,7 @@ impl Store {
             Ok(())
         }))?;
         let doors = DoorSignal::default();
-        let doors_in_flight = DoorSignal::default();
-        let checkpointer = Checkpointer::start(path, wal.clone(), doors_in_flight.clone())?;
+        let checkpointer = Checkpointer::start(path, wal.clone(), doors.clone())?;
 
         let (tx, rx) = mpsc::channel::<Job>(QUEUE_DEPTH);
         let patience = Arc::new(Patience::new(doors.clone()));
@@ -791,7 +788,6 @@ impl Store {
                 thread: Mutex::new(Some(thread)),
                 checkpointer: Mutex::new(Some(checkpointer)),
                 doors,
-                doors_in_flight,
                 failures: Arc::default(),
             }),
         })
@@ -927,10 +923,6 @@ impl Store {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
-        // Until answered (queued, running or committing), the checkpointer
-        // submits no more of its writes (`paced`): they would queue ahead
-        // of this job's commit in the device.
-        let _in_flight = self.inner.doors_in_flight.ticket();
         let priority = Priority::Door;
         let (job, rx) = Self::job(
             priority,

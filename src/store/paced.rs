@@ -12,9 +12,8 @@
 //! this VFS, which is SQLite's own `unix` VFS with the main file's `xWrite`
 //! and `xSync` wrapped: every [`STEP_PAGES`] pages it flushes what it wrote
 //! (`fdatasync`, waiting for it) before writing more, and before each flush
-//! it waits while a door job is in flight (sent and not yet answered:
-//! queued, running or committing; a [`DoorSignal`]), so at most one step
-//! sits ahead of a door's commit in the device queue.
+//! it waits while a door job waits for the writer ([`DoorSignal`]), so
+//! at most one step sits ahead of a door's commit in the device queue.
 //! SQLite's own fsync at the end of the checkpoint then finds at most one
 //! step left, and still comes before the checkpoint is recorded as done,
 //! so durability is unchanged.
@@ -83,7 +82,8 @@ struct Pace {
 }
 
 impl Pace {
-    /// Waits while a door job is in flight, at most [`DOOR_PAUSE_MAX`].
+    /// Waits while a door job waits for the writer, at most
+    /// [`DOOR_PAUSE_MAX`].
     fn let_doors_go_first(&self) {
         let until = Instant::now() + DOOR_PAUSE_MAX;
         while self.doors.waiting() && Instant::now() < until {
