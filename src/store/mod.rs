@@ -423,12 +423,18 @@ impl WalState {
     /// (to be tried again) after [`CHECKPOINT_PATIENCE`] or as soon as a
     /// door job waits; hands the copy back to the checkpointer if more
     /// than [`RESTART_REST`] pages are left ([`WalStep::writer_may_restart`]).
-    fn restart(&self, conn: &Connection, patience: &Patience) {
+    /// Says whether it tried (a RESTART that readers held off is tried
+    /// again after [`RESTART_RETRY`]; one handed back is not a try).
+    fn restart(&self, conn: &Connection, patience: &Patience) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
         let pages = self.pages.load(Relaxed);
         if !WalStep::writer_may_restart(pages, self.copied.load(Relaxed)) {
+            // Bulk groups wait while the checkpointer copies what they
+            // added (`hold_bulk_while_behind`), so the next look finds a
+            // rest small enough and the restart is not put off for good.
             self.restart_due.store(false, Relaxed);
-            return;
+            self.behind.store(true, Relaxed);
+            return false;
         }
         patience.set(Instant::now() + CHECKPOINT_PATIENCE, true);
         match wal_checkpoint(conn, "RESTART") {
@@ -441,6 +447,7 @@ impl WalState {
             Ok(_) => {}
             Err(e) => tracing::debug!(error = %e, "WAL restart skipped"),
         }
+        true
     }
 }
 
@@ -543,9 +550,13 @@ impl Checkpointer {
                             Err(_) => pages,
                         };
                         let step = WalStep::after_copy(pages, rest);
-                        wal.behind.store(step == WalStep::HoldBulk, Relaxed);
+                        // Due before no longer behind: a writer that stops
+                        // holding bulk work sees the restart first.
                         if step == WalStep::Restart {
                             wal.restart_due.store(true, Relaxed);
+                        }
+                        wal.behind.store(step == WalStep::HoldBulk, Relaxed);
+                        if step == WalStep::Restart {
                             continue;
                         }
                     }
@@ -1133,9 +1144,9 @@ fn writer_loop(conn: Connection, mut rx: mpsc::Receiver<Job>, patience: &Patienc
         if wal.restart_due.load(std::sync::atomic::Ordering::Relaxed)
             && !door_first
             && restart_tried.elapsed() >= RESTART_RETRY
+            && wal.restart(&conn, patience)
         {
             restart_tried = Instant::now();
-            wal.restart(&conn, patience);
         }
         if pending.front().is_some_and(|j| j.outside) {
             if let Some(job) = pending.pop_front() {
