@@ -11,9 +11,10 @@
 //! slow disk"). So the checkpointer's connection opens the database through
 //! this VFS, which is SQLite's own `unix` VFS with the main file's `xWrite`
 //! and `xSync` wrapped: every [`STEP_PAGES`] pages it writes out what it
-//! wrote (`sync_file_range`, waiting for it) before writing more, and before each flush
-//! it waits while a door job waits for the writer ([`DoorSignal`]), so
-//! at most one step sits ahead of a door's commit in the device queue.
+//! wrote (`sync_file_range`, waiting for it) before writing more, and
+//! before each step goes out it waits while a door job waits for the
+//! writer ([`DoorSignal`]), so at most one step sits ahead of a door's
+//! commit in the device queue.
 //! SQLite's own fsync at the end of the checkpoint then finds at most one
 //! step left, and still comes before the checkpoint is recorded as done,
 //! so durability is unchanged.
@@ -35,14 +36,14 @@ use std::time::{Duration, Instant};
 /// The VFS's name, for `Connection::open_with_flags_and_vfs`.
 pub(super) const VFS: &CStr = c"lockhub-paced";
 
-/// Pages the checkpointer writes between two flushes of its own: at 100
+/// Pages the checkpointer writes between two write-outs of its own: at 100
 /// random writes a second, 16 pages are ~160 ms in the device queue ahead
 /// of a door's commit (the door's whole bound is 2 s); on the VM's disk a
-/// step is well under a millisecond. Smaller steps cost more flushes for
+/// step is well under a millisecond. Smaller steps cost more syscalls for
 /// the same pages.
 pub(super) const STEP_PAGES: u32 = 16;
 
-/// How long one step waits for door jobs before it flushes anyway, so a
+/// How long one step waits for door jobs before it goes out anyway, so a
 /// steady stream of entries cannot stop the checkpoint (and grow the WAL)
 /// for good. A door job waits at most its own deadline (2 s).
 const DOOR_PAUSE_MAX: Duration = Duration::from_secs(2);
@@ -55,7 +56,7 @@ pub(super) struct Steps {
 
 impl Steps {
     /// Before writing a page: whether the pages written since the last
-    /// flush make a full step, to be flushed first.
+    /// write-out make a full step, to be written out first.
     pub(super) fn before_page(&mut self) -> bool {
         if self.pending >= STEP_PAGES {
             self.pending = 1;
@@ -97,8 +98,9 @@ impl Pace {
     /// no journal commit and no cache flush (`sync_file_range`): this only
     /// paces the writes; SQLite's own fsync at the end of the checkpoint
     /// makes them durable before the checkpoint counts. `fdatasync` per
-    /// step instead cost a device flush every 16 pages (~1,000 a second
-    /// under a flood on the VM's disk, a 412 ms door entry). A failure only
+    /// step would cost a device flush every 16 pages (~1,000 a second
+    /// under a flood on the VM's disk), each one more wait for the door's
+    /// own fsync. A failure only
     /// loses the pacing: that fsync reports any error that matters.
     fn write_out(&self) {
         use std::os::fd::AsRawFd;
@@ -281,15 +283,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_checkpoint_flushes_before_every_page_past_a_full_step_and_starts_over_after_a_sync() {
+    fn a_checkpoint_writes_out_a_step_before_every_page_past_a_full_one_and_starts_over_after_a_sync()
+     {
         let mut s = Steps::default();
-        let flushes: Vec<bool> = (0..3 * STEP_PAGES + 1).map(|_| s.before_page()).collect();
-        // Nothing for the first step, then a flush before the first page of
+        let outs: Vec<bool> = (0..3 * STEP_PAGES + 1).map(|_| s.before_page()).collect();
+        // Nothing for the first step, then a write-out before the first page of
         // each next step.
-        let at: Vec<usize> = (0..flushes.len()).filter(|&i| flushes[i]).collect();
+        let at: Vec<usize> = (0..outs.len()).filter(|&i| outs[i]).collect();
         let step = STEP_PAGES as usize;
         assert_eq!(at, vec![step, 2 * step, 3 * step]);
-        // SQLite's own sync flushed everything: a whole step before the next.
+        // SQLite's own sync wrote everything: a whole step before the next.
         s.synced();
         assert!((0..STEP_PAGES).all(|_| !s.before_page()));
         assert!(s.before_page());
