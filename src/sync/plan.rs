@@ -350,6 +350,109 @@ impl BacklogMonitor {
     }
 }
 
+/// Acknowledged outbox rows waiting to be marked sent, and when to mark
+/// them. The publisher keeps publishing while a mark commits (the writer
+/// may be busy for many milliseconds under a flood, or stalled by another
+/// process), so at most one mark is in flight and the acks that arrive
+/// meanwhile go into the next one. A row joins a mark only once its PUBACK
+/// arrived; a mark that fails goes back and is tried again after
+/// [`MARK_RETRY`] (a crash meanwhile only sends those rows again: at least
+/// once).
+///
+/// Marks wait up to [`MARK_LINGER`] for more acks, or until
+/// [`MARK_BATCH`] are waiting: a door entry's audit row then shares its
+/// mark (a commit, and the pages it writes) with the entries around it
+/// instead of costing one of its own.
+#[derive(Debug, Clone, Default)]
+pub struct MarkPlan {
+    /// Acknowledged, in no mark yet.
+    waiting: Vec<i64>,
+    /// When the oldest of `waiting` was acknowledged.
+    since: Option<Duration>,
+    /// The mark being committed.
+    in_flight: Vec<i64>,
+    /// No mark starts before this (the last one failed).
+    retry_at: Option<Duration>,
+}
+
+/// How long acknowledged rows wait for others to share their mark.
+pub const MARK_LINGER: Duration = Duration::from_millis(100);
+/// Acknowledged rows that start a mark without waiting out the linger.
+pub const MARK_BATCH: usize = 512;
+/// How soon a failed mark is tried again.
+pub const MARK_RETRY: Duration = Duration::from_millis(250);
+/// Acknowledged rows not yet marked (waiting and in flight) past which the
+/// publisher sends nothing new until a mark commits: bounds this memory and
+/// what a crash sends again while the store refuses writes.
+pub const MAX_UNMARKED: usize = 8192;
+
+impl MarkPlan {
+    /// The broker acknowledged row `id` at `now`.
+    pub fn acked(&mut self, id: i64, now: Duration) {
+        if self.waiting.is_empty() {
+            self.since = Some(now);
+        }
+        self.waiting.push(id);
+    }
+
+    /// The rows to mark now, if a mark is due: none is in flight, none
+    /// failed too recently, and the oldest waited out the linger or enough
+    /// are waiting (or `flush`: shutting down). They are in flight until
+    /// [`MarkPlan::committed`] or [`MarkPlan::failed`].
+    pub fn take(&mut self, now: Duration, flush: bool) -> Option<Vec<i64>> {
+        if now < self.due_at(flush)? {
+            return None;
+        }
+        self.in_flight = std::mem::take(&mut self.waiting);
+        self.since = None;
+        Some(self.in_flight.clone())
+    }
+
+    /// When [`MarkPlan::take`] will give a mark, if anything waits and no
+    /// mark is in flight.
+    pub fn due_at(&self, flush: bool) -> Option<Duration> {
+        if !self.in_flight.is_empty() || self.waiting.is_empty() {
+            return None;
+        }
+        let since = self.since.unwrap_or_default();
+        let linger = if flush || self.waiting.len() >= MARK_BATCH {
+            since
+        } else {
+            since + MARK_LINGER
+        };
+        Some(self.retry_at.map_or(linger, |r| r.max(linger)))
+    }
+
+    /// The mark in flight committed.
+    pub fn committed(&mut self) {
+        self.in_flight.clear();
+        self.retry_at = None;
+    }
+
+    /// The mark in flight failed at `now`: its rows wait again, first in
+    /// line, and are tried after [`MARK_RETRY`].
+    pub fn failed(&mut self, now: Duration) {
+        if self.in_flight.is_empty() {
+            return;
+        }
+        let mut rows = std::mem::take(&mut self.in_flight);
+        rows.append(&mut self.waiting);
+        self.waiting = rows;
+        self.since = Some(self.since.map_or(now, |s| s.min(now)));
+        self.retry_at = Some(now + MARK_RETRY);
+    }
+
+    /// Acknowledged rows not yet marked sent.
+    pub fn unmarked(&self) -> usize {
+        self.waiting.len() + self.in_flight.len()
+    }
+
+    /// Whether the publisher should hold new rows back ([`MAX_UNMARKED`]).
+    pub fn full(&self) -> bool {
+        self.unmarked() >= MAX_UNMARKED
+    }
+}
+
 /// Reconnect delays: a [`Backoff`] from [`RECONNECT_START`] to
 /// [`RECONNECT_MAX`], each delay a full-jitter draw
 /// ([`Backoff::next_delay`]).
@@ -700,5 +803,81 @@ mod tests {
         assert!(!h.due(&2, s(6)));
         h.reset();
         assert!(h.due(&2, s(6)));
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn an_acknowledged_row_is_marked_once_the_linger_is_over() {
+        let mut m = MarkPlan::default();
+        assert_eq!(m.take(ms(0), true), None, "nothing to mark");
+        m.acked(1, ms(10));
+        m.acked(2, ms(50));
+        assert_eq!(m.take(ms(109), false), None);
+        assert_eq!(m.due_at(false), Some(ms(10) + MARK_LINGER));
+        assert_eq!(m.take(ms(110), false), Some(vec![1, 2]));
+    }
+
+    #[test]
+    fn a_full_batch_or_a_shutdown_is_marked_without_lingering() {
+        let mut m = MarkPlan::default();
+        m.acked(1, ms(0));
+        assert_eq!(m.take(ms(1), true), Some(vec![1]), "flush");
+        m.committed();
+        for id in 0..MARK_BATCH as i64 {
+            m.acked(id, ms(2));
+        }
+        assert_eq!(m.take(ms(2), false).map(|v| v.len()), Some(MARK_BATCH));
+    }
+
+    #[test]
+    fn only_one_mark_is_in_flight_and_acks_meanwhile_go_into_the_next() {
+        let mut m = MarkPlan::default();
+        m.acked(1, ms(0));
+        assert_eq!(m.take(ms(0), true), Some(vec![1]));
+        m.acked(2, ms(1));
+        m.acked(3, ms(2));
+        assert_eq!(m.take(ms(500), true), None, "the first is still in flight");
+        assert_eq!(m.unmarked(), 3);
+        m.committed();
+        assert_eq!(m.take(ms(500), false), Some(vec![2, 3]));
+        m.committed();
+        assert_eq!(m.unmarked(), 0);
+    }
+
+    #[test]
+    fn a_failed_mark_is_tried_again_after_the_retry_delay_with_the_acks_behind_it() {
+        let mut m = MarkPlan::default();
+        m.acked(1, ms(0));
+        m.acked(2, ms(0));
+        assert_eq!(m.take(ms(0), true), Some(vec![1, 2]));
+        m.acked(3, ms(5));
+        m.failed(ms(10));
+        assert_eq!(m.unmarked(), 3, "nothing acknowledged is forgotten");
+        assert_eq!(m.take(ms(10) + MARK_RETRY - ms(1), true), None);
+        assert_eq!(m.take(ms(10) + MARK_RETRY, false), Some(vec![1, 2, 3]));
+        m.committed();
+        m.acked(4, ms(1000));
+        assert_eq!(
+            m.due_at(false),
+            Some(ms(1000) + MARK_LINGER),
+            "a commit ends the retry delay"
+        );
+    }
+
+    #[test]
+    fn the_publisher_holds_new_rows_back_once_too_many_acks_are_unmarked() {
+        let mut m = MarkPlan::default();
+        for id in 0..MAX_UNMARKED as i64 - 1 {
+            m.acked(id, ms(0));
+        }
+        assert!(!m.full());
+        assert!(m.take(ms(0), false).is_some());
+        m.acked(MAX_UNMARKED as i64, ms(1));
+        assert!(m.full(), "rows in flight count too");
+        m.committed();
+        assert!(!m.full());
     }
 }
