@@ -51,8 +51,12 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Notify, mpsc, oneshot};
 
-/// Publishes awaiting their PUBACK at most (below rumqttc's inflight limit).
-pub const WINDOW: usize = 64;
+/// Publishes awaiting their PUBACK at most (below rumqttc's inflight limit,
+/// with room for the status messages). Rows drain at about this many per
+/// round trip: after a flood, with the broker's PUBACKs no longer behind
+/// queued events, 448 drained ~26,000 rows/s where 64 drained ~15,000
+/// (BENCHMARKS.md, "the drain"); each holds one signed envelope (<1 KiB).
+pub const WINDOW: usize = 448;
 /// How often the backlog is measured and anything missed is retried.
 const TICK: Duration = Duration::from_secs(1);
 const BACKLOG_EVERY_TICKS: u32 = 10;
