@@ -1,6 +1,6 @@
 //! Pure planners for the sync layer: when to ask the cloud for events, when
-//! the cloud looks gone, when the outbox is backing up, and how long to wait
-//! before reconnecting.
+//! the cloud looks gone, when the outbox is backing up, when acknowledged
+//! outbox rows are marked sent, and how long to wait before reconnecting.
 //!
 //! Nothing here does I/O or reads a clock: callers pass monotonic time (a
 //! [`Duration`] since any fixed origin) and what the store said, and act on
@@ -359,26 +359,20 @@ impl BacklogMonitor {
 /// [`MARK_RETRY`] (a crash meanwhile only sends those rows again: at least
 /// once).
 ///
-/// Marks wait up to [`MARK_LINGER`] for more acks, or until
-/// [`MARK_BATCH`] are waiting: a door entry's audit row then shares its
-/// mark (a commit, and the pages it writes) with the entries around it
-/// instead of costing one of its own.
+/// A mark starts as soon as the last one is done, without waiting for more
+/// acks to share it: a 100 ms linger cut the bytes written per door entry
+/// by a fifth but made the door's p99 two to five times worse (the delayed
+/// marks landed beside the entries; BENCHMARKS.md, "The drain").
 #[derive(Debug, Clone, Default)]
 pub struct MarkPlan {
     /// Acknowledged, in no mark yet.
     waiting: Vec<i64>,
-    /// When the oldest of `waiting` was acknowledged.
-    since: Option<Duration>,
     /// The mark being committed.
     in_flight: Vec<i64>,
     /// No mark starts before this (the last one failed).
     retry_at: Option<Duration>,
 }
 
-/// How long acknowledged rows wait for others to share their mark.
-pub const MARK_LINGER: Duration = Duration::from_millis(100);
-/// Acknowledged rows that start a mark without waiting out the linger.
-pub const MARK_BATCH: usize = 512;
 /// How soon a failed mark is tried again.
 pub const MARK_RETRY: Duration = Duration::from_millis(250);
 /// Acknowledged rows not yet marked (waiting and in flight) past which the
@@ -387,40 +381,29 @@ pub const MARK_RETRY: Duration = Duration::from_millis(250);
 pub const MAX_UNMARKED: usize = 8192;
 
 impl MarkPlan {
-    /// The broker acknowledged row `id` at `now`.
-    pub fn acked(&mut self, id: i64, now: Duration) {
-        if self.waiting.is_empty() {
-            self.since = Some(now);
-        }
+    /// The broker acknowledged row `id`.
+    pub fn acked(&mut self, id: i64) {
         self.waiting.push(id);
     }
 
-    /// The rows to mark now, if a mark is due: none is in flight, none
-    /// failed too recently, and the oldest waited out the linger or enough
-    /// are waiting (or `flush`: shutting down). They are in flight until
-    /// [`MarkPlan::committed`] or [`MarkPlan::failed`].
-    pub fn take(&mut self, now: Duration, flush: bool) -> Option<Vec<i64>> {
-        if now < self.due_at(flush)? {
+    /// The rows to mark now, if a mark is due: some wait, none is in
+    /// flight, and the last failure is [`MARK_RETRY`] old. They are in
+    /// flight until [`MarkPlan::committed`] or [`MarkPlan::failed`].
+    pub fn take(&mut self, now: Duration) -> Option<Vec<i64>> {
+        if now < self.due_at()? {
             return None;
         }
         self.in_flight = std::mem::take(&mut self.waiting);
-        self.since = None;
         Some(self.in_flight.clone())
     }
 
     /// When [`MarkPlan::take`] will give a mark, if anything waits and no
     /// mark is in flight.
-    pub fn due_at(&self, flush: bool) -> Option<Duration> {
+    pub fn due_at(&self) -> Option<Duration> {
         if !self.in_flight.is_empty() || self.waiting.is_empty() {
             return None;
         }
-        let since = self.since.unwrap_or_default();
-        let linger = if flush || self.waiting.len() >= MARK_BATCH {
-            since
-        } else {
-            since + MARK_LINGER
-        };
-        Some(self.retry_at.map_or(linger, |r| r.max(linger)))
+        Some(self.retry_at.unwrap_or_default())
     }
 
     /// The mark in flight committed.
@@ -438,7 +421,6 @@ impl MarkPlan {
         let mut rows = std::mem::take(&mut self.in_flight);
         rows.append(&mut self.waiting);
         self.waiting = rows;
-        self.since = Some(self.since.map_or(now, |s| s.min(now)));
         self.retry_at = Some(now + MARK_RETRY);
     }
 
@@ -810,39 +792,27 @@ mod tests {
     }
 
     #[test]
-    fn an_acknowledged_row_is_marked_once_the_linger_is_over() {
+    fn acknowledged_rows_are_marked_at_once_when_no_mark_is_in_flight() {
         let mut m = MarkPlan::default();
-        assert_eq!(m.take(ms(0), true), None, "nothing to mark");
-        m.acked(1, ms(10));
-        m.acked(2, ms(50));
-        assert_eq!(m.take(ms(109), false), None);
-        assert_eq!(m.due_at(false), Some(ms(10) + MARK_LINGER));
-        assert_eq!(m.take(ms(110), false), Some(vec![1, 2]));
-    }
-
-    #[test]
-    fn a_full_batch_or_a_shutdown_is_marked_without_lingering() {
-        let mut m = MarkPlan::default();
-        m.acked(1, ms(0));
-        assert_eq!(m.take(ms(1), true), Some(vec![1]), "flush");
-        m.committed();
-        for id in 0..MARK_BATCH as i64 {
-            m.acked(id, ms(2));
-        }
-        assert_eq!(m.take(ms(2), false).map(|v| v.len()), Some(MARK_BATCH));
+        assert_eq!(m.take(ms(0)), None, "nothing to mark");
+        m.acked(1);
+        m.acked(2);
+        assert_eq!(m.due_at(), Some(ms(0)));
+        assert_eq!(m.take(ms(10)), Some(vec![1, 2]));
     }
 
     #[test]
     fn only_one_mark_is_in_flight_and_acks_meanwhile_go_into_the_next() {
         let mut m = MarkPlan::default();
-        m.acked(1, ms(0));
-        assert_eq!(m.take(ms(0), true), Some(vec![1]));
-        m.acked(2, ms(1));
-        m.acked(3, ms(2));
-        assert_eq!(m.take(ms(500), true), None, "the first is still in flight");
+        m.acked(1);
+        assert_eq!(m.take(ms(0)), Some(vec![1]));
+        m.acked(2);
+        m.acked(3);
+        assert_eq!(m.take(ms(500)), None, "the first is still in flight");
+        assert_eq!(m.due_at(), None);
         assert_eq!(m.unmarked(), 3);
         m.committed();
-        assert_eq!(m.take(ms(500), false), Some(vec![2, 3]));
+        assert_eq!(m.take(ms(500)), Some(vec![2, 3]));
         m.committed();
         assert_eq!(m.unmarked(), 0);
     }
@@ -850,32 +820,28 @@ mod tests {
     #[test]
     fn a_failed_mark_is_tried_again_after_the_retry_delay_with_the_acks_behind_it() {
         let mut m = MarkPlan::default();
-        m.acked(1, ms(0));
-        m.acked(2, ms(0));
-        assert_eq!(m.take(ms(0), true), Some(vec![1, 2]));
-        m.acked(3, ms(5));
+        m.acked(1);
+        m.acked(2);
+        assert_eq!(m.take(ms(0)), Some(vec![1, 2]));
+        m.acked(3);
         m.failed(ms(10));
         assert_eq!(m.unmarked(), 3, "nothing acknowledged is forgotten");
-        assert_eq!(m.take(ms(10) + MARK_RETRY - ms(1), true), None);
-        assert_eq!(m.take(ms(10) + MARK_RETRY, false), Some(vec![1, 2, 3]));
+        assert_eq!(m.take(ms(10) + MARK_RETRY - ms(1)), None);
+        assert_eq!(m.take(ms(10) + MARK_RETRY), Some(vec![1, 2, 3]));
         m.committed();
-        m.acked(4, ms(1000));
-        assert_eq!(
-            m.due_at(false),
-            Some(ms(1000) + MARK_LINGER),
-            "a commit ends the retry delay"
-        );
+        m.acked(4);
+        assert_eq!(m.due_at(), Some(ms(0)), "a commit ends the retry delay");
     }
 
     #[test]
     fn the_publisher_holds_new_rows_back_once_too_many_acks_are_unmarked() {
         let mut m = MarkPlan::default();
         for id in 0..MAX_UNMARKED as i64 - 1 {
-            m.acked(id, ms(0));
+            m.acked(id);
         }
         assert!(!m.full());
-        assert!(m.take(ms(0), false).is_some());
-        m.acked(MAX_UNMARKED as i64, ms(1));
+        assert!(m.take(ms(0)).is_some());
+        m.acked(MAX_UNMARKED as i64);
         assert!(m.full(), "rows in flight count too");
         m.committed();
         assert!(!m.full());

@@ -54,7 +54,7 @@ use tokio::sync::{Notify, mpsc, oneshot};
 /// Publishes awaiting their PUBACK at most (below rumqttc's inflight limit,
 /// with room for the status messages). Rows drain at about this many per
 /// round trip: after a flood, with the broker's PUBACKs no longer behind
-/// queued events, 448 drained ~26,000 rows/s where 64 drained ~15,000
+/// queued events, 448 drained ~29,000 rows/s where 64 drained ~16,000
 /// (BENCHMARKS.md, "the drain"); each holds one signed envelope (<1 KiB).
 pub const WINDOW: usize = 448;
 /// How often the backlog is measured and anything missed is retried.
@@ -182,15 +182,15 @@ impl Publisher {
         let mut marking: Option<MarkWrite> = None;
         loop {
             if marking.is_none() {
-                marking = self.start_mark(false);
+                marking = self.start_mark();
             }
             self.fill();
             let wait = if self.retry_soon {
                 Duration::from_millis(20)
             } else {
-                // The next mark that is due: the linger, or the retry after
-                // a failed one (the rows stay acked in memory meanwhile).
-                match self.marks.due_at(false) {
+                // The retry after a failed mark (the rows stay acked in
+                // memory meanwhile).
+                match self.marks.due_at() {
                     Some(at) if marking.is_none() => at.saturating_sub(self.origin.elapsed()),
                     _ => Duration::from_secs(3600),
                 }
@@ -275,7 +275,7 @@ impl Publisher {
                     return;
                 };
                 match link.by_pkid.remove(&pkid) {
-                    Some(Item::Row(id)) => self.marks.acked(id, self.origin.elapsed()),
+                    Some(Item::Row(id)) => self.marks.acked(id),
                     Some(Item::Offline) => self.offline_acked = true,
                     Some(Item::Online) => {}
                     None => tracing::warn!(pkid, "PUBACK for no publish of ours"),
@@ -378,8 +378,8 @@ impl Publisher {
     /// Starts marking the acknowledged rows sent if a mark is due
     /// ([`MarkPlan::take`]); the caller awaits it without holding anything
     /// else up.
-    fn start_mark(&mut self, flush: bool) -> Option<MarkWrite> {
-        let ids = self.marks.take(self.origin.elapsed(), flush)?;
+    fn start_mark(&mut self) -> Option<MarkWrite> {
+        let ids = self.marks.take(self.origin.elapsed())?;
         let store = self.store.clone();
         let now = self.clock.now();
         Some(Box::pin(async move {
@@ -410,13 +410,13 @@ impl Publisher {
     }
 
     /// At the end: the mark in flight, then one for every row acknowledged
-    /// since (no linger). What fails is sent again next time.
+    /// since. What fails is sent again next time.
     async fn finish_marks(&mut self, marking: Option<MarkWrite>) {
         if let Some(m) = marking {
             let res = m.await;
             self.mark_done(res);
         }
-        if let Some(m) = self.start_mark(true) {
+        if let Some(m) = self.start_mark() {
             let res = m.await;
             self.mark_done(res);
         }
