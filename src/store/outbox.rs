@@ -92,19 +92,44 @@ pub fn unsent(
 }
 
 /// Marks rows sent (the broker acknowledged them); audit rows behind them
-/// become eligible for retention.
+/// become eligible for retention. Rows already marked are left as they are
+/// (a row sent again after a reconnect is acknowledged twice).
+///
+/// Set-based: two statements per run of consecutive ids ([`runs`]), not two
+/// per row. The publisher sends rows in id order and the broker acknowledges
+/// them in order, so a mark of hundreds of rows is usually one run.
 pub fn mark_sent(conn: &Connection, ids: &[i64], now: Timestamp) -> Result<(), StoreError> {
-    let mut row =
-        conn.prepare_cached("UPDATE outbox SET sent_at = ?2 WHERE id = ?1 AND sent_at IS NULL")?;
     let mut audit = conn.prepare_cached(
-        "UPDATE audit SET acked_at = ?2
-          WHERE acked_at IS NULL AND audit_id = (SELECT audit_id FROM outbox WHERE id = ?1)",
+        "UPDATE audit SET acked_at = ?3
+          WHERE acked_at IS NULL
+            AND audit_id IN (SELECT audit_id FROM outbox
+                              WHERE id BETWEEN ?1 AND ?2 AND audit_id IS NOT NULL)",
     )?;
-    for id in ids {
-        row.execute(params![id, now.0])?;
-        audit.execute(params![id, now.0])?;
+    let mut rows = conn.prepare_cached(
+        "UPDATE outbox SET sent_at = ?3 WHERE id BETWEEN ?1 AND ?2 AND sent_at IS NULL",
+    )?;
+    for (first, last) in runs(ids) {
+        audit.execute(params![first, last, now.0])?;
+        rows.execute(params![first, last, now.0])?;
     }
     Ok(())
+}
+
+/// `ids` as runs of consecutive ids, `(first, last)` inclusive, ascending;
+/// in any order and with repeats. Every id of a run is one of `ids`, so a
+/// row between two runs (not acknowledged) is never marked.
+pub fn runs(ids: &[i64]) -> Vec<(i64, i64)> {
+    let mut sorted = ids.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut out: Vec<(i64, i64)> = Vec::new();
+    for id in sorted {
+        match out.last_mut() {
+            Some((_, last)) if *last + 1 == id => *last = id,
+            _ => out.push((id, id)),
+        }
+    }
+    out
 }
 
 /// Holds the result of a guest erasure back until [`release_held`]: it
@@ -171,4 +196,25 @@ pub fn oldest_unsent(conn: &Connection) -> Result<Option<Timestamp>, StoreError>
         .optional()?
         .flatten()
         .map(Timestamp))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::runs;
+
+    #[test]
+    fn consecutive_ids_make_one_run() {
+        assert_eq!(runs(&[7, 8, 9, 10]), [(7, 10)]);
+    }
+
+    #[test]
+    fn a_missing_id_splits_the_runs_so_it_is_never_marked() {
+        assert_eq!(runs(&[1, 2, 4, 5, 9]), [(1, 2), (4, 5), (9, 9)]);
+    }
+
+    #[test]
+    fn ids_in_any_order_and_repeated_give_the_same_runs() {
+        assert_eq!(runs(&[5, 3, 4, 3, 1, 5]), [(1, 1), (3, 5)]);
+        assert_eq!(runs(&[]), []);
+    }
 }

@@ -1,6 +1,6 @@
 //! Pure planners for the sync layer: when to ask the cloud for events, when
-//! the cloud looks gone, when the outbox is backing up, and how long to wait
-//! before reconnecting.
+//! the cloud looks gone, when the outbox is backing up, when acknowledged
+//! outbox rows are marked sent, and how long to wait before reconnecting.
 //!
 //! Nothing here does I/O or reads a clock: callers pass monotonic time (a
 //! [`Duration`] since any fixed origin) and what the store said, and act on
@@ -347,6 +347,91 @@ impl BacklogMonitor {
             }
             _ => None,
         }
+    }
+}
+
+/// Acknowledged outbox rows waiting to be marked sent, and when to mark
+/// them. The publisher keeps publishing while a mark commits (the writer
+/// may be busy for many milliseconds under a flood, or stalled by another
+/// process), so at most one mark is in flight and the acks that arrive
+/// meanwhile go into the next one. A row joins a mark only once its PUBACK
+/// arrived; a mark that fails goes back and is tried again after
+/// [`MARK_RETRY`] (a crash meanwhile only sends those rows again: at least
+/// once).
+///
+/// A mark starts as soon as the last one is done, without waiting for more
+/// acks to share it: a 100 ms linger cut the bytes written per door entry
+/// by a fifth but made the door's p99 two to five times worse (the delayed
+/// marks landed beside the entries; BENCHMARKS.md, "The drain").
+#[derive(Debug, Clone, Default)]
+pub struct MarkPlan {
+    /// Acknowledged, in no mark yet.
+    waiting: Vec<i64>,
+    /// The mark being committed.
+    in_flight: Vec<i64>,
+    /// No mark starts before this (the last one failed).
+    retry_at: Option<Duration>,
+}
+
+/// How soon a failed mark is tried again.
+pub const MARK_RETRY: Duration = Duration::from_millis(250);
+/// Acknowledged rows not yet marked (waiting and in flight) past which the
+/// publisher sends nothing new until a mark commits: bounds this memory and
+/// what a crash sends again while the store refuses writes.
+pub const MAX_UNMARKED: usize = 8192;
+
+impl MarkPlan {
+    /// The broker acknowledged row `id`.
+    pub fn acked(&mut self, id: i64) {
+        self.waiting.push(id);
+    }
+
+    /// The rows to mark now, if a mark is due: some wait, none is in
+    /// flight, and the last failure is [`MARK_RETRY`] old. They are in
+    /// flight until [`MarkPlan::committed`] or [`MarkPlan::failed`].
+    pub fn take(&mut self, now: Duration) -> Option<Vec<i64>> {
+        if now < self.due_at()? {
+            return None;
+        }
+        self.in_flight = std::mem::take(&mut self.waiting);
+        Some(self.in_flight.clone())
+    }
+
+    /// When [`MarkPlan::take`] will give a mark, if anything waits and no
+    /// mark is in flight.
+    pub fn due_at(&self) -> Option<Duration> {
+        if !self.in_flight.is_empty() || self.waiting.is_empty() {
+            return None;
+        }
+        Some(self.retry_at.unwrap_or_default())
+    }
+
+    /// The mark in flight committed.
+    pub fn committed(&mut self) {
+        self.in_flight.clear();
+        self.retry_at = None;
+    }
+
+    /// The mark in flight failed at `now`: its rows wait again, first in
+    /// line, and are tried after [`MARK_RETRY`].
+    pub fn failed(&mut self, now: Duration) {
+        if self.in_flight.is_empty() {
+            return;
+        }
+        let mut rows = std::mem::take(&mut self.in_flight);
+        rows.append(&mut self.waiting);
+        self.waiting = rows;
+        self.retry_at = Some(now + MARK_RETRY);
+    }
+
+    /// Acknowledged rows not yet marked sent.
+    pub fn unmarked(&self) -> usize {
+        self.waiting.len() + self.in_flight.len()
+    }
+
+    /// Whether the publisher should hold new rows back ([`MAX_UNMARKED`]).
+    pub fn full(&self) -> bool {
+        self.unmarked() >= MAX_UNMARKED
     }
 }
 
@@ -700,5 +785,65 @@ mod tests {
         assert!(!h.due(&2, s(6)));
         h.reset();
         assert!(h.due(&2, s(6)));
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn acknowledged_rows_are_marked_at_once_when_no_mark_is_in_flight() {
+        let mut m = MarkPlan::default();
+        assert_eq!(m.take(ms(0)), None, "nothing to mark");
+        m.acked(1);
+        m.acked(2);
+        assert_eq!(m.due_at(), Some(ms(0)));
+        assert_eq!(m.take(ms(10)), Some(vec![1, 2]));
+    }
+
+    #[test]
+    fn only_one_mark_is_in_flight_and_acks_meanwhile_go_into_the_next() {
+        let mut m = MarkPlan::default();
+        m.acked(1);
+        assert_eq!(m.take(ms(0)), Some(vec![1]));
+        m.acked(2);
+        m.acked(3);
+        assert_eq!(m.take(ms(500)), None, "the first is still in flight");
+        assert_eq!(m.due_at(), None);
+        assert_eq!(m.unmarked(), 3);
+        m.committed();
+        assert_eq!(m.take(ms(500)), Some(vec![2, 3]));
+        m.committed();
+        assert_eq!(m.unmarked(), 0);
+    }
+
+    #[test]
+    fn a_failed_mark_is_tried_again_after_the_retry_delay_with_the_acks_behind_it() {
+        let mut m = MarkPlan::default();
+        m.acked(1);
+        m.acked(2);
+        assert_eq!(m.take(ms(0)), Some(vec![1, 2]));
+        m.acked(3);
+        m.failed(ms(10));
+        assert_eq!(m.unmarked(), 3, "nothing acknowledged is forgotten");
+        assert_eq!(m.take(ms(10) + MARK_RETRY - ms(1)), None);
+        assert_eq!(m.take(ms(10) + MARK_RETRY), Some(vec![1, 2, 3]));
+        m.committed();
+        m.acked(4);
+        assert_eq!(m.due_at(), Some(ms(0)), "a commit ends the retry delay");
+    }
+
+    #[test]
+    fn the_publisher_holds_new_rows_back_once_too_many_acks_are_unmarked() {
+        let mut m = MarkPlan::default();
+        for id in 0..MAX_UNMARKED as i64 - 1 {
+            m.acked(id);
+        }
+        assert!(!m.full());
+        assert!(m.take(ms(0)).is_some());
+        m.acked(MAX_UNMARKED as i64);
+        assert!(m.full(), "rows in flight count too");
+        m.committed();
+        assert!(!m.full());
     }
 }

@@ -22,10 +22,20 @@
 //! maintenance task ([`crate::store::sweep::prune`]); unsent rows never (the
 //! schema refuses it).
 //!
+//! ## Marking rows sent
+//! Marks are writes, and the writer may be busy for many milliseconds under
+//! a flood (behind the ingest jobs) or stalled by another process. So the
+//! publisher never waits for one: it keeps publishing while one mark
+//! commits, and the PUBACKs that arrive meanwhile go into the next
+//! ([`MarkPlan`]: at most one in flight, a failed one retried, at most
+//! [`MAX_UNMARKED`] acknowledged rows held before it stops sending). A mark
+//! still comes only after its rows' PUBACKs.
+//!
 //! [`CLIENT_INFLIGHT`]: super::client::CLIENT_INFLIGHT
+//! [`MAX_UNMARKED`]: super::plan::MAX_UNMARKED
 
 use super::client::{Gate, GateRefusal, LinkEvent, online_status_payload, status_payload};
-use super::plan::{BacklogLimits, BacklogMonitor, HEALTH_EVERY, HealthSchedule};
+use super::plan::{BacklogLimits, BacklogMonitor, HEALTH_EVERY, HealthSchedule, MarkPlan};
 use crate::clock::SharedClock;
 use crate::crypto;
 use crate::status::{self, BROKER_LINK, Health, HealthKey};
@@ -35,17 +45,21 @@ use crate::store::{Priority, Store, StoreError};
 use ed25519_dalek::SigningKey;
 use rusqlite::Connection;
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Notify, mpsc, oneshot};
 
-/// Publishes awaiting their PUBACK at most (below rumqttc's inflight limit).
-pub const WINDOW: usize = 64;
+/// Publishes awaiting their PUBACK at most (below rumqttc's inflight limit,
+/// with room for the status messages). Rows drain at about this many per
+/// round trip: after a flood, with the broker's PUBACKs no longer behind
+/// queued events, 448 drained ~29,000 rows/s where 64 drained ~16,000
+/// (BENCHMARKS.md, "the drain"); each holds one signed envelope (<1 KiB).
+pub const WINDOW: usize = 448;
 /// How often the backlog is measured and anything missed is retried.
 const TICK: Duration = Duration::from_secs(1);
 const BACKLOG_EVERY_TICKS: u32 = 10;
-/// How soon marking acknowledged rows sent is tried again after it failed.
-const MARK_RETRY: Duration = Duration::from_millis(250);
 /// How long a clean shutdown waits for the broker to take the offline status.
 pub const OFFLINE_ACK_TIMEOUT: Duration = Duration::from_secs(2);
 /// Subject of the `outbox_backlog` alert.
@@ -69,6 +83,9 @@ impl std::fmt::Debug for PublisherConfig {
             .finish_non_exhaustive()
     }
 }
+
+/// A mark being committed (the publisher's one write in flight).
+type MarkWrite = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>;
 
 /// Requests to the publisher task.
 #[derive(Debug)]
@@ -111,7 +128,8 @@ pub struct Publisher {
     reader: Connection,
     gate: Arc<Gate>,
     link: Option<Link>,
-    acked: Vec<i64>,
+    /// Acknowledged rows and their marks.
+    marks: MarkPlan,
     backlog: BacklogMonitor,
     offline_acked: bool,
     retry_soon: bool,
@@ -139,7 +157,7 @@ impl Publisher {
             reader,
             gate,
             link: None,
-            acked: Vec::new(),
+            marks: MarkPlan::default(),
             offline_acked: false,
             retry_soon: false,
             health: HealthSchedule::new(HEALTH_EVERY),
@@ -161,27 +179,33 @@ impl Publisher {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut ticks: u32 = 0;
+        let mut marking: Option<MarkWrite> = None;
         loop {
-            self.flush_acked().await;
+            if marking.is_none() {
+                marking = self.start_mark();
+            }
             self.fill();
-            let retry = if self.retry_soon {
+            let wait = if self.retry_soon {
                 Duration::from_millis(20)
-            } else if !self.acked.is_empty() {
-                // The last mark failed: the rows stay acked in memory and
-                // are marked as soon as the store takes writes again.
-                MARK_RETRY
             } else {
-                Duration::from_secs(3600)
+                // The retry after a failed mark (the rows stay acked in
+                // memory meanwhile).
+                match self.marks.due_at() {
+                    Some(at) if marking.is_none() => at.saturating_sub(self.origin.elapsed()),
+                    _ => Duration::from_secs(3600),
+                }
             };
             tokio::select! {
+                res = async { marking.as_mut().expect("guarded").await }, if marking.is_some() => {
+                    marking = None;
+                    self.mark_done(res);
+                }
                 ev = link_rx.recv() => match ev {
                     Some(LinkEvent::Closed) | None => break,
                     Some(ev) => {
                         self.on_link(ev);
-                        // Take every event already waiting before the next
-                        // store write: one write marks a whole batch of
-                        // PUBACKs sent, so the publisher keeps up with a
-                        // flood of results instead of one PUBACK per fsync.
+                        // Take every event already waiting: the PUBACKs of a
+                        // whole window free it at once for the next rows.
                         let mut closed = false;
                         while let Ok(ev) = link_rx.try_recv() {
                             if matches!(ev, LinkEvent::Closed) {
@@ -196,7 +220,7 @@ impl Publisher {
                     }
                 },
                 _ = wake.notified() => {}
-                _ = tokio::time::sleep(retry) => {}
+                _ = tokio::time::sleep(wait) => {}
                 _ = tick.tick() => {
                     self.check_health();
                     ticks = ticks.wrapping_add(1);
@@ -207,13 +231,14 @@ impl Publisher {
                 cmd = cmd_rx.recv() => {
                     if let Some(PublisherCommand::Shutdown(done)) = cmd {
                         self.shutdown(&mut link_rx).await;
+                        self.finish_marks(marking.take()).await;
                         let _ = done.send(());
                     }
                     break;
                 }
             }
         }
-        self.flush_acked().await;
+        self.finish_marks(marking.take()).await;
     }
 
     fn on_link(&mut self, ev: LinkEvent) {
@@ -250,7 +275,7 @@ impl Publisher {
                     return;
                 };
                 match link.by_pkid.remove(&pkid) {
-                    Some(Item::Row(id)) => self.acked.push(id),
+                    Some(Item::Row(id)) => self.marks.acked(id),
                     Some(Item::Offline) => self.offline_acked = true,
                     Some(Item::Online) => {}
                     None => tracing::warn!(pkid, "PUBACK for no publish of ours"),
@@ -307,6 +332,10 @@ impl Publisher {
                 Err(r) => return self.refused(r),
             }
         }
+        if self.marks.full() {
+            // Sending resumes once a mark commits (`MAX_UNMARKED`).
+            return;
+        }
         let Some(link) = self.link.as_mut() else {
             return;
         };
@@ -346,28 +375,50 @@ impl Publisher {
         }
     }
 
-    async fn flush_acked(&mut self) {
-        if self.acked.is_empty() {
-            return;
-        }
-        let ids = std::mem::take(&mut self.acked);
-        let n = ids.len();
-        let marked = ids.clone();
+    /// Starts marking the acknowledged rows sent if a mark is due
+    /// ([`MarkPlan::take`]); the caller awaits it without holding anything
+    /// else up.
+    fn start_mark(&mut self) -> Option<MarkWrite> {
+        let ids = self.marks.take(self.origin.elapsed())?;
+        let store = self.store.clone();
         let now = self.clock.now();
-        let res = self
-            .store
-            .write(Priority::Bulk, move |c| outbox::mark_sent(c, &marked, now))
-            .await;
+        Some(Box::pin(async move {
+            let n = ids.len();
+            store
+                .write(Priority::Bulk, move |c| outbox::mark_sent(c, &ids, now))
+                .await
+                .inspect(|()| tracing::trace!(rows = n, "outbox rows acknowledged"))
+        }))
+    }
+
+    fn mark_done(&mut self, res: Result<(), StoreError>) {
         match res {
-            Ok(()) => tracing::trace!(rows = n, "outbox rows acknowledged"),
+            Ok(()) => self.marks.committed(),
             // This connection will not queue them again (they are behind
             // `after_id`), so keep them and retry (`MARK_RETRY`) rather than
             // leave them unsent until a reconnect. A crash meanwhile only
             // sends them again: at least once.
             Err(e) => {
-                tracing::error!(error = %e, rows = n, "cannot mark outbox rows sent; will retry");
-                self.acked.extend(ids);
+                tracing::error!(
+                    error = %e,
+                    rows = self.marks.unmarked(),
+                    "cannot mark outbox rows sent; will retry"
+                );
+                self.marks.failed(self.origin.elapsed());
             }
+        }
+    }
+
+    /// At the end: the mark in flight, then one for every row acknowledged
+    /// since. What fails is sent again next time.
+    async fn finish_marks(&mut self, marking: Option<MarkWrite>) {
+        if let Some(m) = marking {
+            let res = m.await;
+            self.mark_done(res);
+        }
+        if let Some(m) = self.start_mark() {
+            let res = m.await;
+            self.mark_done(res);
         }
     }
 
@@ -421,7 +472,6 @@ impl Publisher {
                 Ok(Some(ev)) => self.on_link(ev),
             }
         }
-        self.flush_acked().await;
         let _ = self.gate.disconnect(epoch);
         // Let the poll task write the DISCONNECT and stop.
         let _ = tokio::time::timeout_at(deadline + Duration::from_secs(1), async {

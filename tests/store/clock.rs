@@ -307,3 +307,67 @@ fn prune_with_an_effective_time_ahead_of_the_wall_clock_still_never_trips_a_guar
     assert_eq!(pruned.dedupe, 0, "the wall clock bounds what may go");
     assert_eq!(db.count("SELECT count(*) FROM dedupe"), 1);
 }
+
+/// The publisher marks whole runs of acknowledged rows at once: exactly the
+/// rows named are marked (a row between two runs stays unsent, and its
+/// audit row unacknowledged, so retention still waits for it), and marking
+/// a row again, as after a resend, changes nothing.
+#[test]
+fn marking_rows_sent_marks_exactly_those_rows_and_their_audit_rows() {
+    let db = Db::open();
+    let ids: Vec<i64> = db.write(|c| {
+        let mut ids = Vec::new();
+        for days in 1..=4 {
+            let mut rec = AuditRecord::new(AuditKind::DoorForced, ago(days));
+            rec.door = Some(format!("d{days}"));
+            audit::record(c, &rec)?;
+            ids.push(c.last_insert_rowid());
+            ids.push(outbox::enqueue(
+                c,
+                outbox::Topic::Results,
+                b"{}",
+                None,
+                ago(days),
+            )?);
+        }
+        Ok(ids)
+    });
+    // Audit rows d1, d2 and d4 with their results; d3's audit row not.
+    let (first, second) = (ago(1), ago(0));
+    let marked = [ids[0], ids[1], ids[2], ids[3], ids[5], ids[6], ids[7]];
+    db.write(move |c| outbox::mark_sent(c, &marked, first));
+    let sent = |db: &Db| {
+        let r = db.reader();
+        let mut s = r
+            .prepare("SELECT id, sent_at FROM outbox WHERE sent_at IS NOT NULL ORDER BY id")
+            .unwrap();
+        s.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        sent(&db),
+        marked.iter().map(|&id| (id, first.0)).collect::<Vec<_>>()
+    );
+    let acked: String = db
+        .reader()
+        .query_row(
+            "SELECT group_concat(door) FROM (SELECT door FROM audit WHERE acked_at IS NOT NULL ORDER BY door)",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(acked, "d1,d2,d4", "d3's audit row waits for its ack");
+    // Everything again (a resend acknowledged twice) and d3's row.
+    let all = ids.clone();
+    db.write(move |c| outbox::mark_sent(c, &all, second));
+    let mut expect: Vec<(i64, i64)> = marked.iter().map(|&id| (id, first.0)).collect();
+    expect.push((ids[4], second.0));
+    expect.sort();
+    assert_eq!(sent(&db), expect, "a mark never moves");
+    assert_eq!(
+        db.count("SELECT count(*) FROM audit WHERE acked_at IS NULL"),
+        0
+    );
+}

@@ -515,6 +515,70 @@ async fn rows_acknowledged_while_the_store_refuses_writes_are_marked_sent_once_i
     hub.stop().await;
 }
 
+/// Marking rows sent is a write, and the writer can stall (here another
+/// process holds SQLite's write lock): the publisher keeps publishing
+/// meanwhile instead of waiting for its mark with a window of rows. Every
+/// row arrives while the lock is held, in id order, none is marked sent
+/// before a commit could say so, and all are marked once writes work again.
+/// (Before, the publisher waited for each mark: one window of 64 rows went
+/// out per failed mark, ~10 s each, so this test timed out.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_publisher_keeps_publishing_while_its_marks_wait_for_a_stalled_writer() {
+    const ROWS: i64 = 600;
+    const HOLD_AT_MOST: Duration = Duration::from_secs(20);
+    let mut broker = Mosquitto::start();
+    let mut cloud = TestCloud::plain(broker.port).await;
+    broker.stop();
+    let hub = start_hub(mqtt_config(&broker.url()));
+    for i in 0..ROWS {
+        let b = format!("{{\"n\":{i}}}").into_bytes();
+        hub.store
+            .write(Priority::Bulk, move |c| {
+                outbox::enqueue(c, Topic::Alerts, &b, None, Timestamp::now_system())
+            })
+            .await
+            .unwrap();
+    }
+    let path = hub._dir.path().join("lockhub.db");
+    let locker = Connection::open(&path).unwrap();
+    locker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    broker.start_again();
+    let mut order = Vec::new();
+    let held = tokio::time::timeout(HOLD_AT_MOST, async {
+        while order.len() < ROWS as usize {
+            let (_, p) = cloud.expect(|t, _| t.ends_with("/alerts")).await;
+            order.push(open_hub_envelope(&p)["n"].as_i64().unwrap());
+        }
+    })
+    .await;
+    assert!(
+        held.is_ok(),
+        "only {} of {ROWS} rows went out while the writer was stalled",
+        order.len()
+    );
+    assert_eq!(
+        order,
+        (0..ROWS).collect::<Vec<_>>(),
+        "every row, in id order"
+    );
+    assert_eq!(
+        hub.unsent(),
+        ROWS as u64,
+        "nothing is marked without a commit"
+    );
+    locker.execute_batch("ROLLBACK").unwrap();
+    drop(locker);
+    let deadline = tokio::time::Instant::now() + TEST_TIMEOUT;
+    while hub.unsent() > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "acknowledged rows stayed unsent"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    hub.stop().await;
+}
+
 /// Publishes `n` distinct events as fast as the broker takes them, then
 /// waits until the hub has applied them all; returns their ids in order.
 async fn flood_and_wait(cloud: &TestCloud, hub: &Hub, n: usize) -> Vec<Uuid> {

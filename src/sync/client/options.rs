@@ -19,8 +19,9 @@ pub const MAX_OUTGOING_PACKET: usize = 256 * 1024;
 /// it. If it is full, `try_*` says so and the caller retries.
 pub const REQUEST_CAPACITY: usize = 1024;
 /// Unacked hub publishes rumqttc tracks (packet ids cycle through 1..=this).
-/// The publisher keeps fewer than this in flight, so ids never collide.
-pub const CLIENT_INFLIGHT: u16 = 100;
+/// The publisher keeps fewer than this in flight, so ids never collide
+/// ([`crate::sync::publisher::WINDOW`]).
+pub const CLIENT_INFLIGHT: u16 = 512;
 pub const KEEP_ALIVE: Duration = Duration::from_secs(30);
 
 /// The retained status payload (plain JSON, not signed: it is a hint).
