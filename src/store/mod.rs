@@ -78,19 +78,14 @@ const QUEUE_DEPTH: usize = 4096;
 /// At most this many jobs share one transaction (door jobs aside)...
 const MAX_GROUP: usize = 512;
 /// ...and a group of bulk jobs stops taking more after this much work.
-/// Each commit costs an fsync and writes once every page the group dirtied
-/// (the header, `sqlite_sequence`, `seq_state`, the outbox and audit
-/// tails, and the random index leaves the events share), so under a flood
-/// longer groups are cheaper per event: at 6 ms a full-mirror flood
-/// committed ~8.5 events a commit. A door job does not wait for the
-/// budget: it joins the group in hand and the group commits as soon as it
-/// has run (see [`GroupStep`]), so its wait is the event running when it
-/// arrived plus the commit of what the group holds; the budget only sets
-/// how much that commit carries (a 1 MiB append + `fdatasync` measured
-/// ~0.3 ms against ~0.1 ms for 4 KiB on the VM's disk). The ingest
-/// pipeline keeps enough jobs at the writer to fill it
-/// (`sync::ingest::MAX_IN_FLIGHT`).
-const GROUP_BUDGET: Duration = Duration::from_millis(20);
+/// Each commit costs an fsync and rewrites every page the group dirtied, so
+/// under a flood longer groups are cheaper per event. A door job does not
+/// wait for the budget: it joins the group in hand, which commits as soon
+/// as it has run (see [`GroupStep`]), so its wait is the event running
+/// when it arrived plus that commit. (20 ms with 16 ingest jobs in flight
+/// measured no fewer commits under a full-mirror flood: there the groups
+/// end when the writer runs out of jobs, not at the budget.)
+const GROUP_BUDGET: Duration = Duration::from_millis(6);
 /// How long one bulk job should run before it hands the writer back (the
 /// ingest pipeline sizes and cuts its jobs by it), so a door job never
 /// waits behind a long job.
@@ -1171,7 +1166,8 @@ impl GroupStep {
     /// the group's. Once a door job has run, the group commits without
     /// taking more bulk work, so the door's answer waits for nothing else.
     /// Otherwise the group takes bulk jobs until the budget, [`MAX_GROUP`],
-    /// or a job alone ends it.
+    /// or a job alone ends it (or nothing is pending: it commits then
+    /// whatever this says).
     fn after_job(group: GroupSoFar, door_next: bool) -> GroupStep {
         if door_next {
             GroupStep::Next

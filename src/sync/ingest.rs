@@ -8,10 +8,9 @@
 //! event inside its own savepoint, so a storage error rolls back that event
 //! alone and stops the batch there. A lone event is committed at once;
 //! under a flood up to [`MAX_IN_FLIGHT`] jobs wait at the writer, which
-//! runs them back to back in one transaction up to its group budget, so
-//! the writer never idles while we ack and one fsync covers many jobs
-//! (at most [`MAX_ALONE_IN_FLIGHT`] of them messages alone). A message the
-//! decider names [`Decide::alone`] (a batch event) goes as a job of its own, in a
+//! runs them back to back in one transaction, so the writer never idles
+//! while we ack and one fsync covers several jobs. A message the decider
+//! names [`Decide::alone`] (a batch event) goes as a job of its own, in a
 //! transaction of its own ([`Store::write_alone`]), in its place in order.
 //!
 //! ## Job size, and jobs cut short
@@ -56,29 +55,14 @@ use tokio::sync::{Notify, mpsc};
 /// Events per writer job at most.
 pub const MAX_BATCH: usize = 256;
 /// Jobs waiting at (or running in) the writer at once.
-///
-/// More than one group takes: a job is answered only when its group has
-/// committed, so with 4 in flight a group could never hold more than the
-/// 4 jobs sent before it, and after each commit the writer started the
-/// next group with the first job refilled, alone (a full-mirror flood
-/// committed ~8.5 events a commit). With more in flight than the group
-/// budget runs, the jobs queued behind a group start the next one at once
-/// and each group runs to its budget. Unacked messages stay bounded by the
-/// receive window (`super::window`), whatever this allows.
-pub const MAX_IN_FLIGHT: usize = 16;
-/// Jobs of one message alone (a batch, [`Decide::alone`]) in flight at
-/// once: each holds a whole parsed batch (several times its ~170 KiB
-/// payload) and has a transaction to itself, so more of them queued make
-/// no group larger, only the resident memory.
-const MAX_ALONE_IN_FLIGHT: usize = 4;
+pub const MAX_IN_FLIGHT: usize = 4;
 /// Checked (parsed) events kept ahead of the writer, in jobs: enough to
-/// fill the alone slots at once after a drain, and no more; what waits
+/// fill every in-flight slot at once after a drain, and no more; what waits
 /// beyond it stays unparsed in the receive window. A 500-key batch parses
 /// to several times its ~170 KiB payload, and checking the whole window
 /// ahead (up to [`MAX_BATCH`] messages) held every batch of the receive
-/// window parsed at once during a resync. (Ordinary jobs need no more
-/// ahead: the in-flight ones refill as fast as events are checked.)
-const CHECKED_AHEAD_JOBS: usize = MAX_ALONE_IN_FLIGHT + 1;
+/// window parsed at once during a resync.
+const CHECKED_AHEAD_JOBS: usize = MAX_IN_FLIGHT + 1;
 
 /// Sizes jobs to fill about three quarters of [`JOB_SLICE`], from a moving
 /// average of the writer's time per event.
@@ -282,12 +266,6 @@ fn start_commit<D: Decide>(
     })
 }
 
-/// How many more jobs alone may be sent now ([`MAX_ALONE_IN_FLIGHT`]).
-fn alone_slots<F, I>(in_flight: &VecDeque<(F, I, bool)>) -> usize {
-    let alone = in_flight.iter().filter(|(_, _, alone)| *alone).count();
-    MAX_ALONE_IN_FLIGHT.saturating_sub(alone)
-}
-
 /// Runs until the poll task's channel closes, then finishes what it holds.
 pub async fn run<D: Decide>(
     decider: Arc<D>,
@@ -299,7 +277,7 @@ pub async fn run<D: Decide>(
     // Checked, not yet sent to the writer, in arrival order.
     let mut next: VecDeque<(Inbound, D::Checked)> = VecDeque::new();
     // Sent, oldest first; they complete in this order.
-    let mut in_flight: VecDeque<(Commit<D::Checked>, Vec<Inbound>, bool)> = VecDeque::new();
+    let mut in_flight: VecDeque<(Commit<D::Checked>, Vec<Inbound>)> = VecDeque::new();
     // A job was cut short (or failed): set by the job, cleared here once
     // every job sent before it is back.
     let cut = Arc::new(AtomicBool::new(false));
@@ -331,19 +309,13 @@ pub async fn run<D: Decide>(
         while !draining && in_flight.len() < MAX_IN_FLIGHT && !next.is_empty() {
             let limit = next.len().min(sizer.batch());
             let take = match next.iter().take(limit).position(|(_, c)| decider.alone(c)) {
-                Some(0) if alone_slots(&in_flight) == 0 => break,
                 Some(0) => 1,
                 Some(before) => before,
                 None if in_flight.is_empty() || next.len() >= sizer.batch() || !open => limit,
                 None => break,
             };
             let (inbound, checked): (Vec<_>, Vec<_>) = next.drain(..take).unzip();
-            let alone = take == 1 && decider.alone(&checked[0]);
-            in_flight.push_back((
-                start_commit(&store, &decider, checked, &cut),
-                inbound,
-                alone,
-            ));
+            in_flight.push_back((start_commit(&store, &decider, checked, &cut), inbound));
         }
         if !open && in_flight.is_empty() {
             break;
@@ -360,7 +332,7 @@ pub async fn run<D: Decide>(
                 None => open = false,
             },
             res = async { in_flight.front_mut().expect("guarded").0.as_mut().await }, if !in_flight.is_empty() => {
-                let (_, mut inbound, _) = in_flight.pop_front().expect("guarded");
+                let (_, mut inbound) = in_flight.pop_front().expect("guarded");
                 let out = match res {
                     Ok(out) => out,
                     Err(e) => {
@@ -424,23 +396,6 @@ pub async fn run<D: Decide>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn jobs_alone_take_at_most_their_own_slots_and_others_never_count_against_them() {
-        let flight = |alone: &[bool]| -> VecDeque<((), (), bool)> {
-            alone.iter().map(|a| ((), (), *a)).collect()
-        };
-        assert_eq!(alone_slots(&flight(&[])), MAX_ALONE_IN_FLIGHT);
-        assert_eq!(
-            alone_slots(&flight(&[false; MAX_IN_FLIGHT - 1])),
-            MAX_ALONE_IN_FLIGHT
-        );
-        assert_eq!(
-            alone_slots(&flight(&[true, false, true])),
-            MAX_ALONE_IN_FLIGHT - 2
-        );
-        assert_eq!(alone_slots(&flight(&[true; MAX_ALONE_IN_FLIGHT])), 0);
-    }
 
     #[test]
     fn a_job_is_sized_to_three_quarters_of_a_slice() {
