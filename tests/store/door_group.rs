@@ -12,6 +12,9 @@ use std::time::{Duration, Instant};
 use testkit::db::*;
 
 const PIN: &str = "482913";
+/// Long enough for a job sent from another thread to be on the writer's
+/// channel, on a loaded machine too (the suite runs its tests side by side).
+const QUEUED: Duration = Duration::from_millis(200);
 
 fn open_with_key() -> Db {
     let db = Db::open();
@@ -102,7 +105,7 @@ fn soon() -> Instant {
 fn a_door_entry_arriving_during_a_bulk_job_runs_inside_its_group_and_commits_with_it() {
     let db = open_with_key();
     let bulk = bulk_until_a_door_waits(&db, 7, Ok(()));
-    std::thread::sleep(Duration::from_millis(50));
+    std::thread::sleep(QUEUED);
     let door = door_job(&db, soon(), 7, Duration::ZERO);
     assert!(
         door.writer_saw_bulk && !door.bulk_committed_at_door,
@@ -118,30 +121,59 @@ fn a_door_entry_arriving_during_a_bulk_job_runs_inside_its_group_and_commits_wit
 #[test]
 fn a_bulk_job_that_fails_in_the_doors_group_rolls_back_alone_and_the_grant_commits() {
     let db = open_with_key();
-    // The first job of the group succeeds and holds the writer until the
-    // failing one is queued behind it...
+    // A blocker holds the writer while the two bulk jobs queue behind it,
+    // so both start the next group together.
     let (release, hold) = mpsc::channel::<()>();
-    let first = {
+    let blocker = {
         let store = db.store.clone();
         std::thread::spawn(move || {
-            store.write_blocking(Priority::Bulk, move |c| {
-                c.execute("INSERT INTO seq_seen (seq) VALUES (1)", [])?;
+            store.write_blocking(Priority::Bulk, move |_| {
                 let _ = hold.recv_timeout(Duration::from_secs(5));
                 Ok(())
             })
         })
     };
-    std::thread::sleep(Duration::from_millis(50));
-    // ...which fails once the door job waits; the door job runs after it.
-    let failing = bulk_until_a_door_waits(&db, 2, Err(StoreError::Closed));
-    std::thread::sleep(Duration::from_millis(50));
+    std::thread::sleep(QUEUED);
+    // The group's first job succeeds...
+    let first = {
+        let store = db.store.clone();
+        std::thread::spawn(move || {
+            store.write_blocking(Priority::Bulk, move |c| {
+                c.execute("INSERT INTO seq_seen (seq) VALUES (1)", [])?;
+                Ok(())
+            })
+        })
+    };
+    std::thread::sleep(QUEUED);
+    // ...the second, in its savepoint, fails once the door job waits.
+    let (started_tx, started) = mpsc::channel::<()>();
+    let failing = {
+        let (store, doors) = (db.store.clone(), db.store.door_signal());
+        std::thread::spawn(move || {
+            store.write_blocking(Priority::Bulk, move |c| {
+                c.execute("INSERT INTO seq_seen (seq) VALUES (2)", [])?;
+                let _ = started_tx.send(());
+                let until = Instant::now() + Duration::from_secs(5);
+                while !doors.waiting() && Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err::<(), _>(StoreError::Closed)
+            })
+        })
+    };
+    std::thread::sleep(QUEUED);
     release.send(()).unwrap();
+    started.recv_timeout(Duration::from_secs(5)).unwrap();
     let door = door_job(&db, soon(), 1, Duration::ZERO);
-    assert!(door.writer_saw_bulk && !door.bulk_committed_at_door);
+    assert!(
+        door.writer_saw_bulk && !door.bulk_committed_at_door,
+        "the door job ran in a transaction of its own"
+    );
     assert!(matches!(
         door.outcome.expect("the door job commits").decision,
         Decision::Unlock(_)
     ));
+    blocker.join().unwrap().unwrap();
     first.join().unwrap().unwrap();
     assert!(failing.join().unwrap().is_err());
     let r = db.reader();
@@ -155,7 +187,7 @@ fn a_failed_first_bulk_job_leaves_the_waiting_door_job_to_commit_on_its_own() {
     // The first job of a group has no savepoint: its failure rolls the
     // transaction back before the door job has run in it.
     let failing = bulk_until_a_door_waits(&db, 3, Err(StoreError::Closed));
-    std::thread::sleep(Duration::from_millis(50));
+    std::thread::sleep(QUEUED);
     let door = door_job(&db, soon(), 3, Duration::ZERO);
     assert!(
         !door.writer_saw_bulk,
@@ -174,7 +206,7 @@ fn a_failed_first_bulk_job_leaves_the_waiting_door_job_to_commit_on_its_own() {
 fn a_door_job_past_its_deadline_in_a_bulk_group_is_undone_and_the_bulk_work_still_commits() {
     let db = open_with_key();
     let bulk = bulk_until_a_door_waits(&db, 4, Ok(()));
-    std::thread::sleep(Duration::from_millis(50));
+    std::thread::sleep(QUEUED);
     let deadline = Instant::now() + Duration::from_millis(200);
     let door = door_job(&db, deadline, 4, Duration::from_millis(300));
     assert!(door.writer_saw_bulk && !door.bulk_committed_at_door);
@@ -193,7 +225,7 @@ fn a_door_job_past_its_deadline_in_a_bulk_group_is_undone_and_the_bulk_work_stil
 fn a_door_job_that_fails_in_a_bulk_group_loses_none_of_the_bulk_work() {
     let db = open_with_key();
     let bulk = bulk_until_a_door_waits(&db, 5, Ok(()));
-    std::thread::sleep(Duration::from_millis(50));
+    std::thread::sleep(QUEUED);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
