@@ -6,6 +6,7 @@
 mod apply;
 mod clock;
 mod door;
+mod door_group;
 mod erasure;
 mod invariants;
 mod vectors_store;
