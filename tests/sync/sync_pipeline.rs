@@ -473,24 +473,7 @@ async fn the_outbox_holds_every_record_while_the_broker_is_down_and_sends_them_o
 /// test times out).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_acknowledged_while_the_store_refuses_writes_are_marked_sent_once_it_takes_them() {
-    let mut broker = Mosquitto::start();
-    let mut cloud = TestCloud::plain(broker.port).await;
-    broker.stop();
-    let hub = start_hub(mqtt_config(&broker.url()));
-    for i in 0..20 {
-        let b = format!("{{\"n\":{i}}}").into_bytes();
-        hub.store
-            .write(Priority::Bulk, move |c| {
-                outbox::enqueue(c, Topic::Alerts, &b, None, Timestamp::now_system())
-            })
-            .await
-            .unwrap();
-    }
-    // Another process takes the write lock, then the broker comes back.
-    let path = hub._dir.path().join("lockhub.db");
-    let locker = Connection::open(&path).unwrap();
-    locker.execute_batch("BEGIN IMMEDIATE").unwrap();
-    broker.start_again();
+    let (_broker, mut cloud, hub, locker) = rows_queued_then_writer_stalled(20).await;
     let mut seen = HashSet::new();
     while seen.len() < 20 {
         let (_, p) = cloud.expect(|t, _| t.ends_with("/alerts")).await;
@@ -502,17 +485,7 @@ async fn rows_acknowledged_while_the_store_refuses_writes_are_marked_sent_once_i
     // marks) both fail.
     tokio::time::sleep(Duration::from_secs(25)).await;
     assert_eq!(hub.unsent(), 20, "nothing could be marked");
-    locker.execute_batch("ROLLBACK").unwrap();
-    drop(locker);
-    let deadline = tokio::time::Instant::now() + TEST_TIMEOUT;
-    while hub.unsent() > 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "acknowledged rows stayed unsent"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    hub.stop().await;
+    release_and_wait_until_all_marked(locker, hub).await;
 }
 
 /// Marking rows sent is a write, and the writer can stall (here another
@@ -526,23 +499,7 @@ async fn rows_acknowledged_while_the_store_refuses_writes_are_marked_sent_once_i
 async fn the_publisher_keeps_publishing_while_its_marks_wait_for_a_stalled_writer() {
     const ROWS: i64 = 600;
     const HOLD_AT_MOST: Duration = Duration::from_secs(20);
-    let mut broker = Mosquitto::start();
-    let mut cloud = TestCloud::plain(broker.port).await;
-    broker.stop();
-    let hub = start_hub(mqtt_config(&broker.url()));
-    for i in 0..ROWS {
-        let b = format!("{{\"n\":{i}}}").into_bytes();
-        hub.store
-            .write(Priority::Bulk, move |c| {
-                outbox::enqueue(c, Topic::Alerts, &b, None, Timestamp::now_system())
-            })
-            .await
-            .unwrap();
-    }
-    let path = hub._dir.path().join("lockhub.db");
-    let locker = Connection::open(&path).unwrap();
-    locker.execute_batch("BEGIN IMMEDIATE").unwrap();
-    broker.start_again();
+    let (_broker, mut cloud, hub, locker) = rows_queued_then_writer_stalled(ROWS).await;
     let mut order = Vec::new();
     let held = tokio::time::timeout(HOLD_AT_MOST, async {
         while order.len() < ROWS as usize {
@@ -566,6 +523,34 @@ async fn the_publisher_keeps_publishing_while_its_marks_wait_for_a_stalled_write
         ROWS as u64,
         "nothing is marked without a commit"
     );
+    release_and_wait_until_all_marked(locker, hub).await;
+}
+
+/// `rows` alert rows queued while the broker is down; then another
+/// process takes SQLite's write lock (the returned connection) and the
+/// broker comes back, so the hub publishes them with its writer stalled.
+async fn rows_queued_then_writer_stalled(rows: i64) -> (Mosquitto, TestCloud, Hub, Connection) {
+    let mut broker = Mosquitto::start();
+    let cloud = TestCloud::plain(broker.port).await;
+    broker.stop();
+    let hub = start_hub(mqtt_config(&broker.url()));
+    for i in 0..rows {
+        let b = format!("{{\"n\":{i}}}").into_bytes();
+        hub.store
+            .write(Priority::Bulk, move |c| {
+                outbox::enqueue(c, Topic::Alerts, &b, None, Timestamp::now_system())
+            })
+            .await
+            .unwrap();
+    }
+    let locker = Connection::open(hub._dir.path().join("lockhub.db")).unwrap();
+    locker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    broker.start_again();
+    (broker, cloud, hub, locker)
+}
+
+/// Lets the stalled writer go and waits until every row is marked sent.
+async fn release_and_wait_until_all_marked(locker: Connection, hub: Hub) {
     locker.execute_batch("ROLLBACK").unwrap();
     drop(locker);
     let deadline = tokio::time::Instant::now() + TEST_TIMEOUT;
