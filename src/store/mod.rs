@@ -335,20 +335,6 @@ const RESTART_PAGES: u64 = 1024;
 /// door's 2 s commit bound, and 32 are ~0.3 s. Holding bulk work back
 /// ([`HOLD_BULK_MAX`]) lets the checkpointer get there.
 const RESTART_REST: u64 = 32;
-/// ...or while copying its rest would take at most this long, at the pace
-/// the checkpointer measured ([`WalState::copy_cost`]). On the VM's disk a
-/// page costs a few microseconds, so the writer restarts with the hundreds
-/// of pages a flood adds between two of the checkpointer's looks; bounded
-/// by [`RESTART_REST`] alone it handed every restart back and held bulk
-/// work for the checkpointer, and the full-mirror ingest fell from ~4,950
-/// to ~1,490 events/s. At SD-card speed a page costs milliseconds and only
-/// the [`RESTART_REST`] rule lets it restart.
-const RESTART_BUDGET: Duration = Duration::from_millis(3);
-/// The cost per page assumed until the checkpointer has measured one: a
-/// slow card's, so a fresh hub never starts with a long restart.
-const COPY_COST_UNKNOWN: Duration = Duration::from_millis(10);
-/// A copy of fewer pages says little about the pace (its fsync dominates).
-const COPY_COST_MIN_PAGES: u64 = 16;
 /// Past twice [`RESTART_PAGES`] with more than [`RESTART_REST`] left to
 /// copy, the writer is outrunning the checkpointer. The writer used to
 /// restart the WAL then whatever was left, copying it all itself while the
@@ -393,9 +379,6 @@ struct WalState {
     /// WAL pages the checkpointer had copied when it last looked: with
     /// `pages`, what a RESTART would leave the writer to copy now.
     copied: std::sync::atomic::AtomicU64,
-    /// Nanoseconds per page of the checkpointer's recent copies (moving
-    /// average; 0 until measured): what the writer's copy would cost.
-    copy_cost_ns: std::sync::atomic::AtomicU64,
 }
 
 /// What the checkpointer makes of the WAL after a PASSIVE copy.
@@ -436,44 +419,13 @@ impl WalStep {
     /// (`scripts/slow-disk 100 20`) the writer's RESTART then copied
     /// 1,900–8,100-page WALs' rests in 1.9–6.3 s, and the door jobs
     /// queued meanwhile missed their 2 s bound. Past it the checkpointer
-    /// copies the rest (in paced steps) and looks again. A rest that the
-    /// measured pace `per_page` copies within [`RESTART_BUDGET`] is small
-    /// enough too.
-    fn writer_may_restart(pages: u64, copied: u64, per_page: Duration) -> bool {
-        let rest = pages.saturating_sub(copied);
-        rest <= RESTART_REST
-            || per_page.saturating_mul(u32::try_from(rest).unwrap_or(u32::MAX)) <= RESTART_BUDGET
+    /// copies the rest (in paced steps) and looks again.
+    fn writer_may_restart(pages: u64, copied: u64) -> bool {
+        pages.saturating_sub(copied) <= RESTART_REST
     }
 }
 
 impl WalState {
-    /// The checkpointer copied `pages` in `took`: folds it into the pace
-    /// the writer judges its own copy by.
-    fn note_copy(&self, pages: u64, took: Duration) {
-        use std::sync::atomic::Ordering::Relaxed;
-        if pages < COPY_COST_MIN_PAGES {
-            return;
-        }
-        let sample = u64::try_from(took.as_nanos() / u128::from(pages)).unwrap_or(u64::MAX);
-        let old = self.copy_cost_ns.load(Relaxed);
-        let new = if old == 0 {
-            sample
-        } else {
-            // A quarter of the way to each sample: quick to follow a disk
-            // that slows down, not thrown by one copy.
-            old.saturating_mul(3).saturating_add(sample) / 4
-        };
-        self.copy_cost_ns.store(new, Relaxed);
-    }
-
-    /// What copying one page costs, as last measured.
-    fn copy_cost(&self) -> Duration {
-        match self.copy_cost_ns.load(std::sync::atomic::Ordering::Relaxed) {
-            0 => COPY_COST_UNKNOWN,
-            ns => Duration::from_nanos(ns),
-        }
-    }
-
     /// The writer's side of [`RESTART_PAGES`]: between two groups, with no
     /// transaction open, copy the last frames and restart the WAL. Gives up
     /// (to be tried again) after [`CHECKPOINT_PATIENCE`] or as soon as a
@@ -484,7 +436,7 @@ impl WalState {
     fn restart(&self, conn: &Connection, patience: &Patience) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
         let pages = self.pages.load(Relaxed);
-        if !WalStep::writer_may_restart(pages, self.copied.load(Relaxed), self.copy_cost()) {
+        if !WalStep::writer_may_restart(pages, self.copied.load(Relaxed)) {
             // Bulk groups wait while the checkpointer copies what they
             // added (`hold_bulk_while_behind`), so the next look finds a
             // rest small enough and the restart is not put off for good.
@@ -598,14 +550,9 @@ impl Checkpointer {
                         // threshold with more left, bulk groups wait for the
                         // copy, so a writer outrunning it cannot grow the WAL
                         // without bound (see `WalStep`).
-                        let (before, started) = (wal.copied.load(Relaxed), Instant::now());
                         let rest = match wal_checkpoint(&conn, "PASSIVE") {
                             Ok((_, log, done)) => {
-                                let copied = u64::try_from(done).unwrap_or(0);
-                                // A restart meanwhile makes `copied` smaller
-                                // than `before`: no sample then.
-                                wal.note_copy(copied.saturating_sub(before), started.elapsed());
-                                wal.copied.store(copied, Relaxed);
+                                wal.copied.store(u64::try_from(done).unwrap_or(0), Relaxed);
                                 u64::try_from(log - done).unwrap_or(0)
                             }
                             Err(_) => pages,
@@ -1750,62 +1697,23 @@ mod tests {
 
     #[test]
     fn the_writer_restarts_the_wal_only_while_it_would_copy_a_few_pages_itself() {
-        // An SD card's pace: only the page rule lets it restart.
-        let slow = Duration::from_millis(10);
         // What the checkpointer left, and nothing committed since.
-        assert!(WalStep::writer_may_restart(
-            RESTART_PAGES,
-            RESTART_PAGES,
-            slow
-        ));
+        assert!(WalStep::writer_may_restart(RESTART_PAGES, RESTART_PAGES));
         assert!(WalStep::writer_may_restart(
             RESTART_PAGES + RESTART_REST,
-            RESTART_PAGES,
-            slow
+            RESTART_PAGES
         ));
         // A group committed after the checkpointer looked: hand it back.
         assert!(!WalStep::writer_may_restart(
             RESTART_PAGES + RESTART_REST + 1,
-            RESTART_PAGES,
-            slow
+            RESTART_PAGES
         ));
         assert!(!WalStep::writer_may_restart(
             8 * RESTART_PAGES,
-            RESTART_PAGES,
-            slow
+            RESTART_PAGES
         ));
         // Restarted meanwhile (the count starts over): nothing to copy.
-        assert!(WalStep::writer_may_restart(3, RESTART_PAGES, slow));
-    }
-
-    #[test]
-    fn on_a_fast_disk_the_writer_restarts_with_any_rest_it_copies_within_its_budget() {
-        let fast = Duration::from_micros(3);
-        let fits = RESTART_BUDGET.as_nanos() as u64 / fast.as_nanos() as u64;
-        assert!(WalStep::writer_may_restart(
-            RESTART_PAGES + fits,
-            RESTART_PAGES,
-            fast
-        ));
-        assert!(!WalStep::writer_may_restart(
-            RESTART_PAGES + fits + 1,
-            RESTART_PAGES,
-            fast
-        ));
-    }
-
-    #[test]
-    fn the_copy_pace_starts_at_a_slow_cards_and_follows_what_the_checkpointer_measures() {
-        let wal = WalState::default();
-        assert_eq!(wal.copy_cost(), COPY_COST_UNKNOWN);
-        // Too few pages to judge a pace by.
-        wal.note_copy(COPY_COST_MIN_PAGES - 1, Duration::from_secs(1));
-        assert_eq!(wal.copy_cost(), COPY_COST_UNKNOWN);
-        wal.note_copy(1000, Duration::from_millis(4));
-        assert_eq!(wal.copy_cost(), Duration::from_micros(4));
-        // A quarter of the way to a slower sample.
-        wal.note_copy(1000, Duration::from_millis(8));
-        assert_eq!(wal.copy_cost(), Duration::from_micros(5));
+        assert!(WalStep::writer_may_restart(3, RESTART_PAGES));
     }
 
     #[test]

@@ -10,8 +10,7 @@
 //! fsync) queued behind them and missed its 2 s bound (BENCHMARKS.md, "A
 //! slow disk"). So the checkpointer's connection opens the database through
 //! this VFS, which is SQLite's own `unix` VFS with the main file's `xWrite`
-//! and `xSync` wrapped: every step of pages (at least [`STEP_PAGES`], more
-//! while write-outs are quick: [`Steps::wrote_out`]) it writes out what it
+//! and `xSync` wrapped: every [`STEP_PAGES`] pages it writes out what it
 //! wrote (`sync_file_range`, waiting for it) before writing more, and
 //! before each step goes out it waits while a door job waits for the
 //! writer ([`DoorSignal`]), so at most one step sits ahead of a door's
@@ -37,20 +36,12 @@ use std::time::{Duration, Instant};
 /// The VFS's name, for `Connection::open_with_flags_and_vfs`.
 pub(super) const VFS: &CStr = c"lockhub-paced";
 
-/// Pages the checkpointer writes between two write-outs of its own, at
-/// first and at least: at 100 random writes a second, 16 pages are
-/// ~160 ms in the device queue ahead of a door's commit (the door's whole
-/// bound is 2 s). Smaller steps cost more syscalls for the same pages.
+/// Pages the checkpointer writes between two write-outs of its own: at 100
+/// random writes a second, 16 pages are ~160 ms in the device queue ahead
+/// of a door's commit (the door's whole bound is 2 s); on the VM's disk a
+/// step is well under a millisecond. Smaller steps cost more syscalls for
+/// the same pages.
 pub(super) const STEP_PAGES: u32 = 16;
-/// Steps grow (up to this many pages) while their write-outs take less
-/// than [`STEP_TIME`], and shrink back when they take longer: what sits
-/// ahead of a door's commit is bounded in time, not pages. With 16-page
-/// steps on the VM's disk (a write-out ~1 ms) the checkpointer fell behind
-/// a flood, bulk work waited for it, and the full-mirror ingest ran at
-/// ~2,000 instead of ~4,500 events/s.
-pub(super) const STEP_PAGES_MAX: u32 = 4096;
-/// How long one step's write-out should take.
-pub(super) const STEP_TIME: Duration = Duration::from_millis(10);
 
 /// How long one step waits for door jobs before it goes out anyway, so a
 /// steady stream of entries cannot stop the checkpoint (and grow the WAL)
@@ -58,27 +49,16 @@ pub(super) const STEP_TIME: Duration = Duration::from_millis(10);
 const DOOR_PAUSE_MAX: Duration = Duration::from_secs(2);
 
 /// Counts the pages a checkpoint writes and says when a step is full.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct Steps {
     pending: u32,
-    /// Pages in a step now, between [`STEP_PAGES`] and [`STEP_PAGES_MAX`].
-    limit: u32,
-}
-
-impl Default for Steps {
-    fn default() -> Self {
-        Steps {
-            pending: 0,
-            limit: STEP_PAGES,
-        }
-    }
 }
 
 impl Steps {
     /// Before writing a page: whether the pages written since the last
     /// write-out make a full step, to be written out first.
     pub(super) fn before_page(&mut self) -> bool {
-        if self.pending >= self.limit {
+        if self.pending >= STEP_PAGES {
             self.pending = 1;
             true
         } else {
@@ -90,16 +70,6 @@ impl Steps {
     /// SQLite synced the file: nothing is pending.
     pub(super) fn synced(&mut self) {
         self.pending = 0;
-    }
-
-    /// A full step's write-out took `took`: the next steps are sized so
-    /// that one takes about [`STEP_TIME`] at that pace.
-    pub(super) fn wrote_out(&mut self, took: Duration) {
-        let per_page = took.as_nanos().max(1) / u128::from(self.limit);
-        let fits = STEP_TIME.as_nanos() / per_page.max(1);
-        self.limit = u32::try_from(fits)
-            .unwrap_or(u32::MAX)
-            .clamp(STEP_PAGES, STEP_PAGES_MAX);
     }
 }
 
@@ -281,9 +251,7 @@ unsafe extern "C" fn paced_write(
             && p.steps.before_page()
         {
             p.let_doors_go_first();
-            let started = Instant::now();
             p.write_out();
-            p.steps.wrote_out(started.elapsed());
         }
     });
     match real().and_then(|m| m.xWrite) {
@@ -328,30 +296,5 @@ mod tests {
         s.synced();
         assert!((0..STEP_PAGES).all(|_| !s.before_page()));
         assert!(s.before_page());
-    }
-
-    #[test]
-    fn steps_grow_while_their_write_outs_are_quick_and_shrink_when_the_disk_is_slow() {
-        let mut s = Steps::default();
-        // A card: 16 pages took 160 ms; steps stay at their smallest.
-        s.wrote_out(Duration::from_millis(160));
-        assert_eq!(s.limit, STEP_PAGES);
-        // A fast disk: 16 pages in 0.5 ms, so 320 fit in STEP_TIME.
-        s.wrote_out(Duration::from_micros(500));
-        assert_eq!(s.limit, 320);
-        // Faster still: never past the largest step.
-        s.wrote_out(Duration::from_micros(1));
-        assert_eq!(s.limit, STEP_PAGES_MAX);
-        // The disk slows down: 4,096 pages took 1 s, so 40 fit in 10 ms;
-        // slower still, the smallest step.
-        s.wrote_out(Duration::from_secs(1));
-        assert_eq!(s.limit, 40);
-        s.wrote_out(Duration::from_secs(1));
-        assert_eq!(s.limit, STEP_PAGES);
-        // A step is `limit` pages.
-        let mut s = Steps::default();
-        s.wrote_out(Duration::from_micros(500));
-        let outs = (0..321).filter(|_| s.before_page()).count();
-        assert_eq!(outs, 1, "one write-out after a 320-page step");
     }
 }
