@@ -526,6 +526,33 @@ async fn the_publisher_keeps_publishing_while_its_marks_wait_for_a_stalled_write
     release_and_wait_until_all_marked(locker, hub).await;
 }
 
+/// A broker that queues a whole flood, a cloud on it, and an online hub
+/// whose decider records each event once (200 µs each), with `spike` and
+/// `alone_every` as [`RecordOnce`] takes them.
+async fn recording_hub_for_a_flood(
+    spike: Option<(u64, Duration)>,
+    alone_every: Option<u64>,
+) -> (Mosquitto, TestCloud, Hub) {
+    let broker = Mosquitto::start_with(BrokerOptions {
+        max_queued_messages: Some(10_000),
+        ..Default::default()
+    });
+    let mut cloud = TestCloud::plain(broker.port).await;
+    let hub = start_hub_decider(
+        mqtt_config(&broker.url()),
+        ReceiveWindow::default(),
+        RecordOnce {
+            ring: test_ring(),
+            delay: Duration::from_micros(200),
+            spike,
+            commits: Default::default(),
+            alone_every,
+        },
+    );
+    cloud.expect(is_online).await;
+    (broker, cloud, hub)
+}
+
 /// `rows` alert rows queued while the broker is down; then another
 /// process takes SQLite's write lock (the returned connection) and the
 /// broker comes back, so the hub publishes them with its writer stalled.
@@ -720,24 +747,9 @@ async fn a_writer_stalled_longer_than_the_keep_alive_with_the_window_full_keeps_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_cut_short_still_commit_every_event_once_in_arrival_order() {
     const EVENTS: usize = 600;
-    let broker = Mosquitto::start_with(BrokerOptions {
-        max_queued_messages: Some(10_000),
-        ..Default::default()
-    });
-    let mut cloud = TestCloud::plain(broker.port).await;
-    let hub = start_hub_decider(
-        mqtt_config(&broker.url()),
-        ReceiveWindow::default(),
-        RecordOnce {
-            ring: test_ring(),
-            delay: Duration::from_micros(200),
-            // Longer than a job slice: that job is cut short.
-            spike: Some((23, lockhub::store::JOB_SLICE * 3)),
-            commits: Default::default(),
-            alone_every: None,
-        },
-    );
-    cloud.expect(is_online).await;
+    // Longer than a job slice: that job is cut short.
+    let spike = Some((23, lockhub::store::JOB_SLICE * 3));
+    let (_broker, cloud, hub) = recording_hub_for_a_flood(spike, None).await;
 
     let sent = flood_and_wait(&cloud, &hub, EVENTS).await;
     let order = hub.applied_order();
@@ -761,23 +773,7 @@ async fn jobs_cut_short_still_commit_every_event_once_in_arrival_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_that_must_be_alone_gets_a_transaction_of_its_own_and_may_start_it_over() {
     const EVENTS: usize = 300;
-    let broker = Mosquitto::start_with(BrokerOptions {
-        max_queued_messages: Some(10_000),
-        ..Default::default()
-    });
-    let mut cloud = TestCloud::plain(broker.port).await;
-    let hub = start_hub_decider(
-        mqtt_config(&broker.url()),
-        ReceiveWindow::default(),
-        RecordOnce {
-            ring: test_ring(),
-            delay: Duration::from_micros(200),
-            spike: None,
-            commits: Default::default(),
-            alone_every: Some(7),
-        },
-    );
-    cloud.expect(is_online).await;
+    let (_broker, cloud, hub) = recording_hub_for_a_flood(None, Some(7)).await;
 
     let sent = flood_and_wait(&cloud, &hub, EVENTS).await;
     let order = hub.applied_order();
