@@ -47,16 +47,7 @@ fn rss(reset: bool) -> (u64, u64) {
     if reset {
         std::fs::write("/proc/self/clear_refs", "5").expect("reset the RSS peak");
     }
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
-            .map(|kb| kb * 1024)
-            .unwrap()
-    };
-    (field("VmRSS:"), field("VmHWM:"))
+    testkit::daemon::memory(std::process::id()).expect("this process's /proc status")
 }
 
 fn apply_alone(hub: &Hub, id: u128, seq: u64, kind: EventKind) -> lockhub::store::apply::Applied {

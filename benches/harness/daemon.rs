@@ -53,18 +53,7 @@ fn copy_tree(from: &Path, to: &Path) {
     }
 }
 
-/// `VmRSS` and `VmHWM` (peak) of a process, in bytes.
-pub fn memory(pid: u32) -> Option<(u64, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .map(|kb| kb * 1024)
-    };
-    Some((field("VmRSS:")?, field("VmHWM:")?))
-}
+pub use testkit::daemon::memory;
 
 impl Daemon {
     /// Writes the config, optionally pre-fills the mirror with `prefill`

@@ -13,6 +13,21 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// `VmRSS` and `VmHWM` (its peak) of a process, in bytes, from
+/// `/proc/<pid>/status`: what the memory targets of issue 14 are stated in.
+/// `None` once the process is gone.
+pub fn memory(pid: u32) -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
+}
+
 /// Upper bound for any single wait in these tests: long enough for a debug
 /// build on two busy cores, short enough that a hang fails the suite.
 pub const WAIT: Duration = Duration::from_secs(60);

@@ -8,7 +8,7 @@
 //! | [`ports`] | [`ports::free_port`]: a loopback port never handed out twice in a process |
 //! | [`broker`] | Mosquitto (restart, reload, TLS PKI, passwords, ACLs) and rumqttd |
 //! | [`files`] | the vectors' `hub.toml` and `secrets.toml`, written at the modes an installer uses |
-//! | [`daemon`] | a `lockhub run` process on its own folder: start, kill, restart, read its database |
+//! | [`daemon`] | a `lockhub run` process on its own folder: start, kill, restart, read its database; a process's memory |
 //! | [`cloud`] | the test cloud: its signer, the hub-envelope opener, an MQTT 5 client that hears the hub |
 //! | [`board`] | pseudo-terminals and the serial driver on a real store, with a simulated board |
 //! | [`osdp_peer`] | the PyPI `libosdp` reader on a pty, driven line by line |
