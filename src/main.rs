@@ -94,25 +94,45 @@ enum OsdpCommand {
     },
 }
 
+/// The config at `path`, or exit 2 after printing every problem, one per
+/// line as `FILE:LINE:COL: message` (never a secret): what every command
+/// that reads the config answers an installer's mistake with.
+fn load_config(path: &std::path::Path) -> Result<lockhub::config::Config, ExitCode> {
+    lockhub::config::load(path).map_err(|errors| {
+        eprintln!("{errors}");
+        ExitCode::from(2)
+    })
+}
+
+/// Which tokio runtime a command needs: the daemon runs its tasks on
+/// every core; the one-shot commands drive a single future.
+enum Threads {
+    One,
+    Many,
+}
+
+/// A tokio runtime, or exit 1 (the machine, not the input, is at fault).
+fn runtime(threads: Threads) -> Result<tokio::runtime::Runtime, ExitCode> {
+    let mut builder = match threads {
+        Threads::One => tokio::runtime::Builder::new_current_thread(),
+        Threads::Many => tokio::runtime::Builder::new_multi_thread(),
+    };
+    builder.enable_all().build().map_err(|e| {
+        eprintln!("lockhub: cannot start the async runtime: {e}");
+        ExitCode::from(1)
+    })
+}
+
 /// `lockhub osdp install`: exit 2 for a config problem, 1 for a reader or
 /// bus that would not do it.
 fn osdp_install(path: &std::path::Path, reader: &str) -> ExitCode {
-    let config = match lockhub::config::load(path) {
+    let config = match load_config(path) {
         Ok(c) => c,
-        Err(errors) => {
-            eprintln!("{errors}");
-            return ExitCode::from(2);
-        }
+        Err(exit) => return exit,
     };
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match runtime(Threads::One) {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("cannot start the runtime: {e}");
-            return ExitCode::from(1);
-        }
+        Err(exit) => return exit,
     };
     let now = lockhub::time::Timestamp::now_system();
     match rt.block_on(lockhub::osdp::install::install(&config, reader, now)) {
@@ -235,12 +255,9 @@ struct ProvisionArgs {
 
 /// `lockhub keys`: read-only, safe while the daemon runs.
 fn keys(path: &std::path::Path) -> ExitCode {
-    let config = match lockhub::config::load(path) {
+    let config = match load_config(path) {
         Ok(c) => c,
-        Err(errors) => {
-            eprintln!("{errors}");
-            return ExitCode::from(2);
-        }
+        Err(exit) => return exit,
     };
     let listed = lockhub::store::open_read_only(&config.database_path())
         .and_then(|conn| lockhub::store::keys::print_keys(&conn, &mut std::io::stdout().lock()));
@@ -257,24 +274,15 @@ fn keys(path: &std::path::Path) -> ExitCode {
 /// else that stops the daemon exit 1.
 fn run(path: &std::path::Path) -> ExitCode {
     // Logging is already set up by main (--log-format, --log-level; src/logging.rs).
-    let config = match lockhub::config::load(path) {
+    let config = match load_config(path) {
         Ok(c) => c,
-        Err(errors) => {
-            eprintln!("{errors}");
-            return ExitCode::from(2);
-        }
+        Err(exit) => return exit,
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("lockhub: cannot start the async runtime: {e}");
-            return ExitCode::from(1);
-        }
+    let rt = match runtime(Threads::Many) {
+        Ok(rt) => rt,
+        Err(exit) => return exit,
     };
-    let result: anyhow::Result<()> = runtime.block_on(async {
+    let result: anyhow::Result<()> = rt.block_on(async {
         use tokio::signal::unix::{SignalKind, signal};
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
@@ -333,16 +341,12 @@ fn main() -> ExitCode {
                 ExitCode::from(e.exit_code())
             }
         },
-        Command::CheckConfig { file } => match lockhub::config::load(&file) {
+        Command::CheckConfig { file } => match load_config(&file) {
             Ok(_) => {
                 println!("{}: ok", file.display());
                 ExitCode::SUCCESS
             }
-            Err(errors) => {
-                // One problem per line, FILE:LINE:COL: message; never a secret.
-                eprintln!("{errors}");
-                ExitCode::from(2)
-            }
+            Err(exit) => exit,
         },
         Command::SimBoard {
             port,
@@ -351,15 +355,9 @@ fn main() -> ExitCode {
             doors,
             door_names,
         } => {
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
+            let rt = match runtime(Threads::One) {
                 Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("cannot start the runtime: {e}");
-                    return ExitCode::from(1);
-                }
+                Err(exit) => return exit,
             };
             let cfg = firmware_bridge::BoardConfig::new(board_id, doors);
             let run = lockhub::sim::board::run_interactive(
