@@ -66,6 +66,23 @@ pub struct Applied {
     pub sign_of_life: bool,
 }
 
+impl Applied {
+    /// An event answered without applying anything (a duplicate, a
+    /// conflict): no checkpoint, no erasure, no sign of life; only the
+    /// watermark as it stands after the answer.
+    fn answer_only(conn: &Connection, result: EventResult) -> Result<Applied, StoreError> {
+        let (watermark, gap) = watermark_and_gap(conn)?;
+        Ok(Applied {
+            result,
+            watermark,
+            gap,
+            head_seq: None,
+            erased: false,
+            sign_of_life: false,
+        })
+    }
+}
+
 /// The durable seq bookkeeping, for sync requests and `cloud_stale`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SeqStatus {
@@ -319,15 +336,7 @@ fn replay_duplicate(
     if !outbox::is_held(conn, event_id)? {
         outbox::enqueue(conn, Topic::Results, &result.to_json(), None, now)?;
     }
-    let (watermark, gap) = watermark_and_gap(conn)?;
-    Ok(Applied {
-        result,
-        watermark,
-        gap,
-        head_seq: None,
-        erased: false,
-        sign_of_life: false,
-    })
+    Applied::answer_only(conn, result)
 }
 
 /// The id was claimed by a different body: the first record stands, the
@@ -353,15 +362,7 @@ fn answer_conflict(
         items: None,
     };
     outbox::enqueue(conn, Topic::Results, &result.to_json(), None, now)?;
-    let (watermark, gap) = watermark_and_gap(conn)?;
-    Ok(Applied {
-        result,
-        watermark,
-        gap,
-        head_seq: None,
-        erased: false,
-        sign_of_life: false,
-    })
+    Applied::answer_only(conn, result)
 }
 
 /// Reads back a result body this module wrote (the dedupe table's copy).
