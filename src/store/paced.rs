@@ -113,13 +113,14 @@ impl Steps {
 ///
 /// Why the worst time per run, and not the last step's time per page: the
 /// device's cost is per write, and a step of sequential pages is one write
-/// however many pages it holds. Sized by time per page, steps of
-/// sequential pages (the file's new pages at its end) wrote out quickly
-/// even on the throttled card, steps grew to thousands of pages, and the
-/// next step of scattered index leaves sat seconds in the device queue: 8
-/// of 200 loaded door entries were denied (BENCHMARKS.md, "A slow disk").
-/// Charged per run, a sequential step reads as one slow write, and a step
-/// is sized as if every page were a run of its own.
+/// however many pages it holds. Steps sized by their last time per page
+/// (613ab61, reverted) grew to thousands of pages on the throttled card
+/// and 8 of 200 loaded door entries were denied (BENCHMARKS.md, "Issue 14
+/// on the merged code"): most likely steps of sequential pages wrote out
+/// quickly, and the next step of scattered index leaves then sat seconds
+/// in the device queue. Charged per run, a sequential step reads as one
+/// slow write, only many runs measured fast bring the worst down, and a
+/// step is sized as if every page were a run of its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Pace {
     /// The worst write-out time per run lately ([`FORGET_RUNS`]).
