@@ -345,6 +345,9 @@ const RESTART_REST: u64 = 32;
 /// a write costs milliseconds and only the [`RESTART_REST`] rule lets it
 /// restart. (Judged by the checkpoint's average time per page instead, as
 /// once tried, a copy of sequential pages would make the card look fast.)
+/// This bounds the copy only: the RESTART's own syncs of the WAL and the
+/// database come on top (a RESTART took ~10 ms on the VM's disk under a
+/// flood, BENCHMARKS.md "Issue 14 on the merged code").
 const RESTART_BUDGET: Duration = Duration::from_millis(3);
 /// Past twice [`RESTART_PAGES`] with more than [`RESTART_REST`] left to
 /// copy, the writer is outrunning the checkpointer. The writer used to
