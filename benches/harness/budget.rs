@@ -171,7 +171,16 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
     let broker_rate = ingest::broker_ack_only_rate(&first, 20).await;
 
     let total = (resync.len() + first.len() + second.len()) as u32;
-    let broker = Mosquitto::start_with(BrokerSettings::default_window(total + 1000));
+    // LOCKHUB_BENCH_BROKER_INFLIGHT: another `max_inflight_messages` (with
+    // LOCKHUB_MOSQUITTO, a broker that holds it; BENCHMARKS.md "The drain").
+    let mut settings = BrokerSettings::default_window(total + 1000);
+    if let Some(n) = std::env::var("LOCKHUB_BENCH_BROKER_INFLIGHT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        settings.max_inflight_messages = n;
+    }
+    let broker = Mosquitto::start_with(settings);
     let daemon = Daemon::start(
         &broker.url(),
         Path::new("/dev/null"),

@@ -435,6 +435,37 @@ impl MarkPlan {
     }
 }
 
+/// The publisher's window: its publishes awaiting their PUBACK, bounded by
+/// count and by bytes (what rumqttc and the publisher hold for each until it
+/// is acknowledged: the signed envelope and its topic). Rows drain at about
+/// a window per PUBACK delay, so the count must cover what the hub produces
+/// while a PUBACK is on its way (see [`crate::sync::publisher::WINDOW`]);
+/// the bytes keep a window of large rows (alerts, erasure results) from
+/// costing more memory than the hub's own receive window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PublishWindow {
+    /// Publishes awaiting their PUBACK at most.
+    pub messages: usize,
+    /// Their envelope and topic bytes at most (one publish larger than this
+    /// still goes, alone).
+    pub bytes: usize,
+}
+
+impl PublishWindow {
+    /// How many more publishes the count leaves room for, with `in_flight`
+    /// awaiting their PUBACK: the most rows worth reading from the outbox.
+    pub fn room(&self, in_flight: usize) -> usize {
+        self.messages.saturating_sub(in_flight)
+    }
+
+    /// Whether one more publish of `len` bytes may go while `in_flight`
+    /// publishes of `in_flight_bytes` in all await their PUBACK.
+    pub fn admits(&self, in_flight: usize, in_flight_bytes: usize, len: usize) -> bool {
+        in_flight == 0
+            || (in_flight < self.messages && in_flight_bytes.saturating_add(len) <= self.bytes)
+    }
+}
+
 /// Reconnect delays: a [`Backoff`] from [`RECONNECT_START`] to
 /// [`RECONNECT_MAX`], each delay a full-jitter draw
 /// ([`Backoff::next_delay`]).
@@ -494,6 +525,31 @@ impl<K: PartialEq> HealthSchedule<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const SMALL_WINDOW: PublishWindow = PublishWindow {
+        messages: 3,
+        bytes: 1000,
+    };
+
+    #[test]
+    fn the_publish_window_admits_a_row_only_while_count_and_bytes_both_leave_room() {
+        let w = SMALL_WINDOW;
+        assert!(w.admits(0, 0, 400));
+        assert!(w.admits(1, 400, 400));
+        assert!(w.admits(2, 800, 200), "exactly the byte bound");
+        assert!(!w.admits(2, 800, 201), "one byte past it");
+        assert!(!w.admits(3, 30, 10), "the count is full");
+        assert_eq!(w.room(1), 2);
+        assert_eq!(w.room(3), 0);
+        assert_eq!(w.room(7), 0, "never negative");
+    }
+
+    #[test]
+    fn a_publish_larger_than_the_byte_bound_still_goes_alone() {
+        let w = SMALL_WINDOW;
+        assert!(w.admits(0, 0, 5000));
+        assert!(!w.admits(1, 10, 5000), "but not beside another");
+    }
 
     fn s(x: u64) -> Duration {
         Duration::from_secs(x)

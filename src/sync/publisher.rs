@@ -34,8 +34,13 @@
 //! [`CLIENT_INFLIGHT`]: super::client::CLIENT_INFLIGHT
 //! [`MAX_UNMARKED`]: super::plan::MAX_UNMARKED
 
-use super::client::{Gate, GateRefusal, LinkEvent, online_status_payload, status_payload};
-use super::plan::{BacklogLimits, BacklogMonitor, HEALTH_EVERY, HealthSchedule, MarkPlan};
+use super::client::{
+    CLIENT_INFLIGHT, Gate, GateRefusal, LinkEvent, REQUEST_CAPACITY, online_status_payload,
+    status_payload,
+};
+use super::plan::{
+    BacklogLimits, BacklogMonitor, HEALTH_EVERY, HealthSchedule, MarkPlan, PublishWindow,
+};
 use crate::clock::SharedClock;
 use crate::crypto;
 use crate::status::{self, BROKER_LINK, Health, HealthKey};
@@ -51,12 +56,35 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Notify, mpsc, oneshot};
 
-/// Publishes awaiting their PUBACK at most (below rumqttc's inflight limit,
-/// with room for the status messages). Rows drain at about this many per
-/// round trip: after a flood, with the broker's PUBACKs no longer behind
-/// queued events, 448 drained ~29,000 rows/s where 64 drained ~16,000
-/// (BENCHMARKS.md, "the drain"); each holds one signed envelope (<1 KiB).
-pub const WINDOW: usize = 448;
+/// Publishes awaiting their PUBACK at most, by count and by bytes. Rows
+/// drain at about one window per PUBACK delay, and the broker's PUBACK for a
+/// row comes back behind every event it wrote to the hub before it, which
+/// the hub reads only as fast as it commits. On a broker that holds its
+/// in-flight window (Mosquitto 2.0.15 and later) that is at most a receive
+/// window's worth of events ([`ReceiveWindow`], 1,024) beside what the
+/// sockets hold, and each `key.issued` makes two rows (its result and its
+/// `key.activated` record): 4,096 is twice the rows of a full receive
+/// window. On Mosquitto 2.0.11 a flood's PUBACKs wait for the whole flood
+/// whatever the window; after it, 4,096 drained ~26,000 rows/s where 448
+/// drained ~16,000 (BENCHMARKS.md, "The drain"). The bytes: 2 MiB of
+/// envelopes and topics, as much as the receive window holds (~4,000 rows
+/// of ~500 B); rumqttc keeps a copy of each until its PUBACK.
+///
+/// [`ReceiveWindow`]: super::window::ReceiveWindow
+pub const WINDOW: PublishWindow = PublishWindow {
+    messages: 4096,
+    bytes: 2 * 1024 * 1024,
+};
+/// Packet ids left for the status messages beside a full window.
+const STATUS_ROOM: usize = 64;
+// rumqttc never holds a publish back for a packet-id collision.
+const _: () = assert!(WINDOW.messages + STATUS_ROOM <= CLIENT_INFLIGHT as usize);
+// A full window always fits rumqttc's request channel.
+const _: () = assert!(WINDOW.messages + STATUS_ROOM <= REQUEST_CAPACITY);
+/// Rows read and signed per pass before the task yields: a window's worth
+/// at once (4,096 signatures, tens of ms) would hold a runtime worker that
+/// door tasks may need.
+const FILL_BATCH: usize = 256;
 /// How often the backlog is measured and anything missed is retried.
 const TICK: Duration = Duration::from_secs(1);
 const BACKLOG_EVERY_TICKS: u32 = 10;
@@ -108,15 +136,33 @@ struct Link {
     /// Highest outbox id queued on this connection.
     after_id: i64,
     status_due: bool,
-    /// Queued, packet id not yet known (in queue order).
-    queued: VecDeque<Item>,
-    /// Written, awaiting PUBACK.
-    by_pkid: HashMap<u16, Item>,
+    /// Queued, packet id not yet known (in queue order), with its bytes.
+    queued: VecDeque<(Item, usize)>,
+    /// Written, awaiting PUBACK, with its bytes.
+    by_pkid: HashMap<u16, (Item, usize)>,
+    /// Envelope and topic bytes of everything queued or awaiting PUBACK.
+    bytes: usize,
 }
 
 impl Link {
+    fn new(epoch: u64) -> Self {
+        Link {
+            epoch,
+            after_id: 0,
+            status_due: true,
+            queued: VecDeque::new(),
+            by_pkid: HashMap::new(),
+            bytes: 0,
+        }
+    }
+
     fn in_flight(&self) -> usize {
         self.queued.len() + self.by_pkid.len()
+    }
+
+    fn queue(&mut self, item: Item, bytes: usize) {
+        self.queued.push_back((item, bytes));
+        self.bytes += bytes;
     }
 }
 
@@ -133,6 +179,8 @@ pub struct Publisher {
     backlog: BacklogMonitor,
     offline_acked: bool,
     retry_soon: bool,
+    /// The last pass filled a whole [`FILL_BATCH`]: pass again after a yield.
+    more: bool,
     /// When the retained status (with health) goes out again.
     health: HealthSchedule<HealthKey>,
     origin: std::time::Instant,
@@ -160,6 +208,7 @@ impl Publisher {
             marks: MarkPlan::default(),
             offline_acked: false,
             retry_soon: false,
+            more: false,
             health: HealthSchedule::new(HEALTH_EVERY),
             origin: std::time::Instant::now(),
         })
@@ -220,6 +269,7 @@ impl Publisher {
                     }
                 },
                 _ = wake.notified() => {}
+                _ = tokio::task::yield_now(), if self.more => {}
                 _ = tokio::time::sleep(wait) => {}
                 _ = tick.tick() => {
                     self.check_health();
@@ -244,13 +294,7 @@ impl Publisher {
     fn on_link(&mut self, ev: LinkEvent) {
         match ev {
             LinkEvent::Connected { epoch, .. } => {
-                self.link = Some(Link {
-                    epoch,
-                    after_id: 0,
-                    status_due: true,
-                    queued: VecDeque::new(),
-                    by_pkid: HashMap::new(),
-                });
+                self.link = Some(Link::new(epoch));
             }
             LinkEvent::Lost { epoch } => {
                 if self.link.as_ref().is_some_and(|l| l.epoch == epoch) {
@@ -262,8 +306,8 @@ impl Publisher {
                     return;
                 };
                 match link.queued.pop_front() {
-                    Some(item) => {
-                        link.by_pkid.insert(pkid, item);
+                    Some(entry) => {
+                        link.by_pkid.insert(pkid, entry);
                     }
                     None => {
                         tracing::warn!(pkid, "publish written that the publisher did not queue")
@@ -274,11 +318,15 @@ impl Publisher {
                 let Some(link) = self.link.as_mut().filter(|l| l.epoch == epoch) else {
                     return;
                 };
-                match link.by_pkid.remove(&pkid) {
-                    Some(Item::Row(id)) => self.marks.acked(id),
-                    Some(Item::Offline) => self.offline_acked = true,
-                    Some(Item::Online) => {}
-                    None => tracing::warn!(pkid, "PUBACK for no publish of ours"),
+                let Some((item, bytes)) = link.by_pkid.remove(&pkid) else {
+                    tracing::warn!(pkid, "PUBACK for no publish of ours");
+                    return;
+                };
+                link.bytes -= bytes;
+                match item {
+                    Item::Row(id) => self.marks.acked(id),
+                    Item::Offline => self.offline_acked = true,
+                    Item::Online => {}
                 }
             }
             LinkEvent::Closed => {}
@@ -315,16 +363,18 @@ impl Publisher {
     /// Queues status and rows up to the window.
     fn fill(&mut self) {
         self.retry_soon = false;
+        self.more = false;
         if self.link.as_ref().is_some_and(|l| l.status_due) {
             let health = self.health_now();
             let payload =
                 online_status_payload(&self.cfg.hub_id, self.clock.now(), health.as_ref());
             let topic = format!("{}status", self.cfg.topic_base);
+            let bytes = topic.len() + payload.len();
             let link = self.link.as_mut().expect("checked above");
             match self.gate.publish(link.epoch, &topic, true, payload) {
                 Ok(()) => {
                     link.status_due = false;
-                    link.queued.push_back(Item::Online);
+                    link.queue(Item::Online, bytes);
                     if let Some(h) = health {
                         self.health.sent(h.key(), self.origin.elapsed());
                     }
@@ -340,8 +390,8 @@ impl Publisher {
             return;
         };
         let epoch = link.epoch;
-        let room = WINDOW.saturating_sub(link.in_flight());
-        if room == 0 {
+        let room = WINDOW.room(link.in_flight()).min(FILL_BATCH);
+        if room == 0 || !WINDOW.admits(link.in_flight(), link.bytes, 0) {
             return;
         }
         let rows = match outbox::unsent(&self.reader, link.after_id, room) {
@@ -352,18 +402,32 @@ impl Publisher {
                 return;
             }
         };
+        let full_batch = rows.len() == room;
         for row in rows {
             let envelope = crypto::hub_envelope(&self.cfg.hub_id, &self.cfg.hub_key, &row.body);
             let topic = format!("{}{}", self.cfg.topic_base, row.topic.as_str());
+            let bytes = topic.len() + envelope.len();
+            let link = self.link.as_mut().expect("link checked above");
+            if !WINDOW.admits(link.in_flight(), link.bytes, bytes) {
+                // The byte bound: this row goes once PUBACKs free room (it is
+                // read again then; `after_id` stays before it).
+                self.gate.note_publishing(link.in_flight());
+                return;
+            }
             match self.gate.publish(epoch, &topic, false, envelope) {
                 Ok(()) => {
-                    let link = self.link.as_mut().expect("link checked above");
                     link.after_id = row.id;
-                    link.queued.push_back(Item::Row(row.id));
+                    link.queue(Item::Row(row.id), bytes);
                     tracing::debug!(outbox_id = row.id, topic = row.topic.as_str(), "published");
                 }
                 Err(r) => return self.refused(r),
             }
+        }
+        // More rows may wait and the window has room: the next pass comes
+        // after a yield.
+        self.more = full_batch;
+        if let Some(link) = &self.link {
+            self.gate.note_publishing(link.in_flight());
         }
     }
 
@@ -464,7 +528,7 @@ impl Publisher {
             }
         }
         if let Some(link) = self.link.as_mut() {
-            link.queued.push_back(Item::Offline);
+            link.queue(Item::Offline, topic.len() + payload.len());
         }
         while !self.offline_acked {
             match tokio::time::timeout_at(deadline, link_rx.recv()).await {

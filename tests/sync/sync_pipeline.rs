@@ -526,6 +526,85 @@ async fn the_publisher_keeps_publishing_while_its_marks_wait_for_a_stalled_write
     release_and_wait_until_all_marked(locker, hub).await;
 }
 
+/// The publisher's window: while the broker's PUBACKs are held back (here
+/// the broker is stopped, as it effectively is for the hub while a flood
+/// of events queues ahead of them on the one connection), the hub keeps
+/// publishing up to its whole window, far past the 448 it used to stop at,
+/// and no further; nothing is marked sent without its PUBACK; and once the
+/// broker answers, every row arrives, in id order, and is marked sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_pubacks_held_back_the_hub_fills_its_whole_publish_window_and_no_more() {
+    let window = sync::publisher::WINDOW.messages;
+    let rows = window as i64 + 904;
+    // Deep enough for the whole window at once: past Mosquitto's default
+    // queue (1,000) it drops what it queues for the cloud.
+    let broker = Mosquitto::start_with(BrokerOptions {
+        max_queued_messages: Some(10_000),
+        ..Default::default()
+    });
+    let mut cloud = TestCloud::plain(broker.port).await;
+    let hub = start_hub(mqtt_config(&broker.url()));
+    cloud.expect(is_online).await;
+    broker.pause();
+    hub.store
+        .write(Priority::Bulk, move |c| {
+            for i in 0..rows {
+                let b = format!("{{\"n\":{i}}}").into_bytes();
+                outbox::enqueue(c, Topic::Alerts, &b, None, Timestamp::now_system())?;
+            }
+            Ok(())
+        })
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + TEST_TIMEOUT;
+    while hub.flow().peak_publishing < window {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the hub stopped at {} publishes awaiting their PUBACK; its window is {window}",
+            hub.flow().peak_publishing
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A second's more of publishing could only overrun the window.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let peak = hub.flow().peak_publishing;
+    assert!(
+        peak <= window + 1,
+        "{peak} publishes awaiting their PUBACK: past the window (and a status beside it)"
+    );
+    // (The hub's own rows, its sync request among them, are unsent too.)
+    assert!(
+        hub.unsent() >= rows as u64,
+        "nothing marked without a PUBACK"
+    );
+    broker.resume();
+    let mut order = Vec::with_capacity(rows as usize);
+    tokio::time::timeout(TEST_TIMEOUT, async {
+        while order.len() < rows as usize {
+            let (_, p) = cloud.expect(|t, _| t.ends_with("/alerts")).await;
+            if let Some(n) = open_hub_envelope(&p)["n"].as_i64() {
+                order.push(n);
+            }
+        }
+    })
+    .await
+    .expect("every row arrives once the broker answers");
+    assert_eq!(
+        order,
+        (0..rows).collect::<Vec<_>>(),
+        "every row, in id order"
+    );
+    let deadline = tokio::time::Instant::now() + TEST_TIMEOUT;
+    while hub.unsent() > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "acknowledged rows stayed unsent"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    hub.stop().await;
+}
+
 /// A broker that queues a whole flood, a cloud on it, and an online hub
 /// whose decider records each event once (200 µs each), with `spike` and
 /// `alone_every` as [`RecordOnce`] takes them.

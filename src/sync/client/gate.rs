@@ -48,10 +48,12 @@ pub struct Gate {
     received: std::sync::atomic::AtomicU64,
     /// The most messages ever outstanding (received, not acked) at once.
     peak_outstanding: std::sync::atomic::AtomicUsize,
+    /// The most hub publishes ever in the publisher's window at once.
+    peak_publishing: std::sync::atomic::AtomicUsize,
 }
 
-/// How the hub's intake has behaved since start: for diagnosing flow
-/// control, and for tests that it holds.
+/// How the hub's intake (and its publish window) has behaved since start:
+/// for diagnosing flow control, and for tests that it holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FlowStats {
     /// Messages received from the broker (redeliveries included).
@@ -60,6 +62,9 @@ pub struct FlowStats {
     pub acks_queued: u64,
     /// The most messages received and not yet acked at any one time.
     pub peak_outstanding: usize,
+    /// The most of the hub's own publishes queued or awaiting their PUBACK
+    /// at any one time (the publisher's window in use).
+    pub peak_publishing: usize,
 }
 
 impl Gate {
@@ -71,6 +76,7 @@ impl Gate {
             acks_ready: Notify::new(),
             received: std::sync::atomic::AtomicU64::new(0),
             peak_outstanding: std::sync::atomic::AtomicUsize::new(0),
+            peak_publishing: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -132,6 +138,7 @@ impl Gate {
             received: self.received.load(Relaxed),
             acks_queued: self.acks_queued.load(Relaxed),
             peak_outstanding: self.peak_outstanding.load(Relaxed),
+            peak_publishing: self.peak_publishing.load(Relaxed),
         }
     }
 
@@ -140,6 +147,13 @@ impl Gate {
         use std::sync::atomic::Ordering::Relaxed;
         self.received.fetch_add(1, Relaxed);
         self.peak_outstanding.fetch_max(outstanding, Relaxed);
+    }
+
+    /// Called by the publisher with how many of its publishes are queued or
+    /// await their PUBACK.
+    pub fn note_publishing(&self, in_flight: usize) {
+        self.peak_publishing
+            .fetch_max(in_flight, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Queues a QoS 1 publish on connection `epoch`.

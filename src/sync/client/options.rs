@@ -15,13 +15,17 @@ pub const MAX_INCOMING_PACKET: usize = 2 * 1024 * 1024;
 /// Largest packet the hub sends (its envelopes are small).
 pub const MAX_OUTGOING_PACKET: usize = 256 * 1024;
 /// rumqttc's request channel: the hub's own publishes (bounded by the
-/// publisher's window), subscriptions and the disconnect. Acks do not use
-/// it. If it is full, `try_*` says so and the caller retries.
-pub const REQUEST_CAPACITY: usize = 1024;
-/// Unacked hub publishes rumqttc tracks (packet ids cycle through 1..=this).
-/// The publisher keeps fewer than this in flight, so ids never collide
-/// ([`crate::sync::publisher::WINDOW`]).
-pub const CLIENT_INFLIGHT: u16 = 512;
+/// publisher's window, which fits: [`crate::sync::publisher::WINDOW`]),
+/// subscriptions and the disconnect. Acks do not use it. If it is full,
+/// `try_*` says so and the caller retries.
+pub const REQUEST_CAPACITY: usize = 4224;
+/// Unacked hub publishes rumqttc tracks (packet ids cycle through 1..=this;
+/// MQTT allows 65,535). The publisher keeps fewer than this in flight (its
+/// window of 4,096 and the status messages), so ids never collide
+/// ([`crate::sync::publisher::WINDOW`]). rumqttc keeps a slot per id
+/// (~100 B each, ~0.4 MiB in all) and a clone of each unacked publish, whose
+/// bytes the publisher's window bounds.
+pub const CLIENT_INFLIGHT: u16 = 4224;
 pub const KEEP_ALIVE: Duration = Duration::from_secs(30);
 
 /// The retained status payload (plain JSON, not signed: it is a hint).

@@ -46,7 +46,12 @@ pub struct Mosquitto {
     child: Option<Child>,
 }
 
+/// The Mosquitto binary: `LOCKHUB_MOSQUITTO` when set (another build, e.g.
+/// one whose in-flight window holds, for a benchmark), else the system's.
 pub fn mosquitto_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("LOCKHUB_MOSQUITTO") {
+        return p.into();
+    }
     for p in [
         "/usr/sbin/mosquitto",
         "/usr/bin/mosquitto",
@@ -229,6 +234,28 @@ impl Mosquitto {
 
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGSTOP: the broker keeps its connections but reads, acknowledges
+    /// and delivers nothing until [`Mosquitto::resume`] (a broker that has
+    /// stopped answering; Drop still kills it).
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT after [`Mosquitto::pause`].
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        let child = self.child.as_ref().expect("broker running");
+        let ok = Command::new("kill")
+            .arg(sig)
+            .arg(child.id().to_string())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} the broker");
     }
 
     /// Starts it again on the same port with the same persistence.
