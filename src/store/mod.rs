@@ -329,7 +329,7 @@ const CHECKPOINT_TICK: Duration = Duration::from_millis(100);
 /// is past this size and the checkpointer has copied nearly all of it, the
 /// writer runs the RESTART itself between two groups: it copies the few
 /// frames left, waits briefly for readers, and its next commit starts the
-/// WAL from the beginning (and cuts the file to [`WAL_SIZE_LIMIT`]).
+/// WAL from the beginning (keeping up to [`WAL_KEPT`] of the file to write over).
 ///
 /// Letting the WAL grow to 16 MiB between copies, so a page that many
 /// commits rewrite is copied once, wrote only ~15 % fewer bytes (the pages
