@@ -1617,20 +1617,7 @@ mod tests {
         // 96 MiB of outbox bodies, 128 KiB a commit, back to back.
         let mut peak = 0;
         for _ in 0..768 {
-            store
-                .write_blocking(Priority::Bulk, |c| {
-                    for _ in 0..128 {
-                        outbox::enqueue(
-                            c,
-                            outbox::Topic::Audit,
-                            &[7u8; 1024],
-                            None,
-                            crate::time::Timestamp(0),
-                        )?;
-                    }
-                    Ok(())
-                })
-                .unwrap();
+            commit_128_kib(&store);
             peak = peak.max(size());
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -1647,6 +1634,25 @@ mod tests {
             std::thread::sleep(CHECKPOINT_TICK);
         }
         store.close();
+    }
+
+    /// One bulk commit of 128 KiB of outbox bodies: what the WAL tests
+    /// write back to back.
+    fn commit_128_kib(store: &Store) {
+        store
+            .write_blocking(Priority::Bulk, |c| {
+                for _ in 0..128 {
+                    outbox::enqueue(
+                        c,
+                        outbox::Topic::Audit,
+                        &[7u8; 1024],
+                        None,
+                        crate::time::Timestamp(0),
+                    )?;
+                }
+                Ok(())
+            })
+            .unwrap();
     }
 
     #[test]
@@ -1673,20 +1679,7 @@ mod tests {
         // 128 KiB a commit, back to back, until a few commits after the
         // first restart (at most 48 MiB).
         for _ in 0..384 {
-            store
-                .write_blocking(Priority::Bulk, |c| {
-                    for _ in 0..128 {
-                        outbox::enqueue(
-                            c,
-                            outbox::Topic::Audit,
-                            &[7u8; 1024],
-                            None,
-                            crate::time::Timestamp(0),
-                        )?;
-                    }
-                    Ok(())
-                })
-                .unwrap();
+            commit_128_kib(&store);
             // A file cut back at all is cut to at least what the WAL
             // fills between two restarts, so commits after one do not
             // grow it again.

@@ -257,6 +257,16 @@ impl Hub {
         outbox::depth(&self.store.reader().unwrap()).unwrap()
     }
 
+    /// Waits until every outbox row is marked sent (each one's PUBACK
+    /// arrived and was recorded), or fails with `what` after TEST_TIMEOUT.
+    async fn wait_until_all_sent(&self, what: &str) {
+        let deadline = tokio::time::Instant::now() + TEST_TIMEOUT;
+        while self.unsent() > 0 {
+            assert!(tokio::time::Instant::now() < deadline, "{what}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     async fn stop(mut self) {
         if let Some(s) = self.sync.take() {
             s.shutdown().await;
@@ -405,13 +415,7 @@ async fn a_flood_across_a_broker_restart_is_applied_once_each_and_answered() {
     }
     assert_eq!(hub.applied(), 600);
     // Every result row is eventually acknowledged by the broker.
-    while hub.unsent() > 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "outbox never drained"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    hub.wait_until_all_sent("outbox never drained").await;
     hub.stop().await;
     let (_, p) = cloud
         .expect(|t, p| t.ends_with("/status") && String::from_utf8_lossy(p).contains("offline"))
@@ -455,14 +459,7 @@ async fn the_outbox_holds_every_record_while_the_broker_is_down_and_sends_them_o
         let body = open_hub_envelope(&p);
         seen.insert(body["n"].as_i64().unwrap());
     }
-    let deadline = tokio::time::Instant::now() + TEST_TIMEOUT;
-    while hub.unsent() > 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "outbox never drained"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    hub.wait_until_all_sent("outbox never drained").await;
     hub.stop().await;
 }
 
@@ -594,14 +591,8 @@ async fn with_the_pubacks_held_back_the_hub_fills_its_whole_publish_window_and_n
         (0..rows).collect::<Vec<_>>(),
         "every row, in id order"
     );
-    let deadline = tokio::time::Instant::now() + TEST_TIMEOUT;
-    while hub.unsent() > 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "acknowledged rows stayed unsent"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    hub.wait_until_all_sent("acknowledged rows stayed unsent")
+        .await;
     hub.stop().await;
 }
 
@@ -659,14 +650,8 @@ async fn rows_queued_then_writer_stalled(rows: i64) -> (Mosquitto, TestCloud, Hu
 async fn release_and_wait_until_all_marked(locker: Connection, hub: Hub) {
     locker.execute_batch("ROLLBACK").unwrap();
     drop(locker);
-    let deadline = tokio::time::Instant::now() + TEST_TIMEOUT;
-    while hub.unsent() > 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "acknowledged rows stayed unsent"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    hub.wait_until_all_sent("acknowledged rows stayed unsent")
+        .await;
     hub.stop().await;
 }
 
