@@ -164,6 +164,13 @@ impl OsdpHandle {
 
 type Job = Box<dyn FnOnce(&rusqlite::Connection) -> Result<(), StoreError> + Send>;
 
+/// What a record does to an alert beside the row it writes.
+#[derive(Debug, Clone, Copy)]
+enum Alert {
+    Raise,
+    Clear,
+}
+
 /// Writes a bus's records in order (alerts raised before they clear).
 async fn recorder(store: Store, mut rx: mpsc::Receiver<(String, Job)>, wake: Option<Arc<Notify>>) {
     while let Some((what, job)) = rx.recv().await {
@@ -368,6 +375,14 @@ impl BusTask {
     }
 
     fn write_link(&self, i: usize) {
+        self.write_link_and(i, None);
+    }
+
+    /// [`Self::write_link`], with the alert the change raises or clears
+    /// written in the same transaction: a reader's `online` and its
+    /// `board_offline` never disagree in the database, where `lockhub
+    /// status` and the tests read them (two records were two commits).
+    fn write_link_and(&self, i: usize, alert: Option<(Condition, Alert)>) {
         let s = &self.slots[i];
         let link = ReaderLink {
             reader: s.cfg.name.clone(),
@@ -379,9 +394,21 @@ impl BusTask {
             seen_serial: s.seen_serial,
             since: (self.now)(),
         };
+        let at = link.since;
         self.record(
             format!("link of reader {}", s.cfg.name),
-            Box::new(move |c| db::set_link(c, &link)),
+            Box::new(move |c| {
+                match alert {
+                    Some((condition, Alert::Raise)) => {
+                        alerts::raise(c, condition, &link.reader, 1, at).map(drop)?
+                    }
+                    Some((condition, Alert::Clear)) => {
+                        alerts::clear(c, condition, &link.reader, at).map(drop)?
+                    }
+                    None => {}
+                }
+                db::set_link(c, &link)
+            }),
         );
     }
 
@@ -639,14 +666,12 @@ impl BusTask {
                 self.backoff.reset();
                 self.slots[i].online = true;
                 tracing::info!(bus = %self.name, reader = %name, "reader answers");
-                self.clear(Condition::BoardOffline, &name);
-                self.write_link(i);
+                self.write_link_and(i, Some((Condition::BoardOffline, Alert::Clear)));
             }
             Event::Offline => {
                 self.slots[i].online = false;
                 tracing::warn!(bus = %self.name, reader = %name, "reader offline");
-                self.raise(Condition::BoardOffline, &name);
-                self.write_link(i);
+                self.write_link_and(i, Some((Condition::BoardOffline, Alert::Raise)));
             }
             Event::SessionUp { secure } => {
                 if secure {
