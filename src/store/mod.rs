@@ -1570,20 +1570,7 @@ mod tests {
         let (dir, store) = open_temp();
         let db = dir.path().join("lockhub.db");
         let before = std::fs::metadata(&db).unwrap().len();
-        store
-            .write_blocking(Priority::Bulk, |c| {
-                for _ in 0..500 {
-                    outbox::enqueue(
-                        c,
-                        outbox::Topic::Audit,
-                        &[7u8; 1024],
-                        None,
-                        crate::time::Timestamp(0),
-                    )?;
-                }
-                Ok(())
-            })
-            .unwrap();
+        commit_kib(&store, 500);
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::fs::metadata(&db).unwrap().len() < before + 500 * 1024 {
             assert!(
@@ -1617,7 +1604,7 @@ mod tests {
         // 96 MiB of outbox bodies, 128 KiB a commit, back to back.
         let mut peak = 0;
         for _ in 0..768 {
-            commit_128_kib(&store);
+            commit_kib(&store, 128);
             peak = peak.max(size());
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -1636,12 +1623,12 @@ mod tests {
         store.close();
     }
 
-    /// One bulk commit of 128 KiB of outbox bodies: what the WAL tests
-    /// write back to back.
-    fn commit_128_kib(store: &Store) {
+    /// One bulk commit of `kib` outbox bodies of 1 KiB each: what the
+    /// checkpoint and WAL tests write.
+    fn commit_kib(store: &Store, kib: usize) {
         store
-            .write_blocking(Priority::Bulk, |c| {
-                for _ in 0..128 {
+            .write_blocking(Priority::Bulk, move |c| {
+                for _ in 0..kib {
                     outbox::enqueue(
                         c,
                         outbox::Topic::Audit,
@@ -1679,7 +1666,7 @@ mod tests {
         // 128 KiB a commit, back to back, until a few commits after the
         // first restart (at most 48 MiB).
         for _ in 0..384 {
-            commit_128_kib(&store);
+            commit_kib(&store, 128);
             // A file cut back at all is cut to at least what the WAL
             // fills between two restarts, so commits after one do not
             // grow it again.

@@ -417,6 +417,14 @@ mod tests {
 
     const PAGE: i64 = 4096;
 
+    /// A full step at `p`'s limit whose every page is a run of its own.
+    fn scattered_step(p: &Pace) -> Step {
+        Step {
+            pages: p.limit(),
+            runs: p.limit(),
+        }
+    }
+
     /// Pages at `first`, `first + 1`, ... written with `limit`-page steps:
     /// the steps that went out.
     fn write_sequential(s: &mut Steps, first: i64, n: i64, limit: u32) -> Vec<Step> {
@@ -530,10 +538,7 @@ mod tests {
         // assumed cost is forgotten gradually and a step at most doubles.
         let mut limits = vec![p.limit()];
         for _ in 0..200 {
-            let step = Step {
-                pages: p.limit(),
-                runs: p.limit(),
-            };
+            let step = scattered_step(&p);
             p.wrote_out(step, Duration::from_micros(20) * step.runs);
             limits.push(p.limit());
         }
@@ -542,10 +547,7 @@ mod tests {
         assert!(p.worst_run() * p.limit() <= STEP_BUDGET);
         // Faster still: never past the largest step.
         for _ in 0..20 {
-            let step = Step {
-                pages: p.limit(),
-                runs: p.limit(),
-            };
+            let step = scattered_step(&p);
             p.wrote_out(step, Duration::from_nanos(100) * step.runs);
         }
         assert_eq!(p.limit(), STEP_PAGES_MAX);
@@ -555,10 +557,7 @@ mod tests {
     fn a_step_over_its_budget_shrinks_the_next_one_at_once() {
         let mut p = Pace::default();
         for _ in 0..200 {
-            let step = Step {
-                pages: p.limit(),
-                runs: p.limit(),
-            };
+            let step = scattered_step(&p);
             p.wrote_out(step, Duration::from_micros(2) * step.runs);
         }
         assert_eq!(p.limit(), STEP_PAGES_MAX);
