@@ -164,11 +164,27 @@ impl OsdpHandle {
 
 type Job = Box<dyn FnOnce(&rusqlite::Connection) -> Result<(), StoreError> + Send>;
 
-/// What a record does to an alert beside the row it writes.
+/// What a record does to an alert.
 #[derive(Debug, Clone, Copy)]
 enum Alert {
     Raise,
     Clear,
+}
+
+impl Alert {
+    /// Raises (one more occurrence) or clears `condition` for `subject`.
+    fn write(
+        self,
+        c: &rusqlite::Connection,
+        condition: Condition,
+        subject: &str,
+        at: crate::time::Timestamp,
+    ) -> Result<(), StoreError> {
+        match self {
+            Alert::Raise => alerts::raise(c, condition, subject, 1, at).map(drop),
+            Alert::Clear => alerts::clear(c, condition, subject, at).map(drop),
+        }
+    }
 }
 
 /// Writes a bus's records in order (alerts raised before they clear).
@@ -357,20 +373,23 @@ impl BusTask {
     }
 
     fn raise(&self, condition: Condition, subject: &str) {
-        let at = (self.now)();
-        let s = subject.to_owned();
-        self.record(
-            format!("raise {} for {subject}", condition.as_str()),
-            Box::new(move |c| alerts::raise(c, condition, &s, 1, at).map(drop)),
-        );
+        self.alert(condition, subject, Alert::Raise);
     }
 
     fn clear(&self, condition: Condition, subject: &str) {
+        self.alert(condition, subject, Alert::Clear);
+    }
+
+    fn alert(&self, condition: Condition, subject: &str, alert: Alert) {
         let at = (self.now)();
         let s = subject.to_owned();
+        let verb = match alert {
+            Alert::Raise => "raise",
+            Alert::Clear => "clear",
+        };
         self.record(
-            format!("clear {} for {subject}", condition.as_str()),
-            Box::new(move |c| alerts::clear(c, condition, &s, at).map(drop)),
+            format!("{verb} {} for {subject}", condition.as_str()),
+            Box::new(move |c| alert.write(c, condition, &s, at)),
         );
     }
 
@@ -398,14 +417,8 @@ impl BusTask {
         self.record(
             format!("link of reader {}", s.cfg.name),
             Box::new(move |c| {
-                match alert {
-                    Some((condition, Alert::Raise)) => {
-                        alerts::raise(c, condition, &link.reader, 1, at).map(drop)?
-                    }
-                    Some((condition, Alert::Clear)) => {
-                        alerts::clear(c, condition, &link.reader, at).map(drop)?
-                    }
-                    None => {}
+                if let Some((condition, alert)) = alert {
+                    alert.write(c, condition, &link.reader, at)?;
                 }
                 db::set_link(c, &link)
             }),
