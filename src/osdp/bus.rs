@@ -35,7 +35,7 @@ use crate::config::{Config, PinKey, Policy, ReaderDoorConfig};
 use crate::entry::{self, Answer, DecisionQueue, Queued};
 use crate::serial::TimeSource;
 use crate::serial::port::open;
-use crate::store::alerts::{self, Condition};
+use crate::store::alerts::{Change, Condition};
 use crate::store::door::{DoorEvent, record_door_event};
 use crate::store::door::{
     door_states, record_card_denied, record_flood, record_sensor, record_storage_failure,
@@ -163,29 +163,6 @@ impl OsdpHandle {
 }
 
 type Job = Box<dyn FnOnce(&rusqlite::Connection) -> Result<(), StoreError> + Send>;
-
-/// What a record does to an alert.
-#[derive(Debug, Clone, Copy)]
-enum Alert {
-    Raise,
-    Clear,
-}
-
-impl Alert {
-    /// Raises (one more occurrence) or clears `condition` for `subject`.
-    fn write(
-        self,
-        c: &rusqlite::Connection,
-        condition: Condition,
-        subject: &str,
-        at: crate::time::Timestamp,
-    ) -> Result<(), StoreError> {
-        match self {
-            Alert::Raise => alerts::raise(c, condition, subject, 1, at).map(drop),
-            Alert::Clear => alerts::clear(c, condition, subject, at).map(drop),
-        }
-    }
-}
 
 /// Writes a bus's records in order (alerts raised before they clear).
 async fn recorder(store: Store, mut rx: mpsc::Receiver<(String, Job)>, wake: Option<Arc<Notify>>) {
@@ -373,22 +350,18 @@ impl BusTask {
     }
 
     fn raise(&self, condition: Condition, subject: &str) {
-        self.alert(condition, subject, Alert::Raise);
+        self.alert(condition, subject, Change::Raise);
     }
 
     fn clear(&self, condition: Condition, subject: &str) {
-        self.alert(condition, subject, Alert::Clear);
+        self.alert(condition, subject, Change::Clear);
     }
 
-    fn alert(&self, condition: Condition, subject: &str, alert: Alert) {
+    fn alert(&self, condition: Condition, subject: &str, alert: Change) {
         let at = (self.now)();
         let s = subject.to_owned();
-        let verb = match alert {
-            Alert::Raise => "raise",
-            Alert::Clear => "clear",
-        };
         self.record(
-            format!("{verb} {} for {subject}", condition.as_str()),
+            format!("{} {} for {subject}", alert.as_str(), condition.as_str()),
             Box::new(move |c| alert.write(c, condition, &s, at)),
         );
     }
@@ -401,7 +374,7 @@ impl BusTask {
     /// written in the same transaction: a reader's `online` and its
     /// `board_offline` never disagree in the database, where `lockhub
     /// status` and the tests read them (two records were two commits).
-    fn write_link_and(&self, i: usize, alert: Option<(Condition, Alert)>) {
+    fn write_link_and(&self, i: usize, alert: Option<(Condition, Change)>) {
         let s = &self.slots[i];
         let link = ReaderLink {
             reader: s.cfg.name.clone(),
@@ -679,12 +652,12 @@ impl BusTask {
                 self.backoff.reset();
                 self.slots[i].online = true;
                 tracing::info!(bus = %self.name, reader = %name, "reader answers");
-                self.write_link_and(i, Some((Condition::BoardOffline, Alert::Clear)));
+                self.write_link_and(i, Some((Condition::BoardOffline, Change::Clear)));
             }
             Event::Offline => {
                 self.slots[i].online = false;
                 tracing::warn!(bus = %self.name, reader = %name, "reader offline");
-                self.write_link_and(i, Some((Condition::BoardOffline, Alert::Raise)));
+                self.write_link_and(i, Some((Condition::BoardOffline, Change::Raise)));
             }
             Event::SessionUp { secure } => {
                 if secure {

@@ -45,7 +45,7 @@ use super::doors::Reply;
 use super::record::Record;
 use super::{DoorSettings, PortShared, SerialError};
 use crate::entry::{DecisionQueue, Queued};
-use crate::store::alerts::Condition;
+use crate::store::alerts::{Change, Condition};
 use crate::store::door::DoorEvent;
 use crate::store::links::LinkState;
 use crate::watch::{Admit, DoorAlarm, DoorWatch, FloodLimit};
@@ -164,6 +164,7 @@ pub(crate) async fn run_port(shared: Arc<PortShared>, mut stop: watch::Receiver<
                     shared.record(Record::Link {
                         serial: serial.clone(),
                         state: LinkState::Absent,
+                        board_offline: None,
                         at: shared.now(),
                     });
                 } else {
@@ -176,7 +177,8 @@ pub(crate) async fn run_port(shared: Arc<PortShared>, mut stop: watch::Receiver<
         let silent = presence.last_frame.elapsed();
         if silent >= Duration::from_millis(shared.link.down_after_ms) && !presence.offline {
             presence.offline = true;
-            shared.record(Record::RaiseAlert {
+            shared.record(Record::Alert {
+                change: Change::Raise,
                 condition: Condition::BoardOffline,
                 subject: serial.clone(),
                 at: shared.now(),
@@ -446,13 +448,15 @@ impl Session {
             let subject = d.name.clone();
             if d.index >= door_count {
                 tracing::error!(serial = %self.serial(), door = %d.name, index = d.index, door_count, "the board does not have this door");
-                self.shared.record(Record::RaiseAlert {
+                self.shared.record(Record::Alert {
+                    change: Change::Raise,
                     condition: Condition::BoardMismatch,
                     subject,
                     at,
                 });
             } else {
-                self.shared.record(Record::ClearAlert {
+                self.shared.record(Record::Alert {
+                    change: Change::Clear,
                     condition: Condition::BoardMismatch,
                     subject,
                     at,
@@ -736,32 +740,23 @@ impl Session {
             LinkEvent::Acked(_) | LinkEvent::Failed(_) => {}
             LinkEvent::Down => {
                 tracing::warn!(serial = %self.serial(), "board offline");
+                let raise = !presence.offline;
+                presence.offline = true;
                 self.shared.record(Record::Link {
                     serial: self.serial().to_owned(),
                     state: LinkState::Down,
+                    board_offline: raise.then_some(Change::Raise),
                     at,
                 });
-                if !presence.offline {
-                    presence.offline = true;
-                    self.shared.record(Record::RaiseAlert {
-                        condition: Condition::BoardOffline,
-                        subject: self.serial().to_owned(),
-                        at,
-                    });
-                }
             }
             LinkEvent::Up => {
                 tracing::info!(serial = %self.serial(), "board online");
                 presence.offline = false;
+                // Always clears: the alert may be left over from before a restart.
                 self.shared.record(Record::Link {
                     serial: self.serial().to_owned(),
                     state: LinkState::Up,
-                    at,
-                });
-                // Always: the alert may be left over from before a restart.
-                self.shared.record(Record::ClearAlert {
-                    condition: Condition::BoardOffline,
-                    subject: self.serial().to_owned(),
+                    board_offline: Some(Change::Clear),
                     at,
                 });
             }

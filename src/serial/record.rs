@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
-use crate::store::alerts::{self, Condition};
+use crate::store::alerts::{Change, Condition};
 use crate::store::door::{
     DoorEvent, record_door_event, record_flood, record_sensor, record_storage_failure,
     record_unlock,
@@ -71,20 +71,19 @@ pub(crate) enum Record {
         door: String,
         at: Timestamp,
     },
-    RaiseAlert {
+    Alert {
+        change: Change,
         condition: Condition,
         subject: String,
         at: Timestamp,
     },
-    ClearAlert {
-        condition: Condition,
-        subject: String,
-        at: Timestamp,
-    },
-    /// The port's link state for `lockhub status` (`links` table).
+    /// The port's link state for `lockhub status` (`links` table), with the
+    /// `board_offline` change it brings in the same transaction: the row
+    /// and the alert never disagree in the database.
     Link {
         serial: String,
         state: LinkState,
+        board_offline: Option<Change>,
         at: Timestamp,
     },
     /// The board's Hello: who it is; the link is up.
@@ -118,17 +117,23 @@ impl Record {
             Record::DoorEvent { kind, door, at } => {
                 record_door_event(conn, kind, &door, at).map(drop)
             }
-            Record::RaiseAlert {
+            Record::Alert {
+                change,
                 condition,
                 subject,
                 at,
-            } => alerts::raise(conn, condition, &subject, 1, at).map(drop),
-            Record::ClearAlert {
-                condition,
-                subject,
+            } => change.write(conn, condition, &subject, at),
+            Record::Link {
+                serial,
+                state,
+                board_offline,
                 at,
-            } => alerts::clear(conn, condition, &subject, at).map(drop),
-            Record::Link { serial, state, at } => links::set_state(conn, &serial, state, at),
+            } => {
+                if let Some(change) = board_offline {
+                    change.write(conn, Condition::BoardOffline, &serial, at)?;
+                }
+                links::set_state(conn, &serial, state, at)
+            }
             Record::Hello {
                 serial,
                 board_id,
@@ -156,23 +161,40 @@ impl Record {
             Record::Flood { door, count, .. } => format!("door.flood x{count} at {door}"),
             Record::Undecided { door, .. } => format!("undecided entry at {door}"),
             Record::DoorEvent { kind, door, .. } => format!("{kind:?} at {door}"),
-            Record::RaiseAlert {
-                condition, subject, ..
-            } => format!("raise {} for {subject}", condition.as_str()),
-            Record::ClearAlert {
-                condition, subject, ..
-            } => format!("clear {} for {subject}", condition.as_str()),
-            Record::Link { serial, state, .. } => format!("link {serial} {}", state.as_str()),
+            Record::Alert {
+                change,
+                condition,
+                subject,
+                ..
+            } => format!("{} {} for {subject}", change.as_str(), condition.as_str()),
+            Record::Link {
+                serial,
+                state,
+                board_offline,
+                ..
+            } => match board_offline {
+                Some(change) => format!(
+                    "link {serial} {} ({} board_offline)",
+                    state.as_str(),
+                    change.as_str()
+                ),
+                None => format!("link {serial} {}", state.as_str()),
+            },
             Record::Hello { serial, .. } => format!("board hello on {serial}"),
             Record::FrameSeen { serial, .. } => format!("frame seen on {serial}"),
         }
     }
 
-    /// Link bookkeeping that the next frame or state change writes again.
+    /// Link bookkeeping that the next frame or state change writes again;
+    /// a link row that carries an alert is kept for the alert's sake.
     fn droppable(&self) -> bool {
         matches!(
             self,
-            Record::Link { .. } | Record::Hello { .. } | Record::FrameSeen { .. }
+            Record::Link {
+                board_offline: None,
+                ..
+            } | Record::Hello { .. }
+                | Record::FrameSeen { .. }
         )
     }
 }
@@ -276,6 +298,56 @@ mod tests {
             q.push(unlock()).unwrap();
         }
         assert!(q.push(unlock()).is_err(), "memory stays bounded");
+    }
+
+    fn link(state: LinkState, board_offline: Option<Change>) -> Record {
+        Record::Link {
+            serial: "a".into(),
+            state,
+            board_offline,
+            at: Timestamp(0),
+        }
+    }
+
+    #[test]
+    fn a_full_queue_drops_a_bare_link_row_but_keeps_one_that_carries_an_alert() {
+        let q = RecordQueue::default();
+        for _ in 0..RECORD_QUEUE {
+            q.push(frame_seen()).unwrap();
+        }
+        assert!(q.push(link(LinkState::Down, None)).is_err());
+        assert!(q.push(link(LinkState::Down, Some(Change::Raise))).is_ok());
+        assert!(q.push(link(LinkState::Up, Some(Change::Clear))).is_ok());
+    }
+
+    #[test]
+    fn a_link_row_and_the_board_offline_change_it_carries_land_in_one_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(
+            &dir.path().join("lockhub.db"),
+            &crate::config::Policy::default(),
+        )
+        .unwrap();
+        let seen = |store: &Store| {
+            let conn = store.reader().unwrap();
+            let state = links::all(&conn).unwrap().first().map(|r| r.state);
+            let offline =
+                crate::store::alerts::raised_subjects(&conn, Condition::BoardOffline).unwrap();
+            (state, offline)
+        };
+        let write = |rec: Record| {
+            store
+                .write_blocking(Priority::Bulk, move |c| rec.apply(c))
+                .unwrap()
+        };
+        write(link(LinkState::Down, Some(Change::Raise)));
+        assert_eq!(seen(&store), (Some(LinkState::Down), vec!["a".to_owned()]));
+        write(link(LinkState::Up, Some(Change::Clear)));
+        assert_eq!(seen(&store), (Some(LinkState::Up), vec![]));
+        // Link bookkeeping alone leaves the alert as it is.
+        write(link(LinkState::Down, None));
+        assert_eq!(seen(&store), (Some(LinkState::Down), vec![]));
+        store.close();
     }
 
     #[tokio::test]

@@ -186,6 +186,39 @@ fn load(
         .optional()?)
 }
 
+/// What a record does to an alert: the one form the serial and OSDP
+/// recorders queue, so a link row and the alert it raises or clears can
+/// travel (and commit) together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// One more occurrence (opens the alert if it is not raised).
+    Raise,
+    Clear,
+}
+
+impl Change {
+    pub fn write(
+        self,
+        conn: &Connection,
+        condition: Condition,
+        subject: &str,
+        at: Timestamp,
+    ) -> Result<(), StoreError> {
+        match self {
+            Change::Raise => raise(conn, condition, subject, 1, at).map(drop),
+            Change::Clear => clear(conn, condition, subject, at).map(drop),
+        }
+    }
+
+    /// For log lines.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Change::Raise => "raise",
+            Change::Clear => "clear",
+        }
+    }
+}
+
 /// Raises (or bumps by `by`) an alert. Returns `true` when this opened a new alert.
 pub fn raise(
     conn: &Connection,
