@@ -7,7 +7,7 @@
 use lockhub::config::{MqttConfig, Signer};
 use lockhub::event::{EventResult, Outcome};
 use lockhub::sim::cloud::Cloud;
-use lockhub::store::outbox::{self, Topic};
+use lockhub::store::outbox::{self, Queued, Topic};
 use lockhub::store::{Alone, Priority, Store, StoreError};
 use lockhub::sync::ingest::{Decide, Decided};
 use lockhub::sync::plan::{BacklogLimits, SeqStart};
@@ -83,10 +83,18 @@ impl Decide for RecordOnce {
             "CREATE TABLE IF NOT EXISTS test_alone (n INTEGER);
              INSERT INTO test_alone (n) VALUES (1);",
         )?;
-        self.commit(tx.conn(), checked)
+        let mut out = Queued::default();
+        let decided = self.commit(tx.conn(), &mut out, checked)?;
+        out.flush(tx.conn())?;
+        Ok(decided)
     }
 
-    fn commit(&self, conn: &Connection, checked: Self::Checked) -> Result<Decided, StoreError> {
+    fn commit(
+        &self,
+        conn: &Connection,
+        out: &mut Queued,
+        checked: Self::Checked,
+    ) -> Result<Decided, StoreError> {
         let n = self
             .commits
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -131,7 +139,8 @@ impl Decide for RecordOnce {
             item: None,
             items: None,
         };
-        outbox::enqueue(conn, Topic::Results, &res.to_json(), None, now)?;
+        // Queued, as the hub's decider queues them: the job writes them.
+        out.push(Topic::Results, res.to_json(), None, now);
         Ok(Decided {
             seq: None,
             checkpoint_head: None,
