@@ -13,43 +13,51 @@ use testkit::store::*;
 
 use lockhub::event::GrantState::Active;
 
-/// A `pin_ambiguous` alert naming `k-1`, so that revoking `k-1` makes the
-/// trigger `keys_end_pin_ambiguous` put its cleared message on the outbox
-/// by a route of its own, between rows the job has queued.
-fn ambiguous_alert_on_k1(hub: &Hub) {
+/// `pin_ambiguous` alerts naming `k-1` and `k-3`, so that revoking either
+/// makes the trigger `keys_end_pin_ambiguous` put its cleared message on
+/// the outbox by a route of its own, between rows the job has queued.
+fn ambiguous_alerts(hub: &Hub) {
     let at = now().0;
     hub.store
         .write_blocking(Priority::Bulk, move |c| {
-            c.execute(
-                "INSERT INTO alerts (condition, subject, alert_id, state, count, first_at, last_at, published_at)
-                 VALUES ('pin_ambiguous', '101', '00000000-0000-7000-8000-000000000001', 'raised', 2, ?1, ?1, ?1)",
-                [at],
-            )?;
-            c.execute(
-                "INSERT INTO alert_keys (condition, subject, key_id) VALUES ('pin_ambiguous', '101', 'k-1')",
-                [],
-            )?;
+            for (n, key) in [(1, "k-1"), (3, "k-3")] {
+                c.execute(
+                    "INSERT INTO alerts (condition, subject, alert_id, state, count, first_at, last_at, published_at)
+                     VALUES ('pin_ambiguous', ?1, ?2, 'raised', 2, ?3, ?3, ?3)",
+                    rusqlite::params![
+                        format!("door-{n}"),
+                        format!("00000000-0000-7000-8000-00000000000{n}"),
+                        at
+                    ],
+                )?;
+                c.execute(
+                    "INSERT INTO alert_keys (condition, subject, key_id) VALUES ('pin_ambiguous', ?1, ?2)",
+                    [format!("door-{n}"), key.to_owned()],
+                )?;
+            }
             Ok(())
         })
         .unwrap();
 }
 
-/// (id, seq, kind, body) of each event: new keys, a revoke that ends the
-/// alert, a superseding grant, a PIN collision (rejected: nothing of it
-/// stays), a duplicate, an id conflict (its alert goes on the outbox at
-/// once), seqs with a gap that a later one closes, and one more grant.
+/// (id, seq, kind, body) of each event: new keys, a revoke that ends an
+/// alert, a grant superseding two keys (the second ends the other alert,
+/// after the first's revocation was queued), a PIN collision (rejected:
+/// nothing of it stays), a duplicate, an id conflict (its alert goes on the
+/// outbox at once), seqs with a gap that a later one closes, one more grant.
 fn events() -> Vec<(u128, u64, Change, String)> {
     let body = |id: u128| format!("body-{id}");
     vec![
         (1, 1, issue(grant("k-1", 1, Active, "c-1", 1)), body(1)),
         (2, 3, issue(grant("k-2", 1, Active, "c-2", 2)), body(2)),
+        (8, 8, issue(grant("k-3", 1, Active, "c-3", 3)), body(8)),
         (3, 2, revoke("k-1", "guest_left"), body(3)),
         (
             4,
             5,
             Change::KeyIssued {
                 key: grant("k-4", 1, Active, "c-4", 4),
-                supersedes: vec!["k-2".into()],
+                supersedes: vec!["k-2".into(), "k-3".into()],
             },
             body(4),
         ),
@@ -102,6 +110,36 @@ fn outbox_rows(hub: &Hub) -> Vec<(i64, String, String, bool, i64)> {
     .collect()
 }
 
+/// What each outbox row is, in id order: `audit KIND KEY`, `alert
+/// CONDITION STATE SUBJECT` or `result EVENT OUTCOME`.
+fn summaries(hub: &Hub) -> Vec<String> {
+    let c = hub.reader();
+    let mut stmt = c
+        .prepare("SELECT topic, body FROM outbox ORDER BY id")
+        .unwrap();
+    stmt.query_map([], |r| {
+        let topic: String = r.get(0)?;
+        let v: serde_json::Value = serde_json::from_slice(&r.get::<_, Vec<u8>>(1)?).unwrap();
+        let f = |k: &str| v[k].as_str().unwrap_or_default().to_owned();
+        Ok(match topic.as_str() {
+            "audit" => format!("audit {} {}", f("kind"), f("key_id")),
+            "alerts" => format!("alert {} {} {}", f("condition"), f("state"), f("subject")),
+            _ => {
+                let id = f("event_id");
+                let dup = if v["duplicate"] == true {
+                    " duplicate"
+                } else {
+                    ""
+                };
+                format!("result {} {}{dup}", &id[id.len() - 1..], f("outcome"))
+            }
+        })
+    })
+    .unwrap()
+    .map(Result::unwrap)
+    .collect()
+}
+
 fn watermarks(applied: &[Applied]) -> Vec<(u64, bool)> {
     applied.iter().map(|a| (a.watermark, a.gap)).collect()
 }
@@ -110,8 +148,8 @@ fn watermarks(applied: &[Applied]) -> Vec<(u64, bool)> {
 fn outbox_rows_queued_over_a_job_are_the_rows_written_one_by_one_in_the_same_order() {
     let one_by_one = Hub::new();
     let queued = Hub::new();
-    ambiguous_alert_on_k1(&one_by_one);
-    ambiguous_alert_on_k1(&queued);
+    ambiguous_alerts(&one_by_one);
+    ambiguous_alerts(&queued);
 
     let mut each = Vec::new();
     for (id, seq, change, body) in events() {
@@ -135,14 +173,43 @@ fn outbox_rows_queued_over_a_job_are_the_rows_written_one_by_one_in_the_same_ord
         })
         .unwrap();
 
+    // Each row where its cause puts it: a cleared alert between the
+    // revocations around it, an alert before its conflict's result.
+    assert_eq!(
+        summaries(&queued),
+        [
+            "audit key.activated k-1",
+            "result 1 applied",
+            "audit key.activated k-2",
+            "result 2 applied",
+            "audit key.activated k-3",
+            "result 8 applied",
+            "alert pin_ambiguous cleared door-1",
+            "audit key.revoked k-1",
+            "result 3 applied",
+            "audit key.revoked k-2",
+            "alert pin_ambiguous cleared door-3",
+            "audit key.revoked k-3",
+            "audit key.activated k-4",
+            "result 4 applied",
+            "result 5 rejected",
+            "result 1 applied duplicate",
+            "alert event_id_conflict raised 00000000-0000-0000-0000-000000000002",
+            "result 2 conflict",
+            "audit key.activated k-6",
+            "result 6 applied",
+            "audit key.activated k-7",
+            "result 7 applied",
+        ]
+    );
     let rows = outbox_rows(&one_by_one);
     assert_eq!(outbox_rows(&queued), rows);
-    // What the comparison covers: 5 activations and 2 revocations (audit),
-    // the alert's end and the conflict's alert, 9 results.
+    // What the comparison covers: 6 activations and 3 revocations (audit),
+    // two alerts' ends and the conflict's alert, 10 results.
     let topics = |t: &str| rows.iter().filter(|r| r.1 == t).count();
     assert_eq!(
         (topics("audit"), topics("alerts"), topics("results")),
-        (7, 2, 9)
+        (9, 3, 10)
     );
     assert_eq!(
         together
@@ -222,4 +289,45 @@ fn a_rejected_change_takes_its_queued_rows_with_it() {
         hub.count("SELECT count(*) FROM keys WHERE key_id = 'k-2'"),
         0
     );
+}
+
+#[test]
+fn a_change_rejected_after_its_revoke_keeps_the_rows_queued_before_it() {
+    let hub = Hub::new();
+    let ctx = hub.ctx.clone();
+    hub.store
+        .write_blocking(Priority::Bulk, move |c| {
+            let mut out = Queued::default();
+            let t = now();
+            let changes = [
+                (1, issue(grant("k-1", 1, Active, "c-1", 1))),
+                (2, issue(grant("k-2", 1, Active, "c-2", 2))),
+                // Revokes k-1 (its rows reach the outbox by their own
+                // route), then collides with k-2's PIN: all of it undone.
+                (
+                    3,
+                    Change::KeyIssued {
+                        key: grant("k-3", 1, Active, "c-3", 2),
+                        supersedes: vec!["k-1".into()],
+                    },
+                ),
+            ];
+            for (id, change) in changes {
+                let ev = event(id, Some(id as u64), &format!("body-{id}"), t);
+                apply_event_queued(c, &ctx, &ev, Ok(EventKind::Change(change)), t, &mut out)?;
+            }
+            out.flush(c)
+        })
+        .unwrap();
+    assert_eq!(
+        summaries(&hub),
+        [
+            "audit key.activated k-1",
+            "result 1 applied",
+            "audit key.activated k-2",
+            "result 2 applied",
+            "result 3 rejected",
+        ]
+    );
+    assert_eq!(hub.state("k-1").as_deref(), Some("active"));
 }
