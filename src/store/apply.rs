@@ -814,6 +814,7 @@ fn in_savepoint<T>(
 /// is reported only if no earlier item failed first. The items are rolled
 /// back by one more savepoint around them, or, when the event is alone in
 /// its transaction, by starting the transaction over.
+#[allow(clippy::too_many_arguments)] // each is the batch's own, as in `decide`
 fn apply_batch(
     conn: &Connection,
     scope: Scope<'_>,
