@@ -8,7 +8,8 @@
 use super::fixture;
 use lockhub::event::parse_body_in_order;
 use lockhub::sim::cloud::SignedEvent;
-use lockhub::store::apply::{ApplyContext, apply_event};
+use lockhub::store::apply::{ApplyContext, apply_event_queued};
+use lockhub::store::outbox::Queued;
 use lockhub::store::{Priority, Store};
 use lockhub::time::Timestamp;
 use lockhub::verify::verify_envelope;
@@ -59,13 +60,13 @@ pub async fn run(
         jobs.push_back(tokio::spawn(async move {
             s.write(Priority::Bulk, move |conn| {
                 let now = Timestamp::now_system();
-                // Each event in its own savepoint, as `sync::ingest` does.
+                // As `sync::ingest` does: the job's outbox rows written
+                // once, after its last event.
+                let mut out = Queued::default();
                 for (ev, kind) in checked {
-                    conn.execute_batch("SAVEPOINT ingest_event")?;
-                    apply_event(conn, &c, &ev, kind, now)?;
-                    conn.execute_batch("RELEASE ingest_event")?;
+                    apply_event_queued(conn, &c, &ev, kind, now, &mut out)?;
                 }
-                Ok(())
+                out.flush(conn)
             })
             .await
             .expect("apply");

@@ -20,8 +20,8 @@
 
 use super::alerts::{self, Condition};
 use super::audit::{self, AuditKind, AuditRecord};
-use super::outbox::{self, Topic};
-use super::{Alone, StoreError};
+use super::outbox::{self, Queued, Topic};
+use super::{Alone, StoreError, floor};
 use crate::config::Policy;
 use crate::event::{
     Change, EventKind, EventResult, Evidence, Grant, ItemResult, Outcome, Reason, SchemaError,
@@ -106,7 +106,29 @@ pub fn apply_event(
     kind: Result<EventKind, SchemaError>,
     now: Timestamp,
 ) -> Result<Applied, StoreError> {
-    apply(conn, Scope::Shared, ctx, ev, kind, now)
+    let mut out = Queued::default();
+    let applied = apply(conn, Scope::Shared, ctx, ev, kind, now, &mut out)?;
+    out.flush(conn)?;
+    Ok(applied)
+}
+
+/// [`apply_event`] with the event's outbox rows (its result, its audit
+/// records) put on `out`, for the caller to write with the rest of its job
+/// ([`Queued::flush`], in the same transaction). The event may flush `out`
+/// itself (before an alert or a revoke, whose rows reach the outbox by
+/// their own route), so on an `Err` the caller rolls back everything `out`
+/// served, not just this event: the ingest pipeline rolls back the whole
+/// job. It applies a flood this way: one outbox insert a job, not two an
+/// event.
+pub fn apply_event_queued(
+    conn: &Connection,
+    ctx: &ApplyContext,
+    ev: &VerifiedEvent,
+    kind: Result<EventKind, SchemaError>,
+    now: Timestamp,
+    out: &mut Queued,
+) -> Result<Applied, StoreError> {
+    apply(conn, Scope::Shared, ctx, ev, kind, now, out)
 }
 
 /// [`apply_event`] for an event that has the writer's transaction to itself
@@ -122,7 +144,10 @@ pub fn apply_event_alone(
     kind: Result<EventKind, SchemaError>,
     now: Timestamp,
 ) -> Result<Applied, StoreError> {
-    apply(tx.conn(), Scope::Alone(tx), ctx, ev, kind, now)
+    let mut out = Queued::default();
+    let applied = apply(tx.conn(), Scope::Alone(tx), ctx, ev, kind, now, &mut out)?;
+    out.flush(tx.conn())?;
+    Ok(applied)
 }
 
 /// How a batch is made atomic.
@@ -142,16 +167,18 @@ fn apply(
     ev: &VerifiedEvent,
     kind: Result<EventKind, SchemaError>,
     now: Timestamp,
+    out: &mut Queued,
 ) -> Result<Applied, StoreError> {
     let event_id = ev.header.event_id.to_string();
     if let Some(first) = load_dedupe(conn, ctx, &event_id)? {
         return if first.body_sha256 == ev.body_sha256 {
-            replay_duplicate(conn, &event_id, first.result, now)
+            replay_duplicate(conn, &event_id, first.result, now, out)
         } else {
-            answer_conflict(conn, ev, &event_id, now)
+            answer_conflict(conn, ev, &event_id, now, out)
         };
     }
-    let verdict = if is_replayed_seq(conn, ev.header.seq)? {
+    let before = SeqBefore::load(conn, ev.header.seq)?;
+    let verdict = if before.replays(ev.header.seq) {
         Verdict::rejected(Reason::StaleSeq)
     } else {
         match &kind {
@@ -159,7 +186,7 @@ fn apply(
                 item: e.item,
                 ..Verdict::rejected(e.reason)
             },
-            Ok(kind) => decide(conn, scope, ctx, &event_id, kind, now)?,
+            Ok(kind) => decide(conn, scope, ctx, &event_id, kind, now, out)?,
         }
     };
     let result = EventResult {
@@ -178,14 +205,18 @@ fn apply(
         Ok(EventKind::Checkpoint { head_seq }) => Some(head_seq),
         _ => None,
     };
-    let sign_of_life = count_authenticated(conn, ctx, ev, head_seq, now)?;
+    let counted = count_authenticated(conn, ctx, ev, &before, head_seq, now)?;
     if verdict.erased {
         // Published only once no byte of the name remains in a file.
         outbox::hold(conn, &event_id, &result.to_json(), now)?;
     } else {
-        outbox::enqueue(conn, Topic::Results, &result.to_json(), None, now)?;
+        out.push(Topic::Results, result.to_json(), None, now);
     }
-    let (watermark, gap) = watermark_and_gap(conn)?;
+    let Counted {
+        watermark,
+        gap,
+        sign_of_life,
+    } = counted;
     Ok(Applied {
         result,
         watermark,
@@ -330,11 +361,12 @@ fn replay_duplicate(
     event_id: &str,
     first: EventResult,
     now: Timestamp,
+    out: &mut Queued,
 ) -> Result<Applied, StoreError> {
     let mut result = first;
     result.duplicate = true;
     if !outbox::is_held(conn, event_id)? {
-        outbox::enqueue(conn, Topic::Results, &result.to_json(), None, now)?;
+        out.push(Topic::Results, result.to_json(), None, now);
     }
     Applied::answer_only(conn, result)
 }
@@ -347,9 +379,13 @@ fn answer_conflict(
     ev: &VerifiedEvent,
     event_id: &str,
     now: Timestamp,
+    out: &mut Queued,
 ) -> Result<Applied, StoreError> {
+    // The alert goes on the outbox by its own route: what is queued first.
+    out.flush(conn)?;
     alerts::raise(conn, Condition::EventIdConflict, event_id, 1, now)?;
-    count_seq_and_time(conn, ev)?;
+    let before = SeqBefore::load(conn, ev.header.seq)?;
+    count_seq_and_time(conn, ev, &before, None)?;
     let result = EventResult {
         event_id: Some(ev.header.event_id),
         seq: ev.header.seq,
@@ -361,7 +397,7 @@ fn answer_conflict(
         item: None,
         items: None,
     };
-    outbox::enqueue(conn, Topic::Results, &result.to_json(), None, now)?;
+    out.push(Topic::Results, result.to_json(), None, now);
     Applied::answer_only(conn, result)
 }
 
@@ -453,30 +489,76 @@ fn store_dedupe(
 // Step 3 and the seq bookkeeping
 // ---------------------------------------------------------------------------
 
-/// Step 3: a new id under a seq already seen. The page names "at or below
-/// the watermark"; a seq seen above the watermark (in `seq_seen`) is the
-/// same replay one gap later, so it is refused the same way.
-fn is_replayed_seq(conn: &Connection, seq: Option<u64>) -> Result<bool, StoreError> {
-    let Some(seq) = seq else { return Ok(false) };
-    let seen: bool = conn
-        .prepare_cached(
-            "SELECT ?1 <= (SELECT watermark FROM seq_state WHERE id = 1)
-                 OR EXISTS (SELECT 1 FROM seq_seen WHERE seq = ?1)",
-        )?
-        .query_row([seq as i64], |r| r.get(0))?;
-    Ok(seen)
+/// The seq bookkeeping as it stands before an event, read in one statement
+/// (it was five per event: step 3's check, the highest seq seen, the
+/// watermark before marking, and the watermark and gap after). The event's
+/// own change never touches `seq_state` or `seq_seen`, so what was read
+/// still holds when the event is counted, and the watermark and gap after
+/// it follow from it ([`mark_seq_seen`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SeqBefore {
+    watermark: u64,
+    /// The highest seq in `seq_seen`, 0 when it is empty. Every row there
+    /// is above the watermark (the schema refuses any other), so a non-zero
+    /// value is a gap at W+1.
+    highest_seen: u64,
+    /// The event's own seq is in `seq_seen` already.
+    this_seen: bool,
+}
+
+impl SeqBefore {
+    fn load(conn: &Connection, seq: Option<u64>) -> Result<SeqBefore, StoreError> {
+        let (w, highest, this_seen): (i64, i64, bool) = conn
+            .prepare_cached(
+                "SELECT watermark, coalesce((SELECT max(seq) FROM seq_seen), 0),
+                        EXISTS (SELECT 1 FROM seq_seen WHERE seq = ?1)
+                   FROM seq_state WHERE id = 1",
+            )?
+            .query_row([seq.map(|s| s as i64)], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })?;
+        Ok(SeqBefore {
+            watermark: w as u64,
+            highest_seen: highest as u64,
+            this_seen,
+        })
+    }
+
+    /// Step 3: a new id under a seq already seen. The page names "at or
+    /// below the watermark"; a seq seen above the watermark (in `seq_seen`)
+    /// is the same replay one gap later, so it is refused the same way.
+    fn replays(&self, seq: Option<u64>) -> bool {
+        seq.is_some_and(|s| s <= self.watermark || self.this_seen)
+    }
+
+    fn gap(&self) -> bool {
+        self.highest_seen > 0
+    }
+
+    /// The highest seq seen so far: the watermark, or a seq seen above it.
+    fn highest(&self) -> u64 {
+        self.watermark.max(self.highest_seen)
+    }
+}
+
+/// What counting an event left: the watermark and gap after it, and
+/// whether it was a sign of life.
+struct Counted {
+    watermark: u64,
+    gap: bool,
+    sign_of_life: bool,
 }
 
 /// Everything an authenticated, first-seen event counts toward: its seq,
-/// the time floor, a checkpoint's head, and the sign of life when it is one
-/// (returned).
+/// the time floor, a checkpoint's head, and the sign of life when it is one.
 fn count_authenticated(
     conn: &Connection,
     ctx: &ApplyContext,
     ev: &VerifiedEvent,
+    before: &SeqBefore,
     head_seq: Option<u64>,
     now: Timestamp,
-) -> Result<bool, StoreError> {
+) -> Result<Counted, StoreError> {
     let evidence = match (head_seq, ev.header.seq) {
         (Some(head), _) => {
             conn.prepare_cached("UPDATE seq_state SET head_seq = max(head_seq, ?1) WHERE id = 1")?
@@ -487,74 +569,103 @@ fn count_authenticated(
         }
         (None, Some(seq)) => Evidence::Event {
             seq,
-            highest_before: highest_seq_seen(conn)?,
+            highest_before: before.highest(),
         },
         // No seq and no head: a checkpoint whose body failed step 4. It
         // says nothing about the cloud's state now.
         (None, None) => Evidence::SeenBefore,
     };
-    count_seq_and_time(conn, ev)?;
-    let life = evidence.is_sign_of_life(now, ctx.policy.cloud_stale_s);
-    if life {
-        sign_of_life(conn, now)?;
-    }
-    Ok(life)
+    let life = evidence
+        .is_sign_of_life(now, ctx.policy.cloud_stale_s)
+        .then_some(now);
+    let (watermark, gap) = count_seq_and_time(conn, ev, before, life)?;
+    Ok(Counted {
+        watermark,
+        gap,
+        sign_of_life: life.is_some(),
+    })
 }
 
-/// The highest seq seen so far: the watermark, or a seq seen above it.
-fn highest_seq_seen(conn: &Connection) -> Result<u64, StoreError> {
-    let h: i64 = conn
-        .prepare_cached(
-            "SELECT max((SELECT watermark FROM seq_state WHERE id = 1),
-                        coalesce((SELECT max(seq) FROM seq_seen), 0))",
-        )?
-        .query_row([], |r| r.get(0))?;
-    Ok(h as u64)
-}
-
-/// An authenticated event's seq (none for a checkpoint) and the time floor.
-fn count_seq_and_time(conn: &Connection, ev: &VerifiedEvent) -> Result<(), StoreError> {
-    raise_time_floor(conn, ev.header.issued_at)?;
-    if let Some(seq) = ev.header.seq {
-        mark_seq_seen(conn, seq)?;
-    }
-    Ok(())
-}
-
-/// The floor of the effective clock rises with every verified `issued_at`.
-fn raise_time_floor(conn: &Connection, issued_at: Timestamp) -> Result<(), StoreError> {
-    conn.prepare_cached("UPDATE time_floor SET floor = max(floor, ?1) WHERE id = 1")?
-        .execute([issued_at.0])?;
-    Ok(())
-}
-
-fn sign_of_life(conn: &Connection, now: Timestamp) -> Result<(), StoreError> {
-    conn.prepare_cached(
-        "UPDATE seq_state SET last_sign_of_life = max(coalesce(last_sign_of_life, ?1), ?1) WHERE id = 1",
-    )?
-    .execute([now.0])?;
-    Ok(())
+/// An authenticated event's seq (none for a checkpoint), the time floor and,
+/// when `life` is given, the last sign of life. Returns the watermark and
+/// whether a gap is open after it.
+fn count_seq_and_time(
+    conn: &Connection,
+    ev: &VerifiedEvent,
+    before: &SeqBefore,
+    life: Option<Timestamp>,
+) -> Result<(u64, bool), StoreError> {
+    floor::raise_to(conn, ev.header.issued_at)?;
+    let after = match ev.header.seq {
+        Some(seq) => mark_seq_seen(conn, before, seq, life)?,
+        None => {
+            if let Some(now) = life {
+                write_seq_state(conn, None, Some(now))?;
+            }
+            (before.watermark, before.gap())
+        }
+    };
+    debug_assert_eq!(Ok(after), watermark_and_gap(conn).map_err(|_| ()));
+    Ok(after)
 }
 
 /// W advances over contiguous seen seqs; a seq above W+1 waits in
-/// `seq_seen` until the gap below it closes.
-fn mark_seq_seen(conn: &Connection, seq: u64) -> Result<(), StoreError> {
-    let (w, _) = watermark_and_gap(conn)?;
-    if seq <= w {
-        return Ok(());
-    }
-    if seq > w + 1 {
-        conn.prepare_cached("INSERT OR IGNORE INTO seq_seen (seq) VALUES (?1)")?
-            .execute([seq as i64])?;
-        return Ok(());
+/// `seq_seen` until the gap below it closes. `life` goes into the same
+/// write of `seq_state` as the watermark. Returns the watermark and gap
+/// after.
+fn mark_seq_seen(
+    conn: &Connection,
+    before: &SeqBefore,
+    seq: u64,
+    life: Option<Timestamp>,
+) -> Result<(u64, bool), StoreError> {
+    let w = before.watermark;
+    if seq <= w || seq > w + 1 {
+        if seq > w + 1 {
+            conn.prepare_cached("INSERT OR IGNORE INTO seq_seen (seq) VALUES (?1)")?
+                .execute([seq as i64])?;
+        }
+        if let Some(now) = life {
+            write_seq_state(conn, None, Some(now))?;
+        }
+        return Ok((w, before.gap() || seq > w + 1));
     }
     let mut w = seq;
-    let mut next = conn.prepare_cached("DELETE FROM seq_seen WHERE seq = ?1")?;
-    while next.execute([(w + 1) as i64])? == 1 {
-        w += 1;
+    // Only a gap leaves rows to walk: without one, `seq_seen` is empty.
+    if before.gap() {
+        let mut next = conn.prepare_cached("DELETE FROM seq_seen WHERE seq = ?1")?;
+        while next.execute([(w + 1) as i64])? == 1 {
+            w += 1;
+        }
     }
-    conn.prepare_cached("UPDATE seq_state SET watermark = ?1 WHERE id = 1")?
-        .execute([w as i64])?;
+    write_seq_state(conn, Some(w), life)?;
+    Ok((w, before.highest_seen > w))
+}
+
+/// One write of `seq_state`: the new watermark and/or the last sign of
+/// life, whichever is given.
+fn write_seq_state(
+    conn: &Connection,
+    watermark: Option<u64>,
+    life: Option<Timestamp>,
+) -> Result<(), StoreError> {
+    match watermark {
+        Some(w) => conn
+            .prepare_cached(
+                "UPDATE seq_state SET watermark = ?1,
+                        last_sign_of_life = coalesce(max(coalesce(last_sign_of_life, ?2), ?2),
+                                                     last_sign_of_life)
+                  WHERE id = 1",
+            )?
+            .execute(params![w as i64, life.map(|t| t.0)])?,
+        None => conn
+            .prepare_cached(
+                "UPDATE seq_state
+                    SET last_sign_of_life = max(coalesce(last_sign_of_life, ?1), ?1)
+                  WHERE id = 1",
+            )?
+            .execute([life.map(|t| t.0)])?,
+    };
     Ok(())
 }
 
@@ -619,34 +730,81 @@ fn decide(
     event_id: &str,
     kind: &EventKind,
     now: Timestamp,
+    out: &mut Queued,
 ) -> Result<Verdict, StoreError> {
     match kind {
-        EventKind::Change(change) => apply_change(conn, ctx, event_id, change, now),
-        EventKind::Batch(items) => apply_batch(conn, scope, ctx, event_id, items, None, now),
+        EventKind::Change(change) => apply_change(conn, ctx, event_id, change, now, out),
+        EventKind::Batch(items) => apply_batch(conn, scope, ctx, event_id, items, None, now, out),
         EventKind::BatchCutShort { items, invalid } => {
-            apply_batch(conn, scope, ctx, event_id, items, Some(*invalid), now)
+            apply_batch(conn, scope, ctx, event_id, items, Some(*invalid), now, out)
         }
         // The head is counted with the seq bookkeeping; nothing to change.
         EventKind::Checkpoint { .. } => Ok(Verdict::of(Outcome::Noop)),
     }
 }
 
+/// A named SAVEPOINT's statements, each run through the connection's
+/// statement cache: `execute_batch` parsed them afresh at every change
+/// (~1.5 % of the writer under a flood, with the ingest job's own).
+#[derive(Debug, Clone, Copy)]
+struct Savepoint {
+    begin: &'static str,
+    release: &'static str,
+    rollback_to: &'static str,
+}
+
+impl Savepoint {
+    const APPLY_BATCH: Savepoint = Savepoint {
+        begin: "SAVEPOINT apply_batch",
+        release: "RELEASE apply_batch",
+        rollback_to: "ROLLBACK TO apply_batch",
+    };
+    const APPLY_CHANGE: Savepoint = Savepoint {
+        begin: "SAVEPOINT apply_change",
+        release: "RELEASE apply_change",
+        rollback_to: "ROLLBACK TO apply_change",
+    };
+
+    fn begin(self, conn: &Connection) -> Result<(), StoreError> {
+        conn.prepare_cached(self.begin)?.execute([])?;
+        Ok(())
+    }
+
+    /// Keeps what was written since [`Savepoint::begin`].
+    fn release(self, conn: &Connection) -> Result<(), StoreError> {
+        conn.prepare_cached(self.release)?.execute([])?;
+        Ok(())
+    }
+
+    /// Undoes what was written since [`Savepoint::begin`] and ends the
+    /// savepoint.
+    fn undo(self, conn: &Connection) -> Result<(), StoreError> {
+        conn.prepare_cached(self.rollback_to)?.execute([])?;
+        self.release(conn)
+    }
+}
+
 /// Runs `f` inside a SAVEPOINT, kept only when `keep` says so (or rolled
-/// back on an error), so a refused change leaves nothing behind.
+/// back on an error, the outbox rows it queued with it), so a refused
+/// change leaves nothing behind.
 fn in_savepoint<T>(
     conn: &Connection,
-    name: &str,
-    f: impl FnOnce() -> Result<T, StoreError>,
+    sp: Savepoint,
+    out: &mut Queued,
+    f: impl FnOnce(&mut Queued) -> Result<T, StoreError>,
     keep: impl FnOnce(&T) -> bool,
 ) -> Result<T, StoreError> {
-    conn.execute_batch(&format!("SAVEPOINT {name}"))?;
-    let out = f();
-    let end = match &out {
-        Ok(v) if keep(v) => format!("RELEASE {name}"),
-        _ => format!("ROLLBACK TO {name}; RELEASE {name}"),
-    };
-    conn.execute_batch(&end)?;
-    out
+    sp.begin(conn)?;
+    let mark = out.mark();
+    let done = f(out);
+    match &done {
+        Ok(v) if keep(v) => sp.release(conn)?,
+        _ => {
+            sp.undo(conn)?;
+            out.truncate(mark);
+        }
+    }
+    done
 }
 
 /// A batch: every item in its own savepoint, decided in order. Items that
@@ -656,6 +814,7 @@ fn in_savepoint<T>(
 /// is reported only if no earlier item failed first. The items are rolled
 /// back by one more savepoint around them, or, when the event is alone in
 /// its transaction, by starting the transaction over.
+#[allow(clippy::too_many_arguments)] // each is the batch's own, as in `decide`
 fn apply_batch(
     conn: &Connection,
     scope: Scope<'_>,
@@ -664,12 +823,13 @@ fn apply_batch(
     items: &[Change],
     invalid: Option<SchemaError>,
     now: Timestamp,
+    queued: &mut Queued,
 ) -> Result<Verdict, StoreError> {
-    let run = || {
+    let run = |queued: &mut Queued| {
         let mut out = Vec::with_capacity(items.len());
         let (mut clamped, mut erased) = (false, false);
         for (i, change) in items.iter().enumerate() {
-            let v = apply_change(conn, ctx, event_id, change, now)?;
+            let v = apply_change(conn, ctx, event_id, change, now, queued)?;
             if let Some(r) = v.reason.filter(|r| !r.skippable_in_batch()) {
                 return Ok(Verdict {
                     item: Some(i),
@@ -699,13 +859,20 @@ fn apply_batch(
         })
     };
     match scope {
-        Scope::Shared => in_savepoint(conn, "apply_batch", run, |v: &Verdict| {
-            v.outcome != Outcome::Rejected
-        }),
+        Scope::Shared => {
+            // An item may flush the queue (a revoke): what was queued before
+            // the batch must not be written inside its savepoint.
+            queued.flush(conn)?;
+            in_savepoint(conn, Savepoint::APPLY_BATCH, queued, run, |v: &Verdict| {
+                v.outcome != Outcome::Rejected
+            })
+        }
         Scope::Alone(tx) => {
-            let verdict = run()?;
+            let mark = queued.mark();
+            let verdict = run(queued)?;
             if verdict.outcome == Outcome::Rejected {
                 tx.start_over()?;
+                queued.truncate(mark);
             }
             Ok(verdict)
         }
@@ -719,26 +886,41 @@ fn apply_change(
     event_id: &str,
     change: &Change,
     now: Timestamp,
+    queued: &mut Queued,
 ) -> Result<Verdict, StoreError> {
-    let run = || match change {
+    let run = |queued: &mut Queued| match change {
         Change::KeyIssued { key, supersedes } => {
-            issue_key(conn, ctx, event_id, key, supersedes, now)
+            issue_key(conn, ctx, event_id, key, supersedes, now, queued)
         }
         Change::KeyRevoked {
             key_id,
             version: _,
             reason,
-        } => revoke(conn, event_id, key_id, reason, now).map(Verdict::changed),
+        } => revoke(conn, event_id, key_id, reason, now, queued).map(Verdict::changed),
         Change::CheckinCompleted {
             reservation_id,
             check_in_id: _,
             key,
-        } => check_in(conn, ctx, event_id, reservation_id, key, now),
+        } => check_in(conn, ctx, event_id, reservation_id, key, now, queued),
         Change::GuestErased { holder_ref } => erase_guest(conn, event_id, holder_ref, now),
     };
-    in_savepoint(conn, "apply_change", run, |v: &Verdict| {
+    // A change that may revoke flushes the queue inside (`revoke_key`):
+    // what was queued before it must not be written inside its savepoint.
+    if may_revoke(change) {
+        queued.flush(conn)?;
+    }
+    in_savepoint(conn, Savepoint::APPLY_CHANGE, queued, run, |v: &Verdict| {
         v.outcome != Outcome::Rejected
     })
+}
+
+/// Whether applying `change` may revoke a key ([`revoke_key`]).
+fn may_revoke(change: &Change) -> bool {
+    match change {
+        Change::KeyIssued { supersedes, .. } => !supersedes.is_empty(),
+        Change::KeyRevoked { .. } | Change::CheckinCompleted { .. } => true,
+        Change::GuestErased { .. } => false,
+    }
 }
 
 /// `key.issued`: the superseded keys are revoked (or tombstoned) first, so
@@ -750,13 +932,14 @@ fn issue_key(
     key: &Grant,
     supersedes: &[String],
     now: Timestamp,
+    queued: &mut Queued,
 ) -> Result<Verdict, StoreError> {
     let mut changed = false;
     for old in supersedes {
-        changed |= revoke(conn, event_id, old, REASON_SUPERSEDED, now)?;
+        changed |= revoke(conn, event_id, old, REASON_SUPERSEDED, now, queued)?;
     }
     let plan = plan_for(conn, ctx, key, now)?;
-    write_grant(conn, event_id, key, plan, changed, now)
+    write_grant(conn, event_id, key, plan, changed, now, queued)
 }
 
 /// `key.revoked` or a `supersedes` entry: a live key is revoked whatever
@@ -768,11 +951,12 @@ fn revoke(
     key_id: &str,
     reason: &str,
     now: Timestamp,
+    queued: &mut Queued,
 ) -> Result<bool, StoreError> {
     let existing = load_key(conn, key_id)?.map(|k| k.state);
     match lifecycle::plan_revoke(existing, is_key_tombstoned(conn, key_id)?) {
         RevokePlan::Revoke => {
-            revoke_key(conn, event_id, key_id, reason, now)?;
+            revoke_key(conn, event_id, key_id, reason, now, queued)?;
             Ok(true)
         }
         RevokePlan::Tombstone => {
@@ -805,6 +989,7 @@ fn check_in(
     reservation_id: &str,
     key: &Grant,
     now: Timestamp,
+    queued: &mut Queued,
 ) -> Result<Verdict, StoreError> {
     let plan = plan_for(conn, ctx, key, now)?;
     if plan == GrantPlan::Noop && is_pre_issued_of(conn, &key.key_id, reservation_id)? {
@@ -818,10 +1003,17 @@ fn check_in(
     }
     let mut changed = false;
     for other in pre_issued_of_reservation(conn, reservation_id, &key.key_id)? {
-        revoke_key(conn, event_id, &other, REASON_SUPERSEDED_BY_CHECKIN, now)?;
+        revoke_key(
+            conn,
+            event_id,
+            &other,
+            REASON_SUPERSEDED_BY_CHECKIN,
+            now,
+            queued,
+        )?;
         changed = true;
     }
-    let verdict = write_grant(conn, event_id, key, plan, changed, now)?;
+    let verdict = write_grant(conn, event_id, key, plan, changed, now, queued)?;
     if verdict.outcome == Outcome::Rejected {
         return Ok(verdict);
     }
@@ -918,6 +1110,7 @@ fn write_grant(
     plan: GrantPlan,
     changed_before: bool,
     now: Timestamp,
+    queued: &mut Queued,
 ) -> Result<Verdict, StoreError> {
     let (placement, was) = match plan {
         GrantPlan::Reject { reason, clamped } => {
@@ -957,13 +1150,21 @@ fn write_grant(
     }
     let becomes_active = KeyState::from(key.state) == KeyState::Active;
     if becomes_active && was != Some(KeyState::Active) {
-        record_key_audit(
+        // The references are the row just written: no need to read it back.
+        let refs = KeyRefs {
+            check_in_id: key.check_in_id.clone(),
+            holder_ref: key.holder_ref.clone(),
+            holder_name: key.holder_name.clone(),
+        };
+        write_key_audit(
             conn,
             AuditKind::KeyActivated,
             event_id,
             &key.key_id,
+            refs,
             None,
             now,
+            queued,
         )?;
     }
     Ok(Verdict {
@@ -1077,50 +1278,75 @@ fn revoke_key(
     key_id: &str,
     reason: &str,
     now: Timestamp,
+    queued: &mut Queued,
 ) -> Result<(), StoreError> {
+    // The key leaving the live states may end a `pin_ambiguous` alert,
+    // whose message a trigger puts on the outbox: what is queued goes first.
+    queued.flush(conn)?;
     conn.prepare_cached(
         "UPDATE keys SET state = 'revoked', revoke_reason = ?2, event_id = ?3, updated_at = ?4
           WHERE key_id = ?1 AND state IN ('pre_issued', 'active')",
     )?
     .execute(params![key_id, reason, event_id, now.0])?;
-    record_key_audit(
+    let refs = conn
+        .prepare_cached("SELECT check_in_id, holder_ref, holder_name FROM keys WHERE key_id = ?1")?
+        .query_row([key_id], |r| {
+            Ok(KeyRefs {
+                check_in_id: r.get(0)?,
+                holder_ref: r.get(1)?,
+                holder_name: r.get(2)?,
+            })
+        })?;
+    write_key_audit(
         conn,
         AuditKind::KeyRevoked,
         event_id,
         key_id,
+        refs,
         Some(reason),
         now,
+        queued,
     )
 }
 
+/// What a key lifecycle audit row carries of its key.
+struct KeyRefs {
+    check_in_id: Option<String>,
+    holder_ref: Option<String>,
+    /// Local only, where erasure can reach it.
+    holder_name: Option<String>,
+}
+
 /// A key lifecycle audit row, carrying the key's references (and its
-/// holder name, locally, where erasure can reach it).
-fn record_key_audit(
+/// holder name, locally, where erasure can reach it); its outbox row goes
+/// on `queued`.
+#[allow(clippy::too_many_arguments)]
+fn write_key_audit(
     conn: &Connection,
     kind: AuditKind,
     event_id: &str,
     key_id: &str,
+    refs: KeyRefs,
     reason: Option<&str>,
     now: Timestamp,
+    queued: &mut Queued,
 ) -> Result<(), StoreError> {
-    let (check_in_id, holder_ref, holder_name) = conn
-        .prepare_cached("SELECT check_in_id, holder_ref, holder_name FROM keys WHERE key_id = ?1")?
-        .query_row([key_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
-    audit::record(
+    audit::record_queued(
         conn,
         &AuditRecord {
             kind,
             at: now,
             door: None,
             key_id: Some(key_id.to_owned()),
-            check_in_id,
-            holder_ref,
-            holder_name,
+            check_in_id: refs.check_in_id,
+            holder_ref: refs.holder_ref,
+            holder_name: refs.holder_name,
             reason: reason.map(str::to_owned),
             event_id: Uuid::parse_str(event_id).ok(),
             condition: None,
             count: None,
         },
+        queued,
     )?;
     Ok(())
 }

@@ -113,6 +113,26 @@ struct AuditBody<'a> {
 /// Writes an audit row and queues it for the cloud; returns its `audit_id`
 /// (a UUIDv7, so ids sort by time).
 pub fn record(conn: &Connection, rec: &AuditRecord) -> Result<Uuid, StoreError> {
+    let (audit_id, id, json) = insert(conn, rec)?;
+    outbox::enqueue(conn, Topic::Audit, &json, Some(&id), rec.at)?;
+    Ok(audit_id)
+}
+
+/// [`record`] with the outbox row put on `out` (written by its
+/// [`outbox::Queued::flush`], in the same transaction) instead of at once.
+pub fn record_queued(
+    conn: &Connection,
+    rec: &AuditRecord,
+    out: &mut outbox::Queued,
+) -> Result<Uuid, StoreError> {
+    let (audit_id, id, json) = insert(conn, rec)?;
+    out.push(Topic::Audit, json, Some(id), rec.at);
+    Ok(audit_id)
+}
+
+/// The audit row itself; returns its id (as a UUID and as stored) and the
+/// body to publish.
+fn insert(conn: &Connection, rec: &AuditRecord) -> Result<(Uuid, String, Vec<u8>), StoreError> {
     let audit_id = Uuid::now_v7();
     let id = audit_id.to_string();
     let event_id = rec.event_id.map(|e| e.to_string());
@@ -151,6 +171,5 @@ pub fn record(conn: &Connection, rec: &AuditRecord) -> Result<Uuid, StoreError> 
         what: "an audit body",
         source,
     })?;
-    outbox::enqueue(conn, Topic::Audit, &json, Some(&id), rec.at)?;
-    Ok(audit_id)
+    Ok((audit_id, id, json))
 }

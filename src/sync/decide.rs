@@ -8,6 +8,7 @@ use crate::clock::SharedClock;
 use crate::config::{Config, Signer};
 use crate::event::{self, EventKind, EventResult, Outcome, SchemaContext, SchemaError};
 use crate::store::apply::{self, ApplyContext};
+use crate::store::outbox::Queued;
 use crate::store::{Alone, Store, StoreError};
 use crate::time::Timestamp;
 use crate::verify::{self, VerifiedEvent, VerifyContext};
@@ -145,10 +146,18 @@ impl Decide for HubDecider {
         }
     }
 
-    fn commit(&self, conn: &Connection, checked: Checked) -> Result<Decided, StoreError> {
+    fn commit(
+        &self,
+        conn: &Connection,
+        out: &mut Queued,
+        checked: Checked,
+    ) -> Result<Decided, StoreError> {
         let now = self.now();
         match checked {
             Checked::Rejected { result, publish } => {
+                // The alert (and this result) go on the outbox at once:
+                // what is queued goes first.
+                out.flush(conn)?;
                 if publish {
                     apply::record_step1_rejection(conn, &result, now)?;
                 } else {
@@ -157,7 +166,7 @@ impl Decide for HubDecider {
                 Ok(Decided::default())
             }
             Checked::Verified(ev, kind) => {
-                let applied = apply::apply_event(conn, &self.apply, &ev, kind, now)?;
+                let applied = apply::apply_event_queued(conn, &self.apply, &ev, kind, now, out)?;
                 Ok(self.decided(&ev, &applied))
             }
         }
@@ -177,7 +186,12 @@ impl Decide for HubDecider {
                 let applied = apply::apply_event_alone(tx, &self.apply, &ev, kind, now)?;
                 Ok(self.decided(&ev, &applied))
             }
-            other => self.commit(tx.conn(), other),
+            other => {
+                let mut out = Queued::default();
+                let decided = self.commit(tx.conn(), &mut out, other)?;
+                out.flush(tx.conn())?;
+                Ok(decided)
+            }
         }
     }
 

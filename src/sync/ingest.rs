@@ -4,9 +4,11 @@
 //! ## The pipeline
 //! Messages arrive from the poll task in broker order. Step 1 (size,
 //! envelope, signature) is pure CPU and runs here as they arrive. The
-//! checked messages then go to the store writer as one job per batch: each
-//! event inside its own savepoint, so a storage error rolls back that event
-//! alone and stops the batch there. A lone event is committed at once;
+//! checked messages then go to the store writer as one job per batch, the
+//! events one after the other with no savepoint of their own (a rejected
+//! change undoes itself inside `store::apply`), and the job's outbox rows
+//! (results, audit records) written by one insert after its last event
+//! (`outbox::Queued`). A lone event is committed at once;
 //! under a flood up to [`MAX_IN_FLIGHT`] jobs wait at the writer, which
 //! runs them back to back in one transaction, so the writer never idles
 //! while we ack and one fsync covers several jobs. A message the decider
@@ -35,13 +37,18 @@
 //! events per job, and the bounded channel from the poll task.
 //!
 //! ## A storage failure
-//! The events after the failed one are not committed, so they must not be
-//! acked; since acks go in order, nothing more can be acked on this
-//! connection. We drop the rest of it and ask the poll task to reconnect,
-//! which makes the broker redeliver from the first unacked message.
+//! A storage error in any event fails its whole job: the writer rolls the
+//! job back, so none of its events is committed and none may be acked
+//! (they used to commit up to the failed one, at the cost of a savepoint
+//! per event, one more level of SQLite's sub-journal for every page each
+//! event touched). Since acks go in order, nothing more can be acked on
+//! this connection. We drop the rest of it and ask the poll task to
+//! reconnect, which makes the broker redeliver from the first unacked
+//! message; the dedupe table answers whatever did commit before.
 
 use super::client::{Gate, Inbound};
 use super::plan::SeqView;
+use crate::store::outbox::Queued;
 use crate::store::{Alone, JOB_SLICE, Priority, Store, StoreError};
 use rusqlite::Connection;
 use std::collections::VecDeque;
@@ -126,8 +133,15 @@ pub trait Decide: Send + Sync + 'static {
     fn check(&self, payload: &[u8]) -> Self::Checked;
 
     /// Everything else, inside the writer's transaction: the effect, the
-    /// dedupe record and the result (on the outbox) together.
-    fn commit(&self, conn: &Connection, checked: Self::Checked) -> Result<Decided, StoreError>;
+    /// dedupe record and the result (on the outbox) together. Outbox rows
+    /// may go on `out`, which the job writes after its last event, in the
+    /// same transaction ([`Queued::flush`]).
+    fn commit(
+        &self,
+        conn: &Connection,
+        out: &mut Queued,
+        checked: Self::Checked,
+    ) -> Result<Decided, StoreError>;
 
     /// Whether this message goes to the writer as a transaction of its own
     /// ([`Store::write_alone`], then [`Decide::commit_alone`]): a batch, so
@@ -139,7 +153,10 @@ pub trait Decide: Send + Sync + 'static {
 
     /// [`Decide::commit`] for a message alone in its transaction.
     fn commit_alone(&self, tx: &Alone<'_>, checked: Self::Checked) -> Result<Decided, StoreError> {
-        self.commit(tx.conn(), checked)
+        let mut out = Queued::default();
+        let decided = self.commit(tx.conn(), &mut out, checked)?;
+        out.flush(tx.conn())?;
+        Ok(decided)
     }
 
     /// Runs after a batch committed (outside the transaction).
@@ -229,19 +246,19 @@ fn start_commit<D: Decide>(
                 }
                 let mut decided = Vec::with_capacity(checked.len());
                 let mut items = checked.into_iter();
-                let mut failed = false;
+                let mut out = Queued::default();
                 for item in items.by_ref() {
-                    conn.execute_batch("SAVEPOINT ingest_event")?;
-                    match decider.commit(conn, item) {
-                        Ok(d) => {
-                            conn.execute_batch("RELEASE ingest_event")?;
-                            decided.push(d);
-                        }
+                    // No savepoint per event: a storage error fails the
+                    // whole job (the writer rolls it back, nothing of it is
+                    // acked, the broker redelivers it), so the events share
+                    // one savepoint level less, and their outbox rows can
+                    // wait for one insert at the end.
+                    match decider.commit(conn, &mut out, item) {
+                        Ok(d) => decided.push(d),
                         Err(e) => {
-                            conn.execute_batch("ROLLBACK TO ingest_event; RELEASE ingest_event")?;
                             tracing::error!(error = %e, "cannot commit an event; will reconnect");
-                            failed = true;
-                            break;
+                            cut.store(true, Ordering::Relaxed);
+                            return Err(e);
                         }
                     }
                     // Hand the writer back when a door waits, or at the
@@ -250,13 +267,17 @@ fn start_commit<D: Decide>(
                         break;
                     }
                 }
-                let leftover: Vec<_> = if failed { Vec::new() } else { items.collect() };
-                if failed || !leftover.is_empty() {
+                if let Err(e) = out.flush(conn) {
+                    cut.store(true, Ordering::Relaxed);
+                    return Err(e);
+                }
+                let leftover: Vec<_> = items.collect();
+                if !leftover.is_empty() {
                     cut.store(true, Ordering::Relaxed);
                 }
                 Ok(CommitOutput {
                     decided,
-                    failed,
+                    failed: false,
                     leftover,
                     busy: started.elapsed(),
                     alone: false,

@@ -9,5 +9,6 @@ mod door;
 mod door_group;
 mod erasure;
 mod invariants;
+mod outbox_queued;
 mod vectors_store;
 mod vectors_verify;

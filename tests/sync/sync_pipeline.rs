@@ -7,7 +7,7 @@
 use lockhub::config::{MqttConfig, Signer};
 use lockhub::event::{EventResult, Outcome};
 use lockhub::sim::cloud::Cloud;
-use lockhub::store::outbox::{self, Topic};
+use lockhub::store::outbox::{self, Queued, Topic};
 use lockhub::store::{Alone, Priority, Store, StoreError};
 use lockhub::sync::ingest::{Decide, Decided};
 use lockhub::sync::plan::{BacklogLimits, SeqStart};
@@ -48,6 +48,10 @@ struct RecordOnce {
     /// and their commit writes, starts its transaction over and writes
     /// again, as a rejected batch does.
     alone_every: Option<u64>,
+    /// The event with this seq fails with a storage error the first time,
+    /// after writing its row (which its job's rollback must take back).
+    fail_once_at: Option<u64>,
+    failed: std::sync::atomic::AtomicBool,
 }
 
 impl Decide for RecordOnce {
@@ -83,10 +87,18 @@ impl Decide for RecordOnce {
             "CREATE TABLE IF NOT EXISTS test_alone (n INTEGER);
              INSERT INTO test_alone (n) VALUES (1);",
         )?;
-        self.commit(tx.conn(), checked)
+        let mut out = Queued::default();
+        let decided = self.commit(tx.conn(), &mut out, checked)?;
+        out.flush(tx.conn())?;
+        Ok(decided)
     }
 
-    fn commit(&self, conn: &Connection, checked: Self::Checked) -> Result<Decided, StoreError> {
+    fn commit(
+        &self,
+        conn: &Connection,
+        out: &mut Queued,
+        checked: Self::Checked,
+    ) -> Result<Decided, StoreError> {
         let n = self
             .commits
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -120,6 +132,14 @@ impl Decide for RecordOnce {
             "INSERT OR IGNORE INTO test_applied (event_id) VALUES (?1)",
             [&id],
         )? == 1;
+        if self.fail_once_at.is_some()
+            && self.fail_once_at == ev.header.seq
+            && !self.failed.swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            return Err(StoreError::Unreadable {
+                what: "a storage failure the test injects".into(),
+            });
+        }
         let res = EventResult {
             event_id: Some(ev.header.event_id),
             seq: ev.header.seq,
@@ -131,7 +151,8 @@ impl Decide for RecordOnce {
             item: None,
             items: None,
         };
-        outbox::enqueue(conn, Topic::Results, &res.to_json(), None, now)?;
+        // Queued, as the hub's decider queues them: the job writes them.
+        out.push(Topic::Results, res.to_json(), None, now);
         Ok(Decided {
             seq: None,
             checkpoint_head: None,
@@ -179,6 +200,8 @@ fn start_hub_with(mqtt: MqttConfig, window: ReceiveWindow, delay: Duration) -> H
             spike: None,
             commits: Default::default(),
             alone_every: None,
+            fail_once_at: None,
+            failed: Default::default(),
         },
     )
 }
@@ -602,6 +625,7 @@ async fn with_the_pubacks_held_back_the_hub_fills_its_whole_publish_window_and_n
 async fn recording_hub_for_a_flood(
     spike: Option<(u64, Duration)>,
     alone_every: Option<u64>,
+    fail_once_at: Option<u64>,
 ) -> (Mosquitto, TestCloud, Hub) {
     let broker = Mosquitto::start_with(BrokerOptions {
         max_queued_messages: Some(10_000),
@@ -617,6 +641,8 @@ async fn recording_hub_for_a_flood(
             spike,
             commits: Default::default(),
             alone_every,
+            fail_once_at,
+            failed: Default::default(),
         },
     );
     cloud.expect(is_online).await;
@@ -763,6 +789,8 @@ async fn a_writer_stalled_longer_than_the_keep_alive_with_the_window_full_keeps_
             spike: None,
             commits: Default::default(),
             alone_every: None,
+            fail_once_at: None,
+            failed: Default::default(),
         },
         KEEP_ALIVE,
     );
@@ -813,7 +841,7 @@ async fn jobs_cut_short_still_commit_every_event_once_in_arrival_order() {
     const EVENTS: usize = 600;
     // Longer than a job slice: that job is cut short.
     let spike = Some((23, lockhub::store::JOB_SLICE * 3));
-    let (_broker, cloud, hub) = recording_hub_for_a_flood(spike, None).await;
+    let (_broker, cloud, hub) = recording_hub_for_a_flood(spike, None, None).await;
 
     let sent = flood_and_wait(&cloud, &hub, EVENTS).await;
     let order = hub.applied_order();
@@ -831,13 +859,35 @@ async fn jobs_cut_short_still_commit_every_event_once_in_arrival_order() {
     hub.stop().await;
 }
 
+/// A storage error in one event fails its whole job: nothing of the job
+/// commits or is acked (the row the failing event wrote included), the hub
+/// reconnects, and the broker's redelivery commits every event once, in
+/// arrival order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storage_error_fails_its_job_and_the_redelivery_commits_every_event_once_in_order() {
+    const EVENTS: usize = 300;
+    let (_broker, cloud, hub) = recording_hub_for_a_flood(None, None, Some(150)).await;
+
+    let sent = flood_and_wait(&cloud, &hub, EVENTS).await;
+    assert!(
+        hub.flow().received > EVENTS as u64,
+        "the broker redelivered"
+    );
+    assert_eq!(
+        hub.applied_order(),
+        sent,
+        "every event once, in arrival order"
+    );
+    hub.stop().await;
+}
+
 /// A batch goes to the writer as a transaction of its own, so it may undo
 /// all it wrote by starting over (a rejected batch does) without taking
 /// the events around it along; events still commit once each, in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_that_must_be_alone_gets_a_transaction_of_its_own_and_may_start_it_over() {
     const EVENTS: usize = 300;
-    let (_broker, cloud, hub) = recording_hub_for_a_flood(None, Some(7)).await;
+    let (_broker, cloud, hub) = recording_hub_for_a_flood(None, Some(7), None).await;
 
     let sent = flood_and_wait(&cloud, &hub, EVENTS).await;
     let order = hub.applied_order();
