@@ -331,18 +331,20 @@ const CHECKPOINT_TICK: Duration = Duration::from_millis(100);
 /// there: the WAL grew to 572 MiB in a 100,000-key resync. So once the WAL
 /// is past this size and the checkpointer has copied nearly all of it, bulk
 /// groups wait while the checkpointer copies the few frames left (and syncs
-/// the database); the writer's next commit then starts the WAL from the
-/// beginning by itself (SQLite restarts a WAL whose every frame is copied
-/// when a write transaction begins and no reader is on those frames),
-/// keeping up to [`WAL_KEPT`] of the file to write over.
+/// the database); with every frame copied the writer runs a RESTART
+/// checkpoint between two groups, which then copies and syncs nothing and
+/// only waits (briefly, giving up for a door job) for readers still on the
+/// old frames, and its next commit starts the WAL from the beginning
+/// (keeping up to [`WAL_KEPT`] of the file to write over).
 ///
-/// The writer used to run the RESTART checkpoint itself between two groups
-/// (copy the rest, sync the WAL and the database, wait for readers): ~9 a
-/// second under a flood, ~10 ms each on the VM's disk, and a door job that
-/// arrived meanwhile waited for all of it. Now nothing of a restart runs on
-/// the writer's thread but the restart itself (a header in shared memory
-/// and the WAL header written with the next commit's frames): a door job
-/// that arrives while bulk work waits for the copy goes first at once.
+/// The writer used to run that RESTART with the rest still to copy (copy
+/// it, sync the WAL and the database, wait for readers): ~9 a second under
+/// a flood, ~10 ms each on the VM's disk, and a door job that arrived
+/// meanwhile waited for all of it. A door job that arrives while bulk work
+/// waits for the copy goes first at once. (Without the writer's RESTART,
+/// leaving the restart to SQLite's own at the next commit, which gives up
+/// at once if a reader is on the old frames, the resync's WAL reached
+/// 194 MiB: the publisher's readers nearly always were.)
 ///
 /// Letting the WAL grow to 16 MiB between copies, so a page that many
 /// commits rewrite is copied once, wrote only ~15 % fewer bytes (the pages
@@ -384,9 +386,13 @@ const HOLD_BULK_MAX: Duration = Duration::from_millis(100);
 /// it ([`HOLD_BULK_MAX`]): what it waits for is the copy, so the copy
 /// follows closely (a door job committed meanwhile adds a few pages to it).
 const BEHIND_TICK: Duration = Duration::from_millis(1);
-/// How long the checkpointer's idle TRUNCATE may wait for readers and the
-/// writer; past it, it tries again at its next tick.
+/// How long the writer's RESTART and the checkpointer's idle TRUNCATE may
+/// wait for readers (and the TRUNCATE for the writer); past it they try
+/// again later. The writer's RESTART also gives up the moment a door job
+/// waits, so this bounds what a restart adds to a door's answer.
 const CHECKPOINT_PATIENCE: Duration = Duration::from_millis(50);
+/// How often the writer tries a RESTART that readers held off.
+const RESTART_RETRY: Duration = Duration::from_millis(100);
 /// With no commit for this long the hub is idle: the checkpointer copies
 /// everything and truncates the WAL to nothing (an SD card's space is
 /// better spent elsewhere).
@@ -407,6 +413,9 @@ struct WalState {
     /// Bulk groups wait for the checkpointer's copy ([`WalStep::Restart`],
     /// [`WalStep::HoldBulk`]).
     hold_bulk: std::sync::atomic::AtomicBool,
+    /// Past [`RESTART_PAGES`] every frame is copied: the writer runs its
+    /// RESTART between two groups ([`WalState::restart`]).
+    restart_due: std::sync::atomic::AtomicBool,
     /// What one page of a copy may cost, as the checkpointer's paced steps
     /// measured it.
     worst_run: paced::WorstRun,
@@ -456,6 +465,22 @@ impl WalStep {
 }
 
 impl WalState {
+    /// The writer's side of [`RESTART_PAGES`], between two groups with no
+    /// transaction open: a RESTART checkpoint, with (nearly) nothing left
+    /// to copy, that waits for readers on the old frames so the next commit
+    /// starts the WAL over. Gives up after [`CHECKPOINT_PATIENCE`] or as
+    /// soon as a door job waits, to be tried again after
+    /// [`RESTART_RETRY`].
+    fn restart(&self, conn: &Connection, patience: &Patience) {
+        use std::sync::atomic::Ordering::Relaxed;
+        patience.set(Instant::now() + CHECKPOINT_PATIENCE, true);
+        match wal_checkpoint(conn, "RESTART") {
+            Ok((0, log, done)) if log == done => self.restart_due.store(false, Relaxed),
+            Ok(_) => {}
+            Err(e) => tracing::debug!(error = %e, "WAL restart skipped"),
+        }
+    }
+
     /// Wakes the writer if it is holding bulk work (a spare wakeup only
     /// makes its hold look once more).
     fn wake_writer(&self) {
@@ -558,18 +583,21 @@ impl Checkpointer {
                         // database synced, which PASSIVE does before it counts
                         // them as copied) the writer's next commit restarts
                         // the WAL (see `WalStep`).
-                        let step = match wal_checkpoint(&conn, "PASSIVE") {
+                        let (now, rest) = match wal_checkpoint(&conn, "PASSIVE") {
                             // What it reports left is as of its start: the
                             // writer's commits since count too (a rest of
                             // nothing that is not would never restart).
                             Ok((_, _, done)) => {
                                 let now = wal.pages.load(Relaxed);
-                                let rest = now.saturating_sub(u64::try_from(done).unwrap_or(0));
-                                WalStep::after_copy(now, rest, wal.worst_run.get())
+                                (now, now.saturating_sub(u64::try_from(done).unwrap_or(0)))
                             }
-                            Err(_) => WalStep::after_copy(pages, pages, wal.worst_run.get()),
+                            Err(_) => (pages, pages),
                         };
+                        let step = WalStep::after_copy(now, rest, wal.worst_run.get());
                         let hold = step != WalStep::Copy;
+                        // Set before the hold ends: the writer let go sees it.
+                        wal.restart_due
+                            .store(now >= RESTART_PAGES && rest == 0, Relaxed);
                         if wal.hold_bulk.swap(hold, Relaxed) && !hold {
                             wal.wake_writer();
                         }
@@ -1160,6 +1188,7 @@ impl Patience {
 /// The writer thread: group jobs into transactions until every sender is gone.
 fn writer_loop(conn: Connection, mut rx: mpsc::Receiver<Job>, patience: &Patience, wal: &WalState) {
     let mut pending: VecDeque<Job> = VecDeque::new();
+    let mut restart_tried = Instant::now() - RESTART_RETRY;
     loop {
         if pending.is_empty() {
             match rx.blocking_recv() {
@@ -1169,6 +1198,16 @@ fn writer_loop(conn: Connection, mut rx: mpsc::Receiver<Job>, patience: &Patienc
         }
         take_waiting(&mut rx, &mut pending);
         hold_bulk_while_behind(&mut rx, &mut pending, wal, HOLD_BULK_MAX);
+        let door_first = pending
+            .front()
+            .is_some_and(|j| j.priority == Priority::Door);
+        if wal.restart_due.load(std::sync::atomic::Ordering::Relaxed)
+            && !door_first
+            && restart_tried.elapsed() >= RESTART_RETRY
+        {
+            wal.restart(&conn, patience);
+            restart_tried = Instant::now();
+        }
         if pending.front().is_some_and(|j| j.outside) {
             if let Some(job) = pending.pop_front() {
                 patience.set(Instant::now() + BUSY_TIMEOUT, false);
