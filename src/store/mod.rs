@@ -1708,6 +1708,45 @@ mod tests {
     }
 
     #[test]
+    fn the_wal_restarts_while_readers_on_its_old_frames_keep_coming_and_going() {
+        let (dir, store) = open_temp();
+        let wal = dir.path().join("lockhub.db-wal");
+        let size = || std::fs::metadata(&wal).map_or(0, |m| m.len());
+        // Two readers, each holding a read transaction for a few ms at a
+        // time, staggered: nearly always one of them began before the
+        // checkpointer's last copy (the publisher during a resync). Left
+        // to SQLite's own restart at the next commit, which gives up at
+        // once if a reader is on the old frames, the WAL reached 106 MiB.
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let readers: Vec<_> = (0..2u64)
+            .map(|i| {
+                let (r, stop) = (store.reader().unwrap(), stop.clone());
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(2 * i));
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        r.execute_batch("BEGIN").unwrap();
+                        let _: i64 = r
+                            .query_row("SELECT count(*) FROM policy", [], |r| r.get(0))
+                            .unwrap();
+                        std::thread::sleep(Duration::from_millis(4));
+                        r.execute_batch("COMMIT").unwrap();
+                    }
+                })
+            })
+            .collect();
+        // 96 MiB of outbox bodies, 128 KiB a commit, back to back.
+        let mut peak = 0;
+        for _ in 0..768 {
+            commit_kib(&store, 128);
+            peak = peak.max(size());
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        readers.into_iter().for_each(|r| r.join().unwrap());
+        assert!(peak <= 64 << 20, "the WAL reached {peak} bytes");
+        store.close();
+    }
+
+    #[test]
     fn bulk_work_waits_for_the_checkpointer_to_copy_a_small_rest_or_any_rest_far_past_the_threshold()
      {
         // A card's cost per write: only the page rule makes a rest small.
