@@ -500,7 +500,8 @@ impl WalState {
 /// appends, and bounds the WAL:
 /// - every [`CHECKPOINT_TICK`], a PASSIVE checkpoint (which never waits)
 ///   of what is new; past [`RESTART_PAGES`] bulk groups wait for the last
-///   of the copy and the writer's next commit restarts the WAL (`WalStep`);
+///   of the copy, then the writer restarts the WAL ([`WalState::restart`],
+///   which finds nothing left to copy);
 /// - idle for [`IDLE_AFTER`], a TRUNCATE one: the WAL file goes back to
 ///   zero bytes.
 struct Checkpointer {
