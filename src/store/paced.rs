@@ -56,8 +56,8 @@ pub(super) const STEP_PAGES_MAX: u32 = 4096;
 pub(super) const STEP_BUDGET: Duration = Duration::from_millis(15);
 /// The time per run assumed until one is measured: an SD card's random
 /// write (~10 ms at 100 IOPS), so a fresh hub starts with the smallest
-/// steps and the writer restarts the WAL only by [`STEP_PAGES`]' sibling
-/// rule (`RESTART_REST`).
+/// steps and bulk work waits for a WAL restart's copy only by
+/// [`STEP_PAGES`]' sibling rule (`RESTART_REST`).
 pub(super) const RUN_COST_UNKNOWN: Duration = Duration::from_millis(10);
 /// How fast the worst time per run is forgotten: a step of `runs` runs
 /// that wrote out faster keeps `FORGET_RUNS / (FORGET_RUNS + runs)` of the
@@ -169,8 +169,8 @@ impl Pace {
     }
 }
 
-/// The checkpointer's [`Pace::worst_run`], for the writer to judge its own
-/// copies by (`WalStep::writer_may_restart`). Cheap to clone and to read.
+/// The checkpointer's [`Pace::worst_run`], to judge by how long bulk work
+/// would wait for a copy (`WalStep::small_rest`). Cheap to clone and to read.
 #[derive(Debug, Clone, Default)]
 pub(super) struct WorstRun(Arc<AtomicU64>);
 
