@@ -106,10 +106,9 @@ pub fn apply_event(
     kind: Result<EventKind, SchemaError>,
     now: Timestamp,
 ) -> Result<Applied, StoreError> {
-    let mut out = Queued::default();
-    let applied = apply(conn, Scope::Shared, ctx, ev, kind, now, &mut out)?;
-    out.flush(conn)?;
-    Ok(applied)
+    Queued::written_after(conn, |out| {
+        apply(conn, Scope::Shared, ctx, ev, kind, now, out)
+    })
 }
 
 /// [`apply_event`] with the event's outbox rows (its result, its audit
@@ -144,10 +143,10 @@ pub fn apply_event_alone(
     kind: Result<EventKind, SchemaError>,
     now: Timestamp,
 ) -> Result<Applied, StoreError> {
-    let mut out = Queued::default();
-    let applied = apply(tx.conn(), Scope::Alone(tx), ctx, ev, kind, now, &mut out)?;
-    out.flush(tx.conn())?;
-    Ok(applied)
+    let conn = tx.conn();
+    Queued::written_after(conn, |out| {
+        apply(conn, Scope::Alone(tx), ctx, ev, kind, now, out)
+    })
 }
 
 /// How a batch is made atomic.

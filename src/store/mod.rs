@@ -1619,12 +1619,7 @@ mod tests {
                 })
             })
             .collect();
-        // 96 MiB of outbox bodies, 128 KiB a commit, back to back.
-        let mut peak = 0;
-        for _ in 0..768 {
-            commit_kib(&store, 128);
-            peak = peak.max(size());
-        }
+        let peak = wal_peak_over_96_mib(&store, size);
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         readers.into_iter().for_each(|r| r.join().unwrap());
         assert!(peak <= 64 << 20, "the WAL reached {peak} bytes");
@@ -1643,6 +1638,17 @@ mod tests {
 
     /// One bulk commit of `kib` outbox bodies of 1 KiB each: what the
     /// checkpoint and WAL tests write.
+    /// Commits 96 MiB of outbox bodies, 128 KiB a commit, back to back, and
+    /// returns the WAL file's largest `size` seen after a commit.
+    fn wal_peak_over_96_mib(store: &Store, size: impl Fn() -> u64) -> u64 {
+        let mut peak = 0;
+        for _ in 0..768 {
+            commit_kib(store, 128);
+            peak = peak.max(size());
+        }
+        peak
+    }
+
     fn commit_kib(store: &Store, kib: usize) {
         store
             .write_blocking(Priority::Bulk, move |c| {
@@ -1735,12 +1741,7 @@ mod tests {
                 })
             })
             .collect();
-        // 96 MiB of outbox bodies, 128 KiB a commit, back to back.
-        let mut peak = 0;
-        for _ in 0..768 {
-            commit_kib(&store, 128);
-            peak = peak.max(size());
-        }
+        let peak = wal_peak_over_96_mib(&store, size);
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         readers.into_iter().for_each(|r| r.join().unwrap());
         assert!(peak <= 64 << 20, "the WAL reached {peak} bytes");

@@ -147,6 +147,18 @@ impl Queued {
         }
     }
 
+    /// Runs `f` with a queue of its own and writes what it queued once it
+    /// succeeded: for one piece of work with no job-wide queue.
+    pub fn written_after<T>(
+        conn: &Connection,
+        f: impl FnOnce(&mut Queued) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut out = Queued::default();
+        let done = f(&mut out)?;
+        out.flush(conn)?;
+        Ok(done)
+    }
+
     /// Writes every queued row, in order, and empties the queue. Call in
     /// the transaction that caused them.
     pub fn flush(&mut self, conn: &Connection) -> Result<(), StoreError> {

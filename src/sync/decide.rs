@@ -186,12 +186,7 @@ impl Decide for HubDecider {
                 let applied = apply::apply_event_alone(tx, &self.apply, &ev, kind, now)?;
                 Ok(self.decided(&ev, &applied))
             }
-            other => {
-                let mut out = Queued::default();
-                let decided = self.commit(tx.conn(), &mut out, other)?;
-                out.flush(tx.conn())?;
-                Ok(decided)
-            }
+            other => Queued::written_after(tx.conn(), |out| self.commit(tx.conn(), out, other)),
         }
     }
 

@@ -153,10 +153,7 @@ pub trait Decide: Send + Sync + 'static {
 
     /// [`Decide::commit`] for a message alone in its transaction.
     fn commit_alone(&self, tx: &Alone<'_>, checked: Self::Checked) -> Result<Decided, StoreError> {
-        let mut out = Queued::default();
-        let decided = self.commit(tx.conn(), &mut out, checked)?;
-        out.flush(tx.conn())?;
-        Ok(decided)
+        Queued::written_after(tx.conn(), |out| self.commit(tx.conn(), out, checked))
     }
 
     /// Runs after a batch committed (outside the transaction).
