@@ -16,8 +16,8 @@
 //! transaction of its own ([`Store::write_alone`]), in its place in order.
 //!
 //! ## Job size, and jobs cut short
-//! A job should take about [`JOB_SLICE`] (a door entry may have to wait for
-//! the one that is running): [`JobSizer`] sizes jobs from the cost per
+//! A job should take about [`JOB_SLICE`] (fewer, longer jobs share a group
+//! with fewer savepoints): [`JobSizer`] sizes jobs from the cost per
 //! event measured so far. A job that still runs over, or that sees a door
 //! job waiting for the writer (`Store::door_signal`), stops after the
 //! event in hand and hands back the events it did not reach; it also raises a flag that makes the
