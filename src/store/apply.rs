@@ -599,7 +599,7 @@ fn count_seq_and_time(
         Some(seq) => mark_seq_seen(conn, before, seq, life)?,
         None => {
             if let Some(now) = life {
-                write_seq_state(conn, None, Some(now))?;
+                note_sign_of_life(conn, now)?;
             }
             (before.watermark, before.gap())
         }
@@ -625,7 +625,7 @@ fn mark_seq_seen(
                 .execute([seq as i64])?;
         }
         if let Some(now) = life {
-            write_seq_state(conn, None, Some(now))?;
+            note_sign_of_life(conn, now)?;
         }
         return Ok((w, before.gap() || seq > w + 1));
     }
@@ -637,34 +637,31 @@ fn mark_seq_seen(
             w += 1;
         }
     }
-    write_seq_state(conn, Some(w), life)?;
+    write_watermark(conn, w, life)?;
     Ok((w, before.highest_seen > w))
 }
 
-/// One write of `seq_state`: the new watermark and/or the last sign of
-/// life, whichever is given.
-fn write_seq_state(
-    conn: &Connection,
-    watermark: Option<u64>,
-    life: Option<Timestamp>,
-) -> Result<(), StoreError> {
-    match watermark {
-        Some(w) => conn
-            .prepare_cached(
-                "UPDATE seq_state SET watermark = ?1,
-                        last_sign_of_life = coalesce(max(coalesce(last_sign_of_life, ?2), ?2),
-                                                     last_sign_of_life)
-                  WHERE id = 1",
-            )?
-            .execute(params![w as i64, life.map(|t| t.0)])?,
-        None => conn
-            .prepare_cached(
-                "UPDATE seq_state
-                    SET last_sign_of_life = max(coalesce(last_sign_of_life, ?1), ?1)
-                  WHERE id = 1",
-            )?
-            .execute([life.map(|t| t.0)])?,
-    };
+/// The new watermark, with the last sign of life in the same write when
+/// `life` is given (it only ever moves later).
+fn write_watermark(conn: &Connection, w: u64, life: Option<Timestamp>) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "UPDATE seq_state SET watermark = ?1,
+                last_sign_of_life = coalesce(max(coalesce(last_sign_of_life, ?2), ?2),
+                                             last_sign_of_life)
+          WHERE id = 1",
+    )?
+    .execute(params![w as i64, life.map(|t| t.0)])?;
+    Ok(())
+}
+
+/// The last sign of life moves to `now` if that is later.
+fn note_sign_of_life(conn: &Connection, now: Timestamp) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "UPDATE seq_state
+            SET last_sign_of_life = max(coalesce(last_sign_of_life, ?1), ?1)
+          WHERE id = 1",
+    )?
+    .execute([now.0])?;
     Ok(())
 }
 
