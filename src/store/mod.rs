@@ -71,6 +71,15 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
 /// Prepared statements kept per connection (every store function's SQL fits).
+///
+/// A cached statement is compiled once only if its plan does not depend on
+/// a bound value. SQLite's planner reads the value bound to a `LIMIT ?`, and
+/// a statement whose plan used a bound value is recompiled after its
+/// bindings are cleared, which the cache does each time it takes the
+/// statement back: so a `LIMIT` takes its parameter as `+?N`, an expression
+/// the planner does not read (same plan). The publisher's outbox read
+/// recompiled on every call this way, ~5 % of the tokio workers' time under a
+/// flood (BENCHMARKS.md, "The hub's CPU per event").
 const STATEMENT_CACHE: usize = 256;
 /// How long any connection waits on a lock before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);

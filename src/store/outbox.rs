@@ -198,15 +198,18 @@ fn insert_rows_sql(n: usize) -> String {
     sql
 }
 
+/// `LIMIT +?2`, not `?2`, so that the cached statement is not compiled
+/// again on every call (see `STATEMENT_CACHE` in store/mod.rs).
+const UNSENT: &str =
+    "SELECT id, topic, body FROM outbox WHERE sent_at IS NULL AND id > ?1 ORDER BY id LIMIT +?2";
+
 /// The oldest unsent rows, in the order they were written.
 pub fn unsent(
     conn: &Connection,
     after_id: i64,
     limit: usize,
 ) -> Result<Vec<OutboxRow>, StoreError> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT id, topic, body FROM outbox WHERE sent_at IS NULL AND id > ?1 ORDER BY id LIMIT ?2",
-    )?;
+    let mut stmt = conn.prepare_cached(UNSENT)?;
     let rows = stmt.query_map(params![after_id, limit as i64], |r| {
         Ok((
             r.get::<_, i64>(0)?,
@@ -334,7 +337,34 @@ pub fn oldest_unsent(conn: &Connection) -> Result<Option<Timestamp>, StoreError>
 
 #[cfg(test)]
 mod tests {
-    use super::runs;
+    use super::*;
+    use crate::config::Policy;
+    use crate::store::{Priority, Store};
+    use rusqlite::StatementStatus;
+
+    #[test]
+    fn reading_the_unsent_rows_again_and_again_compiles_the_statement_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("lockhub.db"), &Policy::default()).unwrap();
+        store
+            .write_blocking(Priority::Bulk, |c| {
+                for n in 0..20 {
+                    enqueue(c, Topic::Results, b"{}", None, Timestamp(n))?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        let reader = store.reader().unwrap();
+        for (after, limit) in [(0, 4), (4, 8), (12, 2), (14, 8)] {
+            let rows = unsent(&reader, after, limit).unwrap();
+            let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+            let want: Vec<i64> = (after + 1..=20).take(limit).collect();
+            assert_eq!(ids, want);
+        }
+        let stmt = reader.prepare_cached(UNSENT).unwrap();
+        assert_eq!(stmt.get_status(StatementStatus::Run), 4);
+        assert_eq!(stmt.get_status(StatementStatus::RePrepare), 0);
+    }
 
     #[test]
     fn consecutive_ids_make_one_run() {

@@ -32,11 +32,12 @@ pub fn expire_due(
     if !clock_trusted {
         return Ok(0);
     }
+    // `LIMIT +?2`: see `STATEMENT_CACHE` (store/mod.rs).
     let due: Vec<(String, Option<String>, Option<String>)> = conn
         .prepare_cached(
             "SELECT key_id, check_in_id, holder_ref FROM keys
               WHERE state IN ('pre_issued', 'active') AND valid_until <= ?1
-              ORDER BY valid_until LIMIT ?2",
+              ORDER BY valid_until LIMIT +?2",
         )?
         .query_map(params![now.0, EXPIRE_BATCH as i64], |r| {
             Ok((r.get(0)?, r.get(1)?, r.get(2)?))
