@@ -41,6 +41,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0008_dedupe_result_optional",
         include_str!("../../migrations/0008_dedupe_result_optional.sql"),
     ),
+    (
+        "0009_checks_without_in_lists",
+        include_str!("../../migrations/0009_checks_without_in_lists.sql"),
+    ),
 ];
 
 /// The schema version a database is at.
@@ -73,7 +77,7 @@ pub(super) fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreErr
 
 fn run_steps(conn: &mut Connection, found: i64, known: i64) -> Result<(), StoreError> {
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    for (name, sql) in &MIGRATIONS[found as usize..] {
+    for (name, sql) in &MIGRATIONS[found as usize..known as usize] {
         let before = Dependents::read(&tx)?;
         tx.execute_batch(sql)
             .map_err(|source| StoreError::Migration { name, source })?;
@@ -383,5 +387,165 @@ mod tests {
             [],
         )
         .unwrap();
+    }
+
+    /// The opcodes of a statement's main program (not its triggers').
+    fn opcodes(c: &Connection, sql: &str) -> Vec<String> {
+        let mut stmt = c.prepare(&format!("EXPLAIN {sql}")).unwrap();
+        let mut rows = stmt.raw_query();
+        let mut ops = Vec::new();
+        while let Some(row) = rows.next().unwrap() {
+            ops.push(row.get(1).unwrap());
+        }
+        ops
+    }
+
+    #[test]
+    fn the_checks_said_without_in_lists_keep_every_row_rule_and_id_and_build_no_temporary_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.db");
+        let mut c = Connection::open(&path).unwrap();
+        c.pragma_update(None, "foreign_keys", true).unwrap();
+        let at_v8 = MIGRATIONS
+            .iter()
+            .position(|(n, _)| *n == "0008_dedupe_result_optional")
+            .unwrap()
+            + 1;
+        // A hub at version 8, migrated there step by step as it would have been.
+        c.pragma_update(None, "foreign_keys", false).unwrap();
+        run_steps(&mut c, 0, at_v8 as i64).unwrap();
+        c.pragma_update(None, "foreign_keys", true).unwrap();
+        let key = "INSERT INTO keys (key_id, version, state, check_in_id, valid_from, valid_until,
+                                     pin_tag, pin_key_id, updated_at)
+                   VALUES (?1, 1, ?2, 'c-1', 1, 2, zeroblob(32), 'k1', 1)";
+        let audit =
+            "INSERT INTO audit (audit_id, at, kind, door, reason) VALUES (?1, 5, ?2, '101', ?3)";
+        let dedupe =
+            "INSERT INTO dedupe (site_id, event_id, body_sha256, outcome, reason, received_at)
+                      VALUES ('s', ?1, zeroblob(32), ?2, ?3, 1)";
+        let before: Vec<(String, String)> = c
+            .prepare(
+                "SELECT name, sql FROM sqlite_master
+                  WHERE type IN ('trigger', 'index') AND sql IS NOT NULL ORDER BY name",
+            )
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        for sql in [key, audit, dedupe] {
+            assert!(
+                opcodes(&c, sql).iter().any(|op| op == "OpenEphemeral"),
+                "before 0009 each insert builds its CHECK's list"
+            );
+        }
+        c.execute(key, ["k-1", "active"]).unwrap();
+        c.execute(
+            "INSERT INTO key_doors (key_id, door, pin_tag, live) VALUES ('k-1', '101', zeroblob(32), 1)",
+            [],
+        )
+        .unwrap();
+        let id = |n: u32| format!("00000000-0000-7000-8000-{n:012}");
+        c.execute(
+            audit,
+            rusqlite::params![id(1), "door.denied", "unknown_pin"],
+        )
+        .unwrap();
+        c.execute_batch("UPDATE sqlite_sequence SET seq = 41 WHERE name = 'audit'")
+            .unwrap();
+        c.execute(dedupe, rusqlite::params![id(2), "rejected", "bad_seq"])
+            .unwrap();
+
+        migrate(&mut c, &path).unwrap();
+        assert_eq!(schema_version(&c).unwrap(), MIGRATIONS.len() as i64);
+        let after: Vec<(String, String)> = c
+            .prepare(
+                "SELECT name, sql FROM sqlite_master
+                  WHERE type IN ('trigger', 'index') AND sql IS NOT NULL ORDER BY name",
+            )
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(
+            after, before,
+            "every trigger and index is back, word for word"
+        );
+        let n = |sql: &str| c.query_row(sql, [], |r| r.get::<_, i64>(0)).unwrap();
+        assert_eq!(
+            n("SELECT count(*) FROM keys WHERE key_id = 'k-1' AND state = 'active'"),
+            1
+        );
+        assert_eq!(
+            n("SELECT count(*) FROM key_doors WHERE key_id = 'k-1' AND live = 1"),
+            1
+        );
+        assert_eq!(
+            n("SELECT count(*) FROM audit WHERE seqno = 1 AND reason = 'unknown_pin'"),
+            1
+        );
+        assert_eq!(
+            n("SELECT count(*) FROM dedupe WHERE outcome = 'rejected'"),
+            1
+        );
+        assert_eq!(n("SELECT count(*) FROM pragma_foreign_key_check"), 0);
+
+        for sql in [key, audit, dedupe] {
+            let ops = opcodes(&c, sql);
+            assert!(
+                !ops.iter().any(|op| op == "OpenEphemeral"),
+                "{sql}: {ops:?}"
+            );
+        }
+        // The same values pass and fail as before.
+        c.execute(key, ["k-2", "pre_issued"]).unwrap();
+        assert!(c.execute(key, ["k-3", "Active"]).is_err());
+        assert!(c.execute(key, ["k-3", "lost"]).is_err());
+        c.execute(
+            audit,
+            rusqlite::params![id(3), "key.expired", None::<String>],
+        )
+        .unwrap();
+        assert!(
+            c.execute(
+                audit,
+                rusqlite::params![id(4), "door.opened", None::<String>]
+            )
+            .is_err()
+        );
+        assert!(
+            c.execute(audit, rusqlite::params![id(4), "door.denied", "no_reason"])
+                .is_err()
+        );
+        c.execute(
+            audit,
+            rusqlite::params![id(4), "door.denied", "storage_failure"],
+        )
+        .unwrap();
+        assert_eq!(
+            n("SELECT max(seqno) FROM audit"),
+            43,
+            "seqnos go on from the high-water mark"
+        );
+        assert!(
+            c.execute(dedupe, rusqlite::params![id(5), "maybe", None::<String>])
+                .is_err()
+        );
+        c.execute(dedupe, rusqlite::params![id(5), "noop", None::<String>])
+            .unwrap();
+        // And the rules on the rebuilt tables hold.
+        assert!(c.execute("UPDATE audit SET door = 'x'", []).is_err());
+        assert!(
+            c.execute(
+                "UPDATE keys SET state = 'pre_issued' WHERE key_id = 'k-1'",
+                []
+            )
+            .is_err()
+        );
+        assert!(
+            c.execute("UPDATE dedupe SET outcome = 'applied', reason = NULL", [])
+                .is_err()
+        );
     }
 }
