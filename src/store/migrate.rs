@@ -232,10 +232,7 @@ mod tests {
         let path = dir.path().join("x.db");
         let mut c = Connection::open(&path).unwrap();
         c.pragma_update(None, "foreign_keys", true).unwrap();
-        for (_, sql) in &MIGRATIONS[..2] {
-            c.execute_batch(sql).unwrap();
-        }
-        c.pragma_update(None, "user_version", 2).unwrap();
+        migrate_through(&mut c, "0002_link_state");
         let id = "0190f000-0000-7000-8000-000000000001";
         c.execute_batch(&format!(
             "INSERT INTO audit (audit_id, at, kind, door, reason) VALUES ('{id}', 5, 'door.denied', '101', 'unknown_pin');
@@ -312,15 +309,7 @@ mod tests {
         c.pragma_update(None, "foreign_keys", true).unwrap();
         // A hub at version 2 with an audit row, its outbox entry, a pruned
         // newer outbox entry and a raised alert.
-        let at_v2 = MIGRATIONS
-            .iter()
-            .position(|(n, _)| *n == "0002_link_state")
-            .unwrap()
-            + 1;
-        for (_, sql) in &MIGRATIONS[..at_v2] {
-            c.execute_batch(sql).unwrap();
-        }
-        c.pragma_update(None, "user_version", at_v2 as i64).unwrap();
+        migrate_through(&mut c, "0002_link_state");
         c.execute_batch(
             "INSERT INTO audit (audit_id, at, kind, door) VALUES ('00000000-0000-7000-8000-000000000001', 1, 'door.forced', '101');
              INSERT INTO outbox (topic, body, audit_id, created_at) VALUES ('audit', x'7b7d', '00000000-0000-7000-8000-000000000001', 1);
@@ -389,6 +378,28 @@ mod tests {
         .unwrap();
     }
 
+    /// Brings a new database to the version after `step`, step by step as a
+    /// hub of that version was migrated.
+    fn migrate_through(c: &mut Connection, step: &str) {
+        let version = MIGRATIONS.iter().position(|(n, _)| *n == step).unwrap() + 1;
+        c.pragma_update(None, "foreign_keys", false).unwrap();
+        run_steps(c, 0, version as i64).unwrap();
+        c.pragma_update(None, "foreign_keys", true).unwrap();
+    }
+
+    /// Every trigger's and index's (name, SQL), by name.
+    fn triggers_and_indexes(c: &Connection) -> Vec<(String, String)> {
+        c.prepare(
+            "SELECT name, sql FROM sqlite_master
+              WHERE type IN ('trigger', 'index') AND sql IS NOT NULL ORDER BY name",
+        )
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+    }
+
     /// The opcodes of a statement's main program (not its triggers').
     fn opcodes(c: &Connection, sql: &str) -> Vec<String> {
         let mut stmt = c.prepare(&format!("EXPLAIN {sql}")).unwrap();
@@ -406,15 +417,7 @@ mod tests {
         let path = dir.path().join("x.db");
         let mut c = Connection::open(&path).unwrap();
         c.pragma_update(None, "foreign_keys", true).unwrap();
-        let at_v8 = MIGRATIONS
-            .iter()
-            .position(|(n, _)| *n == "0008_dedupe_result_optional")
-            .unwrap()
-            + 1;
-        // A hub at version 8, migrated there step by step as it would have been.
-        c.pragma_update(None, "foreign_keys", false).unwrap();
-        run_steps(&mut c, 0, at_v8 as i64).unwrap();
-        c.pragma_update(None, "foreign_keys", true).unwrap();
+        migrate_through(&mut c, "0008_dedupe_result_optional");
         let key = "INSERT INTO keys (key_id, version, state, check_in_id, valid_from, valid_until,
                                      pin_tag, pin_key_id, updated_at)
                    VALUES (?1, 1, ?2, 'c-1', 1, 2, zeroblob(32), 'k1', 1)";
@@ -423,16 +426,7 @@ mod tests {
         let dedupe =
             "INSERT INTO dedupe (site_id, event_id, body_sha256, outcome, reason, received_at)
                       VALUES ('s', ?1, zeroblob(32), ?2, ?3, 1)";
-        let before: Vec<(String, String)> = c
-            .prepare(
-                "SELECT name, sql FROM sqlite_master
-                  WHERE type IN ('trigger', 'index') AND sql IS NOT NULL ORDER BY name",
-            )
-            .unwrap()
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
+        let before = triggers_and_indexes(&c);
         for sql in [key, audit, dedupe] {
             assert!(
                 opcodes(&c, sql).iter().any(|op| op == "OpenEphemeral"),
@@ -458,16 +452,7 @@ mod tests {
 
         migrate(&mut c, &path).unwrap();
         assert_eq!(schema_version(&c).unwrap(), MIGRATIONS.len() as i64);
-        let after: Vec<(String, String)> = c
-            .prepare(
-                "SELECT name, sql FROM sqlite_master
-                  WHERE type IN ('trigger', 'index') AND sql IS NOT NULL ORDER BY name",
-            )
-            .unwrap()
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
+        let after = triggers_and_indexes(&c);
         assert_eq!(
             after, before,
             "every trigger and index is back, word for word"
