@@ -16,6 +16,9 @@ use crate::sync::{self, SyncError, SyncSettings, decide};
 use std::future::Future;
 use std::sync::Arc;
 
+/// How long systemd should wait for a start that migrates the database.
+const MIGRATION_START_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30 * 60);
+
 /// The daemon boundary's errors: all of them stop it at start-up.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -27,6 +30,16 @@ pub enum DaemonError {
 
 /// Runs the hub until `shutdown` resolves, then stops cleanly.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), DaemonError> {
+    // Migrations run before any door is served, and a step that rebuilds a
+    // table copies it whole (seconds for 100,000 keys, far longer for a
+    // million on an SD card): systemd is asked to wait past the unit's
+    // `TimeoutStartSec` rather than kill the daemon halfway (which would
+    // roll the step back and start it over at every restart).
+    let migrating = crate::store::migration_pending(&config.database_path());
+    if migrating {
+        let _ = notify::extend_timeout(MIGRATION_START_TIMEOUT);
+        let _ = notify::status("migrating the database; doors are served once it is done");
+    }
     let store = Store::open(&config.database_path(), &config.policy)?;
     tracing::info!(
         hub_id = %config.hub.hub_id,
@@ -96,6 +109,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     // Serving doors now: systemd may consider the hub started.
     if let Err(e) = notify::ready() {
         tracing::warn!(error = %e, "cannot notify systemd that the hub is ready");
+    }
+    if migrating {
+        let _ = notify::status("serving doors");
     }
     let watchdog =
         notify::watchdog_interval().map(|every| tokio::spawn(watchdog(store.clone(), every)));

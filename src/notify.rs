@@ -34,6 +34,12 @@ pub fn stopping() -> io::Result<bool> {
     notify("STOPPING=1")
 }
 
+/// `EXTEND_TIMEOUT_USEC=...`: the start (or stop) may take up to `by` more
+/// from now, past the unit's `TimeoutStartSec`.
+pub fn extend_timeout(by: std::time::Duration) -> io::Result<bool> {
+    notify(&format!("EXTEND_TIMEOUT_USEC={}", by.as_micros()))
+}
+
 /// `STATUS=...`: a one-line status for `systemctl status`. Never put a secret here.
 pub fn status(text: &str) -> io::Result<bool> {
     notify(&format!("STATUS={}", text.replace('\n', " ")))

@@ -52,6 +52,17 @@ pub fn schema_version(conn: &Connection) -> Result<i64, StoreError> {
     Ok(conn.pragma_query_value(None, "user_version", |r| r.get(0))?)
 }
 
+/// Whether the database at `path` exists at an older schema than this
+/// binary's, so that opening it will run migrations first. Anything else
+/// (no file, unreadable, current, too new) is `false`: opening it says what
+/// is wrong, or has nothing to migrate.
+pub fn pending(path: &Path) -> bool {
+    path.exists()
+        && Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .and_then(|c| c.pragma_query_value(None, "user_version", |r| r.get::<_, i64>(0)))
+            .is_ok_and(|found| found < MIGRATIONS.len() as i64)
+}
+
 pub(super) fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
     let known = MIGRATIONS.len() as i64;
     let found = schema_version(conn)?;
@@ -70,8 +81,21 @@ pub(super) fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreErr
     // back into place), and checked whole before the commit. The pragma is a
     // no-op inside a transaction, so it is set around it.
     conn.pragma_update(None, "foreign_keys", false)?;
+    let started = std::time::Instant::now();
+    tracing::info!(
+        from = found,
+        to = known,
+        "migrating the database; doors are served once it commits"
+    );
     let result = run_steps(conn, found, known);
     conn.pragma_update(None, "foreign_keys", true)?;
+    if result.is_ok() {
+        tracing::info!(
+            version = known,
+            took_ms = started.elapsed().as_millis() as u64,
+            "database migrated"
+        );
+    }
     result
 }
 

@@ -59,6 +59,7 @@ mod paced;
 pub mod runtime;
 pub mod sweep;
 
+pub use migrate::pending as migration_pending;
 pub use migrate::{MIGRATIONS, schema_version};
 
 use crate::config::Policy;

@@ -1,5 +1,6 @@
 //! The daemon speaks systemd's notify protocol: READY once it serves doors,
-//! WATCHDOG while its writer answers, STOPPING on SIGTERM, then a clean exit.
+//! WATCHDOG while its writer answers, STOPPING on SIGTERM, then a clean exit;
+//! a start that migrates the database first asks for more time.
 //! No broker and no board are needed for that: a hub must come up (and keep
 //! deciding) with both away.
 
@@ -16,6 +17,80 @@ fn next_message(sock: &UnixDatagram) -> String {
     String::from_utf8_lossy(&buf[..n]).into_owned()
 }
 
+fn stop(mut child: std::process::Child) -> std::process::ExitStatus {
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the daemon did not exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_start_that_migrates_the_database_asks_systemd_for_time_and_says_why() {
+    let fx = Fixture::new();
+    // A hub's database left at schema version 2 by an older lockhub.
+    std::fs::create_dir_all(fx.path("data")).unwrap();
+    let db = fx.path("data/lockhub.db");
+    let old = rusqlite::Connection::open(&db).unwrap();
+    for (_, sql) in &lockhub::store::MIGRATIONS[..2] {
+        old.execute_batch(sql).unwrap();
+    }
+    old.pragma_update(None, "user_version", 2).unwrap();
+    drop(old);
+    let sock_path = fx.path("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+
+    let child = Command::new(env!("CARGO_BIN_EXE_lockhub"))
+        .args(["run", "--config"])
+        .arg(fx.hub())
+        .env("NOTIFY_SOCKET", &sock_path)
+        .env_remove("WATCHDOG_USEC")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+
+    assert_eq!(next_message(&sock), "EXTEND_TIMEOUT_USEC=1800000000");
+    assert_eq!(
+        next_message(&sock),
+        "STATUS=migrating the database; doors are served once it is done"
+    );
+    assert_eq!(next_message(&sock), "READY=1");
+    assert_eq!(next_message(&sock), "STATUS=serving doors");
+    let version: i64 = rusqlite::Connection::open(&db)
+        .unwrap()
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, lockhub::store::MIGRATIONS.len() as i64);
+    assert!(stop(child).success());
+    assert_eq!(next_message(&sock), "STOPPING=1");
+
+    // Started again at the current version: nothing to ask for.
+    let child = Command::new(env!("CARGO_BIN_EXE_lockhub"))
+        .args(["run", "--config"])
+        .arg(fx.hub())
+        .env("NOTIFY_SOCKET", &sock_path)
+        .env_remove("WATCHDOG_USEC")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert_eq!(next_message(&sock), "READY=1");
+    assert!(stop(child).success());
+}
+
 #[test]
 fn the_daemon_notifies_ready_pets_the_watchdog_and_says_stopping() {
     let fx = Fixture::new();
@@ -24,7 +99,7 @@ fn the_daemon_notifies_ready_pets_the_watchdog_and_says_stopping() {
     sock.set_read_timeout(Some(Duration::from_secs(20)))
         .unwrap();
 
-    let mut child = Command::new(env!("CARGO_BIN_EXE_lockhub"))
+    let child = Command::new(env!("CARGO_BIN_EXE_lockhub"))
         .args(["run", "--config"])
         .arg(fx.hub())
         .env("NOTIFY_SOCKET", &sock_path)
@@ -40,28 +115,8 @@ fn the_daemon_notifies_ready_pets_the_watchdog_and_says_stopping() {
     assert_eq!(next_message(&sock), "WATCHDOG=1");
     assert_eq!(next_message(&sock), "WATCHDOG=1");
 
-    Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    let mut saw_stopping = false;
-    for _ in 0..20 {
-        if next_message(&sock) == "STOPPING=1" {
-            saw_stopping = true;
-            break;
-        }
-    }
+    let status = stop(child);
+    let saw_stopping = (0..20).any(|_| next_message(&sock) == "STOPPING=1");
     assert!(saw_stopping, "STOPPING=1 after SIGTERM");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the daemon did not exit after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
     assert!(status.success(), "clean exit, got {status}");
 }
