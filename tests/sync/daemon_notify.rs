@@ -17,21 +17,57 @@ fn next_message(sock: &UnixDatagram) -> String {
     String::from_utf8_lossy(&buf[..n]).into_owned()
 }
 
-fn stop(mut child: std::process::Child) -> std::process::ExitStatus {
-    Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            return s;
+/// A daemon started by a test; killed if the test fails before [`Daemon::stop`].
+struct Daemon(Option<std::process::Child>);
+
+impl Daemon {
+    fn start(
+        config: &std::path::Path,
+        notify: &std::path::Path,
+        watchdog_usec: Option<&str>,
+    ) -> Daemon {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_lockhub"));
+        cmd.args(["run", "--config"])
+            .arg(config)
+            .env("NOTIFY_SOCKET", notify)
+            .env_remove("WATCHDOG_PID")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        match watchdog_usec {
+            Some(usec) => cmd.env("WATCHDOG_USEC", usec),
+            None => cmd.env_remove("WATCHDOG_USEC"),
+        };
+        Daemon(Some(cmd.spawn().unwrap()))
+    }
+
+    /// SIGTERM, then its exit status.
+    fn stop(mut self) -> std::process::ExitStatus {
+        let mut child = self.0.take().expect("running");
+        Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                return s;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the daemon did not exit after SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
-        assert!(
-            Instant::now() < deadline,
-            "the daemon did not exit after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 
@@ -52,15 +88,7 @@ fn a_start_that_migrates_the_database_asks_systemd_for_time_and_says_why() {
     sock.set_read_timeout(Some(Duration::from_secs(20)))
         .unwrap();
 
-    let child = Command::new(env!("CARGO_BIN_EXE_lockhub"))
-        .args(["run", "--config"])
-        .arg(fx.hub())
-        .env("NOTIFY_SOCKET", &sock_path)
-        .env_remove("WATCHDOG_USEC")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let daemon = Daemon::start(&fx.hub(), &sock_path, None);
 
     assert_eq!(next_message(&sock), "EXTEND_TIMEOUT_USEC=1800000000");
     assert_eq!(
@@ -74,21 +102,13 @@ fn a_start_that_migrates_the_database_asks_systemd_for_time_and_says_why() {
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .unwrap();
     assert_eq!(version, lockhub::store::MIGRATIONS.len() as i64);
-    assert!(stop(child).success());
+    assert!(daemon.stop().success());
     assert_eq!(next_message(&sock), "STOPPING=1");
 
     // Started again at the current version: nothing to ask for.
-    let child = Command::new(env!("CARGO_BIN_EXE_lockhub"))
-        .args(["run", "--config"])
-        .arg(fx.hub())
-        .env("NOTIFY_SOCKET", &sock_path)
-        .env_remove("WATCHDOG_USEC")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let daemon = Daemon::start(&fx.hub(), &sock_path, None);
     assert_eq!(next_message(&sock), "READY=1");
-    assert!(stop(child).success());
+    assert!(daemon.stop().success());
 }
 
 #[test]
@@ -99,23 +119,14 @@ fn the_daemon_notifies_ready_pets_the_watchdog_and_says_stopping() {
     sock.set_read_timeout(Some(Duration::from_secs(20)))
         .unwrap();
 
-    let child = Command::new(env!("CARGO_BIN_EXE_lockhub"))
-        .args(["run", "--config"])
-        .arg(fx.hub())
-        .env("NOTIFY_SOCKET", &sock_path)
-        // WatchdogSec=0.4s: a ping every 200 ms.
-        .env("WATCHDOG_USEC", "400000")
-        .env_remove("WATCHDOG_PID")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    // WatchdogSec=0.4s: a ping every 200 ms.
+    let daemon = Daemon::start(&fx.hub(), &sock_path, Some("400000"));
 
     assert_eq!(next_message(&sock), "READY=1");
     assert_eq!(next_message(&sock), "WATCHDOG=1");
     assert_eq!(next_message(&sock), "WATCHDOG=1");
 
-    let status = stop(child);
+    let status = daemon.stop();
     let saw_stopping = (0..20).any(|_| next_message(&sock) == "STOPPING=1");
     assert!(saw_stopping, "STOPPING=1 after SIGTERM");
     assert!(status.success(), "clean exit, got {status}");
