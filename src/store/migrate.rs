@@ -59,8 +59,9 @@ pub fn schema_version(conn: &Connection) -> Result<i64, StoreError> {
 pub fn pending(path: &Path) -> bool {
     path.exists()
         && Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .and_then(|c| c.pragma_query_value(None, "user_version", |r| r.get::<_, i64>(0)))
-            .is_ok_and(|found| found < MIGRATIONS.len() as i64)
+            .ok()
+            .and_then(|c| schema_version(&c).ok())
+            .is_some_and(|found| found < MIGRATIONS.len() as i64)
 }
 
 pub(super) fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
