@@ -11,8 +11,10 @@
 -- hub's CPU per event"). `x = a OR x = b OR ...` is the same test, NULL
 -- included (NULL either way, which a CHECK lets through, as before), done
 -- with a few comparisons. Lists of two are left alone: SQLite already
--- compares those one by one. The outbox's `topic` list stays: its rows are
--- written by multi-row inserts (`outbox::Queued`), which build the list once.
+-- compares those one by one. The outbox's `topic` list stays: under a flood
+-- its rows go in by multi-row inserts (`outbox::Queued`), which build the
+-- list once a statement, and a door's commit writes one row; its body-sized
+-- rows would make the rebuild the slowest of all.
 --
 -- SQLite cannot change a CHECK in place, so each table is rebuilt; the
 -- triggers and indexes on it come back from their original SQL
