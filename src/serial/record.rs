@@ -286,12 +286,18 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_full_queue_drops_link_bookkeeping_but_keeps_audit_rows() {
+    /// A queue holding as much droppable link bookkeeping as it takes.
+    fn full_of_bookkeeping() -> RecordQueue {
         let q = RecordQueue::default();
         for _ in 0..RECORD_QUEUE {
             q.push(frame_seen()).unwrap();
         }
+        q
+    }
+
+    #[test]
+    fn a_full_queue_drops_link_bookkeeping_but_keeps_audit_rows() {
+        let q = full_of_bookkeeping();
         assert!(q.push(frame_seen()).is_err());
         assert!(q.push(unlock()).is_ok());
         for _ in RECORD_QUEUE + 1..KEEP_MAX {
@@ -311,10 +317,7 @@ mod tests {
 
     #[test]
     fn a_full_queue_drops_a_bare_link_row_but_keeps_one_that_carries_an_alert() {
-        let q = RecordQueue::default();
-        for _ in 0..RECORD_QUEUE {
-            q.push(frame_seen()).unwrap();
-        }
+        let q = full_of_bookkeeping();
         assert!(q.push(link(LinkState::Down, None)).is_err());
         assert!(q.push(link(LinkState::Down, Some(Change::Raise))).is_ok());
         assert!(q.push(link(LinkState::Up, Some(Change::Clear))).is_ok());

@@ -1651,8 +1651,6 @@ mod tests {
         store.close();
     }
 
-    /// One bulk commit of `kib` outbox bodies of 1 KiB each: what the
-    /// checkpoint and WAL tests write.
     /// Commits 96 MiB of outbox bodies, 128 KiB a commit, back to back, and
     /// returns the WAL file's largest `size` seen after a commit.
     fn wal_peak_over_96_mib(store: &Store, size: impl Fn() -> u64) -> u64 {
@@ -1664,6 +1662,8 @@ mod tests {
         peak
     }
 
+    /// One bulk commit of `kib` outbox bodies of 1 KiB each: what the
+    /// checkpoint and WAL tests write.
     fn commit_kib(store: &Store, kib: usize) {
         store
             .write_blocking(Priority::Bulk, move |c| {
