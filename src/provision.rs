@@ -69,8 +69,6 @@ pub const SECRETS_MODE: u32 = 0o600;
 pub const CONFIG_DIR_MODE: u32 = 0o755;
 /// Mode of a secrets or data folder this command creates.
 pub const PRIVATE_DIR_MODE: u32 = 0o700;
-/// The serial speed when none is given (serial.md).
-pub const DEFAULT_BAUD: u32 = 115_200;
 /// The relay time when none is given (config.md example).
 pub const DEFAULT_UNLOCK_MS: u16 = 5000;
 /// The PIN key id generated when none is named.
@@ -183,7 +181,7 @@ pub struct SerialSpec {
 }
 
 fn default_baud() -> u32 {
-    DEFAULT_BAUD
+    crate::config::DEFAULT_SERIAL_BAUD
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -207,7 +205,7 @@ pub struct OsdpSpec {
 }
 
 fn default_osdp_baud() -> u32 {
-    9600
+    crate::config::DEFAULT_OSDP_BAUD
 }
 
 /// A `[[reader]]` in a bundle.

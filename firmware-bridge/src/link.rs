@@ -263,6 +263,9 @@ pub struct LinkStats {
     pub outbox_overflow: u32,
     /// Events dropped because the caller did not drain them.
     pub event_overflow: u32,
+    /// Sequenced messages that arrived between our `Hello` and the peer's
+    /// answer: sent before the peer saw our `Hello`, so dropped by it.
+    pub before_hello: u32,
 }
 
 struct Pending<Tx> {
@@ -456,6 +459,16 @@ impl<Tx: Wire, Rx: Wire> Link<Tx, Rx> {
         }
 
         if let Some(seq) = msg.seq() {
+            // Between our `Hello` and the peer's answer, a sequenced message
+            // was sent before the peer saw our `Hello` (the line keeps
+            // order), and the peer has dropped it: a Keypad from before the
+            // hub's `Hello` is never decided after it (serial.md
+            // 'Reliability rules'). Not acked either: every acked Keypad
+            // ends in an audit row, and this one the guest types again.
+            if self.hello.is_some() {
+                self.stats.before_hello = self.stats.before_hello.saturating_add(1);
+                return None;
+            }
             self.push_out(Tx::ack(seq));
             match self.seen.check_and_insert(seq, fingerprint(&msg)) {
                 Seen::New => {}
@@ -626,6 +639,15 @@ mod tests {
             seq: 0,
             door,
             ms: 3000,
+        }
+    }
+
+    fn board_hello() -> Uplink {
+        Uplink::Hello {
+            board_id: 1,
+            fw_major: 1,
+            fw_minor: 0,
+            door_count: 1,
         }
     }
 
@@ -908,6 +930,37 @@ mod tests {
         );
         assert!(hub.ready());
         assert_eq!(hub.send(unlock(0), 5), Ok(Some(2)));
+    }
+
+    #[test]
+    fn a_keypad_the_board_sent_before_it_saw_our_hello_is_neither_acked_nor_acted_on() {
+        let keypad = |seq| Uplink::Keypad {
+            seq,
+            door: 0,
+            pin: Pin::from_wire_bytes(b"1234").unwrap(),
+        };
+        // The previous session delivered seq 5; its Ack may never have
+        // reached the board before the port was reopened.
+        let mut hub = HubLink::new(LinkConfig::hub(), 0);
+        hub.open_session(Downlink::Hello { session: 1 }, 0);
+        hub.on_rx(board_hello(), 1);
+        assert!(hub.on_rx(keypad(5), 2).is_some());
+        let _ = drain_tx(&mut hub);
+
+        let mut hub = HubLink::new(LinkConfig::hub(), 10);
+        hub.open_session(Downlink::Hello { session: 2 }, 10);
+        let _ = drain_tx(&mut hub);
+        assert_eq!(hub.on_rx(keypad(5), 11), None, "the board dropped it");
+        assert!(drain_tx(&mut hub).is_empty(), "no Ack for it");
+        assert_eq!(hub.stats().before_hello, 1);
+
+        hub.on_rx(board_hello(), 12);
+        assert_eq!(
+            hub.on_rx(keypad(1), 13),
+            Some(keypad(1)),
+            "after the answer, as usual"
+        );
+        assert_eq!(drain_tx(&mut hub).as_slice(), &[Downlink::Ack { seq: 1 }]);
     }
 
     #[test]

@@ -17,12 +17,19 @@ pub(super) fn read_serials(
             names.push((*n, span.clone()));
         }
         let port = s.path(d, "port", true, base);
-        let baud = s.int_in::<u32>(d, "baud", true, 1, u32::MAX.into());
+        // Optional: the wire contract names the default. An invalid value
+        // is reported and fails the load whatever is kept here.
+        let baud = match s.get("baud") {
+            None => Some(DEFAULT_SERIAL_BAUD),
+            Some(_) => s
+                .int_in::<u32>(d, "baud", true, 1, u32::MAX.into())
+                .map(|b| b.0),
+        };
         serials.push((|| {
             Some(SerialConfig {
                 name: name?.0.to_owned(),
                 port: port.clone()?.0,
-                baud: baud?.0,
+                baud: baud?,
             })
         })());
         if let Some((p, span)) = port {

@@ -17,7 +17,10 @@ pub(super) fn read_osdp_buses(
             names.push((*n, span.clone()));
         }
         let port = t.path(d, "port", true, base);
-        let baud = t.int_in::<u32>(d, "baud", true, 1, u32::MAX.into()).and_then(|(b, span)| {
+        // Optional, as for a board (osdp.md names the default).
+        let baud = match t.get("baud") {
+            None => Some(DEFAULT_OSDP_BAUD),
+            Some(_) => t.int_in::<u32>(d, "baud", true, 1, u32::MAX.into()).and_then(|(b, span)| {
             if OSDP_BAUDS.contains(&b) {
                 Some(b)
             } else {
@@ -27,7 +30,8 @@ pub(super) fn read_osdp_buses(
                 );
                 None
             }
-        });
+        }),
+        };
         buses.push((|| {
             Some(OsdpBusConfig {
                 name: name?.0.to_owned(),

@@ -606,6 +606,18 @@ fn not_after_must_be_rfc3339() {
 }
 
 #[test]
+fn a_serial_and_an_osdp_bus_without_baud_run_at_the_wire_contracts_defaults() {
+    let fx = Fixture::new();
+    fx.write_hub(
+        &(testkit::files::edit(&testkit::files::hub_toml(), &[("baud = 115200\n", "")])
+            + "\n[[osdp]]\nname = \"bus-a\"\nport = \"/dev/ttyUSB1\"\n"),
+    );
+    let c = load(&fx).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.serials[0].baud, 115_200, "serial.md 'Physical'");
+    assert_eq!(c.osdp[0].baud, 9600, "osdp.md 'Physical and addressing'");
+}
+
+#[test]
 fn a_serial_with_baud_0_is_refused() {
     hub_error(
         &[("baud = 115200", "baud = 0")],
