@@ -35,7 +35,7 @@ use crate::config::{Config, PinKey, Policy, ReaderDoorConfig};
 use crate::entry::{self, Answer, DecisionQueue, Queued};
 use crate::serial::TimeSource;
 use crate::serial::port::open;
-use crate::store::alerts::{Change, Condition};
+use crate::store::alerts::{self, Change, Condition};
 use crate::store::door::{DoorEvent, record_door_event};
 use crate::store::door::{
     door_states, record_card_denied, record_flood, record_sensor, record_storage_failure,
@@ -178,8 +178,51 @@ async fn recorder(store: Store, mut rx: mpsc::Receiver<(String, Job)>, wake: Opt
     }
 }
 
+/// Ends the alerts about readers that a previous run raised and this
+/// config has made moot: `link_insecure` for a reader that now has a key
+/// or is gone, `reader_link_fault` for a reader that is gone (mqtt.md:
+/// every alert ends). A reader still configured clears its own fault once
+/// its Secure Channel holds ([`LINK_FAULT_CLEARS_AFTER`]).
+async fn end_moot_alerts(
+    store: Store,
+    insecure: Vec<String>,
+    configured: Vec<String>,
+    now: TimeSource,
+    wake: Option<Arc<Notify>>,
+) {
+    let at = now();
+    let res = store
+        .write(Priority::Bulk, move |c| {
+            let mut ended = 0;
+            for (condition, keep) in [
+                (Condition::LinkInsecure, &insecure),
+                (Condition::ReaderLinkFault, &configured),
+            ] {
+                for subject in alerts::raised_subjects(c, condition)? {
+                    if !keep.contains(&subject) {
+                        ended += usize::from(alerts::clear(c, condition, &subject, at)?);
+                    }
+                }
+            }
+            Ok(ended)
+        })
+        .await;
+    match res {
+        Ok(0) => {}
+        Ok(ended) => {
+            tracing::info!(ended, "reader alerts from an earlier config ended");
+            if let Some(w) = &wake {
+                w.notify_one();
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "cannot end the reader alerts of an earlier config"),
+    }
+}
+
 /// Starts one task per bus. Identities recorded by `lockhub osdp install`
-/// are read here, once: install runs with the daemon stopped.
+/// are read here, once: install runs with the daemon stopped. So are the
+/// readers whose `reader_link_fault` is still raised from an earlier run,
+/// so a healthy channel ends it.
 pub fn spawn(
     settings: OsdpSettings,
     store: Store,
@@ -206,6 +249,24 @@ pub fn spawn(
             HashMap::new()
         }
     };
+    let faulty: Vec<String> = store
+        .reader()
+        .and_then(|c| alerts::raised_subjects(&c, Condition::ReaderLinkFault))
+        .unwrap_or_else(|e| {
+            tracing::error!(error = %e, "cannot read the raised reader_link_fault alerts");
+            Vec::new()
+        });
+    let readers = || settings.buses.iter().flat_map(|b| b.readers.iter());
+    tasks.push(tokio::spawn(end_moot_alerts(
+        store.clone(),
+        readers()
+            .filter(|r| matches!(r.security, Security::Plaintext))
+            .map(|r| r.name.clone())
+            .collect(),
+        readers().map(|r| r.name.clone()).collect(),
+        now.clone(),
+        outbox_wake.clone(),
+    )));
     let ctx = Arc::new(DecideCtx {
         store: store.clone(),
         pin_keys: settings.pin_keys.clone(),
@@ -220,7 +281,7 @@ pub fn spawn(
             rx,
             outbox_wake.clone(),
         )));
-        let task = BusTask::new(bus, &settings, &known, ctx.clone(), tx);
+        let task = BusTask::new(bus, &settings, &known, &faulty, ctx.clone(), tx);
         tasks.push(tokio::spawn(task.run(stop_rx.clone())));
     }
     OsdpHandle { stop, tasks }
@@ -290,6 +351,7 @@ impl BusTask {
         bus: BusSettings,
         settings: &OsdpSettings,
         known: &HashMap<String, ReaderIdentity>,
+        faulty: &[String],
         ctx: Arc<DecideCtx>,
         records: mpsc::Sender<(String, Job)>,
     ) -> Self {
@@ -300,13 +362,13 @@ impl BusTask {
             .map(|r| Slot {
                 cp: Reader::new(r.address, r.security.clone(), settings.timing, 0),
                 known: known.get(&r.name).copied(),
+                link_fault_raised: faulty.contains(&r.name),
                 door: r.doors.first().cloned(),
                 cfg: r,
                 quarantined: false,
                 seen_serial: None,
                 online: false,
                 secure_since: None,
-                link_fault_raised: false,
                 tamper: None,
                 faults: 0,
                 entry: Entry::new(),
@@ -663,6 +725,9 @@ impl BusTask {
                 if secure {
                     tracing::info!(bus = %self.name, reader = %name, "secure channel up");
                     self.slots[i].secure_since = Some(Instant::now());
+                    // A reader that ran in plain text earlier (another
+                    // config) is no longer in use so.
+                    self.clear(Condition::LinkInsecure, &name);
                 } else {
                     tracing::warn!(bus = %self.name, reader = %name, "reader in plain text (insecure_plaintext)");
                     self.raise(Condition::LinkInsecure, &name);

@@ -236,6 +236,83 @@ async fn a_plaintext_reader_is_refused_for_a_keyed_reader_and_accepted_only_with
     assert!(!alert_open(&hub.db(), "reader_link_fault", "r-201"));
 }
 
+/// Stops `hub` and starts it again on the same folder with reader r-201
+/// on `peer`'s port, keyed with `key` now (as after `lockhub osdp
+/// install` and a config change), and without `insecure_plaintext`.
+fn restart_keyed(hub: &mut Daemon, old: &Peer, peer: &Peer, key: &[u8; 16]) {
+    assert!(hub.sigterm(), "a clean stop");
+    let config = hub.config_path();
+    let toml = std::fs::read_to_string(&config).unwrap();
+    let toml = toml
+        .replace(
+            &old.port.display().to_string(),
+            &peer.port.display().to_string(),
+        )
+        .replace("insecure_plaintext = true", "");
+    std::fs::write(&config, toml).unwrap();
+    let secrets = hub.dir.path().join("secrets.toml");
+    let mut text = std::fs::read_to_string(&secrets).unwrap();
+    if !text.contains("[[reader_key]]") {
+        text.push_str(&reader_key("r-201", key));
+    }
+    std::fs::write(&secrets, text).unwrap();
+    hub.spawn();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn link_insecure_ends_once_the_reader_is_keyed_and_its_secure_channel_is_up() {
+    let broker = Mosquitto::start_with(BrokerOptions::default());
+    let plain = Peer::start(&["--no-sc", "--address", "1"]);
+    let mut hub = one_reader_hub(&broker, &plain, None, "insecure_plaintext = true");
+    hub.wait_db("link_insecure for the plaintext reader", |db| {
+        alert_open(db, "link_insecure", "r-201")
+    })
+    .await;
+    let mut keyed = Peer::start(&["--key", &key_hex(&KEY_1), "--address", "1"]);
+    restart_keyed(&mut hub, &plain, &keyed, &KEY_1);
+    keyed.wait_sc();
+    hub.wait_db("link_insecure cleared, the reader trusted", |db| {
+        !alert_open(db, "link_insecure", "r-201") && trusted(db, "r-201")
+    })
+    .await;
+    assert_eq!(
+        hub.count(
+            "SELECT count(*) FROM outbox WHERE topic = 'alerts'
+              AND CAST(body AS TEXT) LIKE '%\"link_insecure\"%\"cleared\"%'"
+        ),
+        1,
+        "the cloud hears it end"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_link_fault_from_an_earlier_run_ends_after_a_minute_of_secure_channel() {
+    let broker = Mosquitto::start_with(BrokerOptions::default());
+    let wrong = Peer::start(&["--key", &key_hex(&KEY_2), "--address", "1"]);
+    let mut hub = one_reader_hub(&broker, &wrong, Some(&KEY_1), "");
+    hub.wait_db("reader_link_fault for r-201", |db| {
+        alert_open(db, "reader_link_fault", "r-201")
+    })
+    .await;
+    // The installer puts the hub's key into the reader and starts the hub again.
+    let mut right = Peer::start(&["--key", &key_hex(&KEY_1), "--address", "1"]);
+    restart_keyed(&mut hub, &wrong, &right, &KEY_1);
+    right.wait_sc();
+    hub.wait_db("the reader trusted", |db| trusted(db, "r-201"))
+        .await;
+    assert!(
+        alert_open(&hub.db(), "reader_link_fault", "r-201"),
+        "not before the channel has held"
+    );
+    // mqtt.md: it ends once a Secure Channel has held for a minute.
+    idle(62).await;
+    assert!(
+        !alert_open(&hub.db(), "reader_link_fault", "r-201"),
+        "{}",
+        hub.log_tail(20)
+    );
+}
+
 #[test]
 fn check_config_refuses_a_keyless_reader_and_the_other_osdp_mistakes_with_line_and_column() {
     let broker_url = "mqtt://127.0.0.1:1";
