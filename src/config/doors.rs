@@ -80,7 +80,9 @@ pub(super) fn read_doors(
     );
     let mut names = Vec::new();
     let mut places: HashMap<(String, u8), (String, Range<usize>)> = HashMap::new();
-    let mut outputs: HashMap<(String, u8), (String, Range<usize>)> = HashMap::new();
+    // A reader's keypad says nothing of which door it is for, so a reader
+    // serves one door (its keypad, output and contact are that door's).
+    let mut on_readers: HashMap<String, (String, Range<usize>)> = HashMap::new();
     let mut doors = Vec::new();
     let mut reader_doors = Vec::new();
     let mut ok = true;
@@ -132,19 +134,19 @@ pub(super) fn read_doors(
             let output = t.int_in::<u8>(d, "output", true, 0, u8::MAX.into());
             let contact_input = t.int_in::<u8>(d, "contact_input", false, 0, u8::MAX.into());
             let contact_inverted = t.bool(d, "contact_inverted");
-            if let (Some(r), Some((o, span))) = (&reader, &output) {
-                match outputs.get(&(r.clone(), *o)) {
+            if let (Some(r), Some(span)) = (&reader, t.get("reader").map(|v| v.span())) {
+                match on_readers.get(r) {
                     Some((other, first)) => {
                         let line = d.line_of(first);
                         d.at(
-                            span.clone(),
+                            span,
                             format!(
-                                "door `{this}` uses output {o} of reader `{r}`, already used by door `{other}` (line {line})"
+                                "door `{this}` is on reader `{r}`, which already serves door `{other}` (line {line}): a reader opens one door"
                             ),
                         );
                     }
                     None => {
-                        outputs.insert((r.clone(), *o), (this.clone(), span.clone()));
+                        on_readers.insert(r.clone(), (this.clone(), span));
                     }
                 }
             }

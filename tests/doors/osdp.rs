@@ -320,12 +320,15 @@ fn check_config_refuses_a_keyless_reader_and_the_other_osdp_mistakes_with_line_a
         broker_url,
         DaemonOptions {
             hub_extra: format!(
-                "{}{}{}{}{}",
+                "{}{}{}{}{}{}{}",
                 bus("bus-a", Path::new("/dev/null"), 9601),
                 reader("r-1", "bus-a", 1, ""),
                 reader("r-2", "bus-b", 127, ""),
                 reader("r-3", "bus-a", 1, "insecure_plaintext = true"),
                 "[[door]]\nname = \"301\"\nreader = \"r-1\"\nserial = \"board-a\"\nindex = 3\noutput = 0\nunlock_ms = 5000\n\n",
+                // A reader's keypad cannot say which of two doors it is for.
+                reader_door("302", "r-3", 0, ""),
+                reader_door("303", "r-3", 1, ""),
             ),
             secrets_extra: reader_key("r-3", &KEY_2),
             ..DaemonOptions::default()
@@ -354,6 +357,7 @@ fn check_config_refuses_a_keyless_reader_and_the_other_osdp_mistakes_with_line_a
         "reader `r-1` has no [[reader_key]]",
         "`scbk` must be 16 bytes",
         "door `301` must name either `serial` and `index` (a lock board) or `reader` (an OSDP reader), not both",
+        "door `303` is on reader `r-3`, which already serves door `302`",
     ] {
         assert!(err.contains(want), "missing {want:?} in:\n{err}");
     }
