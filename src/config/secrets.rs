@@ -54,11 +54,17 @@ pub(super) fn parse_secrets(d: &mut Diag<'_>, text: &str) -> Option<Secrets> {
         .and_then(|t| secret_32(d, &t))
         .map(|seed| SigningKey::from_bytes(&seed));
     let tables = root.tables(d, "pin_key", "[[pin_key]]", &["id", "secret"]);
-    if tables.is_empty() && root.get("pin_key").is_none() {
-        d.at(
+    match root.get("pin_key") {
+        None if tables.is_empty() => d.at(
             root.span.clone(),
             "missing [[pin_key]]: the hub needs at least one PIN key",
-        );
+        ),
+        // `pin_key = []` holds none either.
+        Some(v) if matches!(v.get_ref(), DeValue::Array(a) if a.is_empty()) => d.at(
+            v.span(),
+            "no [[pin_key]]: the hub needs at least one PIN key",
+        ),
+        _ => {}
     }
     let mut ids = Vec::new();
     let mut pin_keys = Vec::new();

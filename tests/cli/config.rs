@@ -485,6 +485,12 @@ fn missing_required_keys_and_tables_are_refused() {
         1,
         "[[pin_key]]",
     );
+    secrets_error(
+        "pin_key = []\n[hub_key]\nsecret = \"qTouxiikSj0xOqGF1EY1r3wDRaCaaT-XQQUqNoXtCgU\"\n",
+        1,
+        11,
+        "no [[pin_key]]: the hub needs at least one PIN key",
+    );
 }
 
 #[test]
@@ -790,6 +796,28 @@ fn a_wrong_secret_value_never_appears_in_output() {
         ] {
             assert!(!all.contains(needle), "{needle:?} leaked in:\n{all}");
         }
+    }
+}
+
+/// A reader's SCBK is the shortest secret (22 characters): pasted where a
+/// key name goes, it is not shown either.
+#[test]
+fn a_reader_key_pasted_as_a_key_name_never_appears_in_output() {
+    let scbk = "AAECAwQFBgcICQoLDA0ODw";
+    for secrets in [
+        SECRETS_TOML.to_owned() + &format!("\n[[reader_key]]\nreader = \"r-1\"\n{scbk} = 1\n"),
+        SECRETS_TOML.to_owned() + &format!("{scbk} = 1\n"),
+        SECRETS_TOML.to_owned() + &format!("{scbk} = 1\n{scbk} = 2\n"),
+    ] {
+        let fx = Fixture::new();
+        fx.write_secrets(&secrets);
+        let errs = errors(&fx)
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(!errs.is_empty());
+        assert!(!errs.contains(&scbk[..12]), "leaked in:\n{errs}");
     }
 }
 
