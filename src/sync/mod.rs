@@ -191,6 +191,13 @@ pub fn start<D: Decide>(
         events_topic,
         settings.window,
         reconnect.clone(),
+        {
+            let (topic, hub_id, clock) =
+                (status_topic.clone(), settings.hub_id.clone(), clock.clone());
+            Box::new(move || {
+                client::offline_will(&topic, client::status_payload(&hub_id, false, clock.now()))
+            })
+        },
         stop_rx,
     ));
     let others = vec![

@@ -198,6 +198,46 @@ async fn a_broker_restart_under_a_running_hub_is_survived_without_help() {
     assert_answered_once(&cloud_client, &all, "applied");
 }
 
+fn status_at(s: &serde_json::Value) -> Timestamp {
+    Timestamp::parse_rfc3339(s["at"].as_str().expect("a status has `at`")).expect("RFC 3339")
+}
+
+/// mqtt.md 'Status': the last will is the offline form of the status. A
+/// will is fixed when its connection is made, so after a reconnect it
+/// carries that connection's time, not the time the daemon started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_reconnect_the_last_will_carries_that_connections_time_not_the_start() {
+    let mut broker = Mosquitto::start();
+    let (mut cloud_client, mut hub) =
+        CloudClient::with_online_hub(broker.port, &broker.url(), DaemonOptions::default()).await;
+    let first = status_at(cloud_client.on("status").last().unwrap());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    broker.restart();
+    // (The restarted broker itself may publish the will it kept with the
+    // hub's session: that one is from the first connection.)
+    let restarted = Timestamp::now_system();
+    cloud_client
+        .wait_until("the hub online on a new connection", |c| {
+            c.is_online()
+                && c.on("status")
+                    .last()
+                    .is_some_and(|s| status_at(s).0 > restarted.0)
+        })
+        .await;
+    hub.kill9();
+    cloud_client
+        .wait_until("the offline will", |c| !c.is_online())
+        .await;
+    let will = status_at(cloud_client.on("status").last().unwrap());
+    assert!(
+        will.0 > restarted.0,
+        "the will says {} but the connection it ended was made after {} (first online {})",
+        will.to_rfc3339(),
+        restarted.to_rfc3339(),
+        first.to_rfc3339()
+    );
+}
+
 /// Re-sends events the way a careful cloud must behind a broker with a
 /// tiny `max_queued_messages`: Mosquitto drops whatever exceeds in-flight
 /// (20) plus queued (10) for a client even while it is connected, so the

@@ -49,7 +49,7 @@ pub mod state;
 pub use gate::{FlowStats, Gate, GateRefusal};
 pub use options::{
     CLIENT_INFLIGHT, KEEP_ALIVE, MAX_INCOMING_PACKET, MAX_OUTGOING_PACKET, REQUEST_CAPACITY,
-    mqtt_options, online_status_payload, status_payload, tls_config,
+    WillSource, mqtt_options, offline_will, online_status_payload, status_payload, tls_config,
 };
 pub use poll::{Inbound, LinkEvent, PollSinks, poll_loop};
 pub use state::{Access, PollState};

@@ -59,6 +59,17 @@ pub fn online_status_payload(
     serde_json::to_vec(&v).unwrap_or_default()
 }
 
+/// The offline last will: [`status_payload`]'s offline form, retained.
+pub fn offline_will(status_topic: &str, offline_status: Vec<u8>) -> LastWill {
+    LastWill::new(status_topic, offline_status, QoS::AtLeastOnce, true)
+}
+
+/// Gives the last will for the next connection. A will is fixed when the
+/// connection is made, so its `at` is that moment: the poll loop asks for a
+/// fresh one before each reconnect, or a hub up for days would leave
+/// behind an offline status stamped with its start.
+pub type WillSource = Box<dyn Fn() -> LastWill + Send + Sync>;
+
 /// Builds the connection options: persistent session under a stable client
 /// id, manual acks, offline last will, TLS and credentials from the config.
 pub fn mqtt_options(
@@ -73,12 +84,7 @@ pub fn mqtt_options(
         .set_inflight(CLIENT_INFLIGHT)
         .set_request_channel_capacity(REQUEST_CAPACITY)
         .set_max_packet_size(MAX_INCOMING_PACKET, MAX_OUTGOING_PACKET)
-        .set_last_will(LastWill::new(
-            status_topic,
-            offline_status,
-            QoS::AtLeastOnce,
-            true,
-        ));
+        .set_last_will(offline_will(status_topic, offline_status));
     if let Some(user) = &cfg.username {
         let password = match &cfg.password_file {
             Some(p) => read_password(p)?,

@@ -199,6 +199,7 @@ pub async fn poll_loop(
     events_topic: String,
     window: ReceiveWindow,
     reconnect: Arc<Notify>,
+    will: super::WillSource,
     mut stop: watch::Receiver<bool>,
 ) {
     enum Step {
@@ -411,6 +412,7 @@ pub async fn poll_loop(
         }
         // Anything queued while we slept belonged to no connection.
         gate.lost(|| forget_connection(&mut eventloop));
+        eventloop.mqtt_options.set_last_will(will());
     }
     // The end is told after everything parked: nothing is lost on the way out.
     while !link.queue.is_empty() && link.drain_one().await {}
