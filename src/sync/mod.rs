@@ -50,7 +50,7 @@ use crate::store::outbox::{self, Topic};
 use crate::store::runtime::{self, BrokerState};
 use crate::store::{Priority, Store, StoreError};
 use crate::time::Timestamp;
-use client::{Access, Gate, LinkEvent, PollSinks};
+use client::{Access, Gate, LinkEvent, PollSettings, PollSinks};
 use ed25519_dalek::SigningKey;
 use ingest::{Decide, Decided, IngestSinks};
 use plan::{AlertChange, BacklogLimits, SeqStart, StaleTracker, SyncPlanner};
@@ -188,16 +188,21 @@ pub fn start<D: Decide>(
             session: session_tx,
             access: access_tx,
         },
-        events_topic,
-        settings.window,
-        reconnect.clone(),
-        {
-            let (topic, hub_id, clock) =
-                (status_topic.clone(), settings.hub_id.clone(), clock.clone());
-            Box::new(move || {
-                client::offline_will(&topic, client::status_payload(&hub_id, false, clock.now()))
-            })
+        PollSettings {
+            events_topic,
+            window: settings.window,
+            will: {
+                let (topic, hub_id, clock) =
+                    (status_topic.clone(), settings.hub_id.clone(), clock.clone());
+                Box::new(move || {
+                    client::offline_will(
+                        &topic,
+                        client::status_payload(&hub_id, false, clock.now()),
+                    )
+                })
+            },
         },
+        reconnect.clone(),
         stop_rx,
     ));
     let others = vec![

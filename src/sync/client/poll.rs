@@ -50,6 +50,15 @@ pub struct PollSinks {
     pub access: mpsc::Sender<Access>,
 }
 
+/// What the poll task connects with besides the options it was built with.
+pub struct PollSettings {
+    /// The hub's events topic, subscribed on every connection.
+    pub events_topic: String,
+    pub window: ReceiveWindow,
+    /// The last will for each reconnect.
+    pub will: super::WillSource,
+}
+
 /// Messages the poll task has taken from the event loop but not yet handed
 /// on. The poll task must never wait on a full channel: if it did, rumqttc
 /// would stop reading the socket, PUBACKs would stop arriving, the
@@ -196,12 +205,15 @@ pub async fn poll_loop(
     mut eventloop: EventLoop,
     gate: Arc<Gate>,
     sinks: PollSinks,
-    events_topic: String,
-    window: ReceiveWindow,
+    settings: PollSettings,
     reconnect: Arc<Notify>,
-    will: super::WillSource,
     mut stop: watch::Receiver<bool>,
 ) {
+    let PollSettings {
+        events_topic,
+        window,
+        will,
+    } = settings;
     enum Step {
         Event(Result<Event, rumqttc::ConnectionError>),
         Kick,
