@@ -56,7 +56,7 @@ impl Maintenance {
             .store
             .write(Priority::Bulk, move |c| match trust {
                 Trust::Trusted => alerts::clear(c, Condition::ClockUntrusted, CLOCK_SUBJECT, now),
-                _ => alerts::raise(c, Condition::ClockUntrusted, CLOCK_SUBJECT, 1, now),
+                _ => alerts::hold(c, Condition::ClockUntrusted, CLOCK_SUBJECT, now),
             })
             .await?;
         if changed {
@@ -161,7 +161,7 @@ impl Maintenance {
                 let mut changed = false;
                 for id in &all {
                     changed |= if expiring.contains(id) {
-                        alerts::raise(c, Condition::SignerExpiring, id, 1, now)?
+                        alerts::hold(c, Condition::SignerExpiring, id, now)?
                     } else {
                         alerts::clear(c, Condition::SignerExpiring, id, now)?
                     };

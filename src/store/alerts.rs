@@ -272,6 +272,25 @@ pub fn raise(
     }
 }
 
+/// The condition is a state that still holds: opens its alert if it is not
+/// raised, and leaves a raised one as it is. For what the hub looks at again
+/// and again (its clock, the signers, the cloud's silence, the backlog):
+/// looking again is not a new occurrence, so `count` does not grow, and an
+/// alert an operator cleared by hand while the state lasts is raised again
+/// (mqtt.md: one alert per condition and subject while it holds). Returns
+/// `true` when this opened it.
+pub fn hold(
+    conn: &Connection,
+    condition: Condition,
+    subject: &str,
+    now: Timestamp,
+) -> Result<bool, StoreError> {
+    match load(conn, condition, subject)? {
+        Some((row, _)) if row.raised => Ok(false),
+        _ => raise(conn, condition, subject, 1, now),
+    }
+}
+
 /// Clears an alert if it is raised. Returns `true` when it was.
 pub fn clear(
     conn: &Connection,
@@ -402,6 +421,53 @@ mod tests {
     use super::*;
     use crate::config::Policy;
     use crate::store::{Priority, Store};
+
+    #[test]
+    fn a_state_that_holds_opens_its_alert_once_never_bumps_it_and_opens_it_again_after_a_clear() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db"), &Policy::default()).unwrap();
+        let t = Timestamp::from_secs(1_800_000_000);
+        let (opened, again, reopened) = store
+            .write_blocking(Priority::Bulk, move |c| {
+                let a = hold(c, Condition::ClockUntrusted, "hub", t)?;
+                let b = hold(
+                    c,
+                    Condition::ClockUntrusted,
+                    "hub",
+                    t.saturating_add_secs(10),
+                )?;
+                clear(
+                    c,
+                    Condition::ClockUntrusted,
+                    "hub",
+                    t.saturating_add_secs(20),
+                )?;
+                let r = hold(
+                    c,
+                    Condition::ClockUntrusted,
+                    "hub",
+                    t.saturating_add_secs(30),
+                )?;
+                Ok((a, b, r))
+            })
+            .unwrap();
+        assert_eq!((opened, again, reopened), (true, false, true));
+        let reader = store.reader().unwrap();
+        let row = open_alerts(&reader).unwrap().pop().unwrap();
+        assert_eq!(row.count, 1, "asking again is not an occurrence");
+        assert_eq!(row.first_at, t.saturating_add_secs(30), "a new alert");
+        let published: i64 = reader
+            .query_row(
+                "SELECT count(*) FROM outbox WHERE topic = 'alerts'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(
+            published, 3,
+            "raised, cleared, raised: the held look published nothing"
+        );
+    }
 
     #[test]
     fn repeats_bump_one_alert_and_clearing_publishes_once() {

@@ -522,6 +522,7 @@ async fn write_alert(
     store
         .write(Priority::Bulk, move |c| match change {
             AlertChange::Raise => alerts::raise(c, condition, subject, 1, now).map(|_| ()),
+            AlertChange::Holds => alerts::hold(c, condition, subject, now).map(|_| ()),
             AlertChange::Clear => alerts::clear(c, condition, subject, now).map(|_| ()),
         })
         .await

@@ -234,8 +234,15 @@ impl SyncPlanner {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AlertChange {
     Raise,
+    /// The condition still holds: open the alert if it is not raised (an
+    /// operator may have cleared it by hand, or its write failed), without
+    /// counting a new occurrence ([`crate::store::alerts::hold`]).
+    Holds,
     Clear,
 }
+
+/// How often a tracker says again that its condition still holds.
+pub const HOLDS_AGAIN: Duration = Duration::from_secs(10);
 
 /// `cloud_stale`: raised after `stale_after` without a sign of life,
 /// cleared by the next one. A hub that has never heard the cloud starts
@@ -249,6 +256,8 @@ pub struct StaleTracker {
     /// Silence already heard before `last_life` (from before a restart).
     carried: Duration,
     raised: bool,
+    /// When to say [`AlertChange::Holds`] next while raised.
+    holds_at: Duration,
 }
 
 impl StaleTracker {
@@ -259,6 +268,7 @@ impl StaleTracker {
             last_life: now,
             carried: Duration::ZERO,
             raised,
+            holds_at: now,
         }
     }
 
@@ -288,19 +298,31 @@ impl StaleTracker {
         }
     }
 
-    /// Whether the alert must be raised now.
+    /// Whether the alert must be raised now, or said again to hold (every
+    /// [`HOLDS_AGAIN`] while the silence lasts).
     pub fn poll(&mut self, now: Duration) -> Option<AlertChange> {
-        if !self.raised && now.saturating_sub(self.last_life) + self.carried >= self.stale_after {
-            self.raised = true;
-            Some(AlertChange::Raise)
-        } else {
-            None
+        if now.saturating_sub(self.last_life) + self.carried < self.stale_after {
+            return None;
         }
+        let change = if !self.raised {
+            AlertChange::Raise
+        } else if now >= self.holds_at {
+            AlertChange::Holds
+        } else {
+            return None;
+        };
+        self.raised = true;
+        self.holds_at = now + HOLDS_AGAIN;
+        Some(change)
     }
 
-    /// When [`StaleTracker::poll`] may next raise.
+    /// When [`StaleTracker::poll`] may next raise or hold.
     pub fn next_deadline(&self) -> Option<Duration> {
-        (!self.raised).then(|| self.last_life + self.stale_after.saturating_sub(self.carried))
+        Some(if self.raised {
+            self.holds_at
+        } else {
+            self.last_life + self.stale_after.saturating_sub(self.carried)
+        })
     }
 }
 
@@ -320,7 +342,8 @@ impl Default for BacklogLimits {
     }
 }
 
-/// Follows the outbox depth; raises once above a limit, clears once below.
+/// Follows the outbox depth; raises once above a limit (and says it still
+/// holds at every look while above), clears once below.
 #[derive(Debug, Clone)]
 pub struct BacklogMonitor {
     limits: BacklogLimits,
@@ -341,6 +364,7 @@ impl BacklogMonitor {
                 self.raised = true;
                 Some(AlertChange::Raise)
             }
+            (true, true) => Some(AlertChange::Holds),
             (false, true) => {
                 self.raised = false;
                 Some(AlertChange::Clear)
@@ -714,7 +738,10 @@ mod tests {
         let mut t = StaleTracker::new(s(900), s(0), false);
         assert_eq!(t.poll(s(899)), None);
         assert_eq!(t.poll(s(900)), Some(AlertChange::Raise));
-        assert_eq!(t.poll(s(2000)), None, "raised once");
+        assert_eq!(t.poll(s(909)), None, "raised once");
+        assert_eq!(t.next_deadline(), Some(s(910)));
+        assert_eq!(t.poll(s(910)), Some(AlertChange::Holds), "said again");
+        assert_eq!(t.poll(s(915)), None);
         assert_eq!(t.on_life(s(2001)), Some(AlertChange::Clear));
         assert_eq!(t.on_life(s(2002)), None);
         assert_eq!(t.poll(s(2002 + 899)), None);
@@ -741,7 +768,12 @@ mod tests {
     #[test]
     fn a_stale_alert_left_raised_by_the_last_run_is_cleared_by_the_first_sign_of_life() {
         let mut t = StaleTracker::new(s(900), s(0), true);
-        assert_eq!(t.poll(s(5000)), None);
+        assert_eq!(t.poll(s(100)), None, "not silent long enough in this run");
+        assert_eq!(
+            t.poll(s(5000)),
+            Some(AlertChange::Holds),
+            "silent: it holds, no new occurrence"
+        );
         assert_eq!(t.on_life(s(5000)), Some(AlertChange::Clear));
     }
 
@@ -750,7 +782,7 @@ mod tests {
         let mut m = BacklogMonitor::new(BacklogLimits::default(), false);
         assert_eq!(m.observe(10_000, Some(s(10))), None);
         assert_eq!(m.observe(10_001, Some(s(10))), Some(AlertChange::Raise));
-        assert_eq!(m.observe(20_000, Some(s(10))), None);
+        assert_eq!(m.observe(20_000, Some(s(10))), Some(AlertChange::Holds));
         assert_eq!(m.observe(5, Some(s(10))), Some(AlertChange::Clear));
         assert_eq!(m.observe(5, Some(s(3601))), Some(AlertChange::Raise));
         assert_eq!(m.observe(0, None), Some(AlertChange::Clear));

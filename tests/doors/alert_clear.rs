@@ -114,3 +114,60 @@ async fn an_operator_clears_tamper_while_the_daemon_runs_and_the_cloud_hears_it_
     hub.assert_running();
     assert!(hub.sigterm());
 }
+
+/// mqtt.md: one alert per condition and subject while it holds. An
+/// operator may clear `cloud_stale` by hand while the cloud is still
+/// silent; the daemon raises it again (as a new alert, not as a bump of
+/// the cleared one), and says so to the cloud.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cloud_stale_cleared_by_hand_while_the_cloud_is_still_silent_is_raised_again() {
+    let broker = Mosquitto::start();
+    let (mut cloud, mut hub) = CloudClient::with_online_hub(
+        broker.port,
+        &broker.url(),
+        DaemonOptions {
+            policy: "cloud_stale_s = 2".into(),
+            ..DaemonOptions::default()
+        },
+    )
+    .await;
+    hub.wait_db("cloud_stale raised", |db| {
+        testkit::db::raised(db, "cloud_stale", "cloud")
+    })
+    .await;
+    let first: String = hub
+        .db()
+        .query_row(
+            "SELECT alert_id FROM alerts WHERE condition = 'cloud_stale'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let ok = alert_clear(&hub, &["cloud_stale", "cloud", "--reason", "known outage"]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(!hub.raised("cloud_stale", "cloud"));
+    hub.wait_db("cloud_stale raised again", |db| {
+        testkit::db::raised(db, "cloud_stale", "cloud")
+    })
+    .await;
+    let (again, count): (String, i64) = hub
+        .db()
+        .query_row(
+            "SELECT alert_id, count FROM alerts WHERE condition = 'cloud_stale'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_ne!(again, first, "a new alert");
+    assert_eq!(count, 1, "looking again is not an occurrence");
+    cloud
+        .wait_until("the cloud hears it raised again", |c| {
+            c.on("alerts")
+                .any(|a| a["condition"] == "cloud_stale" && a["alert_id"] == again.as_str())
+        })
+        .await;
+}
