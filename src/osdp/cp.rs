@@ -430,16 +430,37 @@ impl Reader {
         self.pending.as_ref().is_some_and(|p| !p.resend)
     }
 
-    /// Queues a command; only while the session is ready.
+    /// Queues a command; only while the session is ready. An osdp_OUT goes
+    /// ahead of any queued feedback (behind earlier outputs), and makes room
+    /// by dropping the newest feedback if it must: feedback goes after the
+    /// osdp_OUT and never delays it (osdp.md 'Opening the door'), and a
+    /// committed grant must not become `door.unlock_unconfirmed` because
+    /// LED and buzzer commands filled the queue.
     pub fn send(&mut self, command: Command) -> Result<u64, SendError> {
         if !self.is_ready() {
             return Err(SendError::NotReady);
         }
+        let is_out = |c: &Command| matches!(c, Command::Out { .. });
+        let output = is_out(&command);
         if self.queue.len() >= COMMAND_QUEUE {
-            return Err(SendError::Full);
+            let feedback = self.queue.iter().rposition(|(_, c)| !is_out(c));
+            match feedback {
+                Some(at) if output => {
+                    self.queue.remove(at);
+                }
+                _ => return Err(SendError::Full),
+            }
         }
         self.next_token += 1;
-        self.queue.push_back((self.next_token, command));
+        let at = if output {
+            self.queue
+                .iter()
+                .position(|(_, c)| !is_out(c))
+                .unwrap_or(self.queue.len())
+        } else {
+            self.queue.len()
+        };
+        self.queue.insert(at, (self.next_token, command));
         Ok(self.next_token)
     }
 
@@ -679,8 +700,14 @@ impl Reader {
                             return ev;
                         }
                     }
-                } else {
+                } else if pkt.data().is_empty() || pkt.code() == reply::NAK {
                     pkt.data().to_vec()
+                } else {
+                    // Authentic but in the clear: payloads are encrypted
+                    // (osdp.md), or a reader's PIN digits cross the wire as
+                    // they are. Treated like a plaintext reply.
+                    self.fault(now, Fault::Plaintext, &mut ev);
+                    return ev;
                 }
             }
             (Some(_), None) if pkt.code() == reply::NAK => {
@@ -822,8 +849,14 @@ impl Reader {
         match p.token {
             Some(token) => {
                 let outcome = match code {
+                    reply::ACK => Outcome::Ack,
                     reply::OSTATR => Outcome::OutputStatus(data.to_vec()),
-                    _ => Outcome::Ack,
+                    // Not a confirmation (osdp.md: ACK, or OSTATR showing the
+                    // output on); whatever news it carries still counts.
+                    _ => {
+                        self.report(code, data, ev);
+                        Outcome::Failed
+                    }
                 };
                 ev.push(Event::Done { token, outcome });
             }
@@ -897,6 +930,10 @@ mod tests {
         poll_reply: (u8, Vec<u8>),
         /// Answer this command code with a NAK of this reason.
         nak: Option<(u8, u8)>,
+        /// Send reply data under a MAC but unencrypted (SCS_16).
+        data_in_clear: bool,
+        /// Answer osdp_OUT with this instead of an ACK.
+        out_reply: Option<(u8, Vec<u8>)>,
         seqs: Vec<u8>,
         key_bytes: Vec<u8>,
     }
@@ -910,6 +947,8 @@ mod tests {
                 pd: None,
                 poll_reply: (reply::ACK, vec![]),
                 nak: None,
+                data_in_clear: false,
+                out_reply: None,
                 seqs: vec![],
                 key_bytes: vec![],
             }
@@ -976,12 +1015,12 @@ mod tests {
                 (_, cmd::POLL) => self.poll_reply.clone(),
                 (_, cmd::OUT) => {
                     assert_eq!(data.len(), 4);
-                    (reply::ACK, vec![])
+                    self.out_reply.clone().unwrap_or((reply::ACK, vec![]))
                 }
                 _ => (reply::ACK, vec![]),
             };
-            let (scb, body) = if rdata.is_empty() {
-                ([2, scs::REPLY_MAC], vec![])
+            let (scb, body) = if rdata.is_empty() || self.data_in_clear {
+                ([2, scs::REPLY_MAC], rdata)
             } else {
                 ([2, scs::REPLY_ENC], pd.encrypt_reply(&rdata))
             };
@@ -1128,6 +1167,56 @@ mod tests {
         let ev = r.on_reply(&forged, now);
         assert!(ev.contains(&Event::LinkFault(Fault::Plaintext)), "{ev:?}");
         assert!(!ev.iter().any(|e| matches!(e, Event::Keys(_))));
+    }
+
+    #[test]
+    fn key_presses_under_a_good_mac_but_not_encrypted_are_a_fault_not_keys() {
+        let (mut r, mut pd, mut now) = secure_session();
+        pd.data_in_clear = true;
+        pd.poll_reply = (reply::KEYPAD, vec![0, 2, 0x31, 0x0D]);
+        let ev = drive(&mut r, &mut pd, &mut now, 3, |_| false);
+        assert!(ev.contains(&Event::LinkFault(Fault::Plaintext)), "{ev:?}");
+        assert!(!ev.iter().any(|e| matches!(e, Event::Keys(_))));
+        assert!(!r.is_secure());
+    }
+
+    #[test]
+    fn an_output_answered_by_anything_but_ack_or_its_status_is_not_confirmed_and_the_news_is_kept()
+    {
+        let (mut r, mut pd, mut now) = secure_session();
+        pd.out_reply = Some((reply::KEYPAD, vec![0, 1, 0x31]));
+        let token = r.send(unlock()).unwrap();
+        let ev = drive(&mut r, &mut pd, &mut now, 5, |_| false);
+        assert!(
+            ev.contains(&Event::Done {
+                token,
+                outcome: Outcome::Failed
+            }),
+            "{ev:?}"
+        );
+        assert!(ev.contains(&Event::Keys(vec![0x31])), "{ev:?}");
+    }
+
+    #[test]
+    fn an_output_goes_ahead_of_queued_feedback_and_a_full_queue_of_feedback_makes_room_for_it() {
+        let (mut r, _, now) = secure_session();
+        let beep = || Command::Buzzer {
+            tone: 2,
+            on: 1,
+            off: 1,
+            count: 2,
+        };
+        for _ in 0..COMMAND_QUEUE {
+            r.send(beep()).unwrap();
+        }
+        assert_eq!(
+            r.send(beep()),
+            Err(SendError::Full),
+            "feedback waits its turn"
+        );
+        r.send(unlock()).unwrap();
+        let bytes = r.next(now, [9; 8]).unwrap();
+        assert_eq!(Packet::parse(&bytes[1..]).unwrap().code(), cmd::OUT);
     }
 
     #[test]
