@@ -42,7 +42,7 @@ use secrets::*;
 use table::*;
 use trust::*;
 
-pub use mqtt::{MqttUrl, parse_mqtt_url};
+pub use mqtt::{IdentityError, MqttUrl, parse_mqtt_url, read_client_identity, read_roots};
 pub use table::is_name;
 
 /// The SQLite file's name inside `data_dir`.

@@ -1,6 +1,10 @@
 //! `[mqtt]`: the broker URL, TLS files, credentials.
 
 use super::*;
+use tokio_rustls::rustls::{
+    self, RootCertStore,
+    pki_types::{CertificateDer, PrivateKeyDer},
+};
 
 /// A broker URL, parsed: `mqtt://host[:port]` or `mqtts://host[:port]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -200,32 +204,40 @@ pub(super) fn read_mqtt(
     }
 
     if tls == Some(true) {
-        for (name, f) in [("ca_file", &ca), ("cert_file", &cert)] {
-            if let Some((p, span)) = f {
-                if check_file(d, name, p, span).is_none() {
-                    ok = false;
-                } else if !has_pem_certificate(p) {
-                    d.at(
-                        span.clone(),
-                        format!("`{name}` {} holds no PEM certificate", p.display()),
-                    );
-                    ok = false;
-                }
+        if let Some((p, span)) = &ca {
+            if check_file(d, "ca_file", p, span).is_none() {
+                ok = false;
+            } else if let Err(m) = read_roots(p) {
+                d.at(span.clone(), format!("`ca_file` {} {m}", p.display()));
+                ok = false;
             }
         }
-        if let Some((p, span)) = &key {
-            match check_file(d, "key_file", p, span) {
-                None => ok = false,
+        let cert_ok = cert
+            .as_ref()
+            .map(|(p, span)| check_file(d, "cert_file", p, span).is_some());
+        let key_ok = key
+            .as_ref()
+            .map(|(p, span)| match check_file(d, "key_file", p, span) {
+                None => false,
                 Some(meta) => {
                     let before = d.errors.len();
                     check_private(d, "the MQTT client key", p, &meta);
-                    if !has_pem_private_key(p) {
-                        d.at(
-                            span.clone(),
-                            format!("`key_file` {} holds no PEM private key", p.display()),
-                        );
-                    }
-                    ok &= d.errors.len() == before;
+                    d.errors.len() == before
+                }
+            });
+        ok &= cert_ok != Some(false) && key_ok != Some(false);
+        if let (Some((c, c_span)), Some((k, k_span)), Some(true), Some(true)) =
+            (&cert, &key, cert_ok, key_ok)
+        {
+            match read_client_identity(c, k) {
+                Ok(_) => {}
+                Err(IdentityError::Cert(m)) => {
+                    d.at(c_span.clone(), format!("`cert_file` {} {m}", c.display()));
+                    ok = false;
+                }
+                Err(IdentityError::Key(m)) => {
+                    d.at(k_span.clone(), format!("`key_file` {} {m}", k.display()));
+                    ok = false;
                 }
             }
         }
@@ -241,6 +253,13 @@ pub(super) fn read_mqtt(
                         d.at(
                             span.clone(),
                             format!("`password_file` {} is empty", p.display()),
+                        );
+                    }
+                    // The connection reads it as text.
+                    Ok(bytes) if std::str::from_utf8(&bytes).is_err() => {
+                        d.at(
+                            span.clone(),
+                            format!("`password_file` {} is not UTF-8 text", p.display()),
                         );
                     }
                     Ok(_) => {}
@@ -273,18 +292,65 @@ pub(super) fn read_mqtt(
     })
 }
 
-pub(super) fn has_pem_certificate(path: &Path) -> bool {
-    let Ok(bytes) = std::fs::read(path) else {
-        return false;
-    };
-    let mut rd = bytes.as_slice();
-    rustls_pemfile::certs(&mut rd).any(|c| c.is_ok())
+// The TLS files, read as the connection uses them. check-config and the
+// connection (`sync::client::tls_config`) both read them here, so a file
+// check-config passes is one the connection can use: a CA rustls accepts as
+// a root, a client key of a supported type that matches its certificate.
+
+/// The certificates of `ca_file`, each accepted as a root. The message
+/// says what is wrong, never what the file holds.
+pub fn read_roots(path: &Path) -> Result<RootCertStore, String> {
+    let pem = std::fs::read(path).map_err(|e| io_message(&e))?;
+    let mut roots = RootCertStore::empty();
+    for (n, cert) in rustls_pemfile::certs(&mut pem.as_slice()).enumerate() {
+        let cert = cert.map_err(|e| format!("holds a PEM block that does not parse ({e})"))?;
+        roots.add(cert).map_err(|e| {
+            format!(
+                "holds certificate {} that is not usable as a CA ({e})",
+                n + 1
+            )
+        })?;
+    }
+    if roots.is_empty() {
+        return Err("holds no PEM certificate".to_owned());
+    }
+    Ok(roots)
 }
 
-pub(super) fn has_pem_private_key(path: &Path) -> bool {
-    let Ok(bytes) = std::fs::read(path) else {
-        return false;
-    };
-    let mut rd = bytes.as_slice();
-    matches!(rustls_pemfile::private_key(&mut rd), Ok(Some(_)))
+/// Which of the client's two files is at fault.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdentityError {
+    Cert(String),
+    Key(String),
+}
+
+/// The client's identity from `cert_file` and `key_file`: the chain, and
+/// its key checked to be of a supported type and to match the chain's
+/// first certificate (a key paired with the wrong certificate is the
+/// usual mistake).
+pub fn read_client_identity(
+    cert: &Path,
+    key: &Path,
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), IdentityError> {
+    let pem = std::fs::read(cert).map_err(|e| IdentityError::Cert(io_message(&e)))?;
+    let chain: Vec<CertificateDer<'static>> = rustls_pemfile::certs(&mut pem.as_slice())
+        .collect::<Result<_, _>>()
+        .map_err(|e| IdentityError::Cert(format!("holds a PEM block that does not parse ({e})")))?;
+    if chain.is_empty() {
+        return Err(IdentityError::Cert("holds no PEM certificate".to_owned()));
+    }
+    let pem = std::fs::read(key).map_err(|e| IdentityError::Key(io_message(&e)))?;
+    let private = rustls_pemfile::private_key(&mut pem.as_slice())
+        .map_err(|_| IdentityError::Key("holds a PEM block that does not parse".to_owned()))?
+        .ok_or_else(|| IdentityError::Key("holds no PEM private key".to_owned()))?;
+    let provider = rustls::crypto::ring::default_provider();
+    rustls::sign::CertifiedKey::from_der(chain.clone(), private.clone_key(), &provider).map_err(
+        |e| match e {
+            rustls::Error::InconsistentKeys(_) => {
+                IdentityError::Key("does not match the certificate in `cert_file`".to_owned())
+            }
+            _ => IdentityError::Key(format!("holds a key rustls cannot use ({e})")),
+        },
+    )?;
+    Ok((chain, private))
 }

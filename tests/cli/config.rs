@@ -147,17 +147,26 @@ fn a_bare_toml_datetime_is_accepted_for_not_after() {
     assert!(c.trust[0].not_after.is_some());
 }
 
-const PEM_CERT: &str = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
-const PEM_KEY: &str = "-----BEGIN PRIVATE KEY-----\nMIIB\n-----END PRIVATE KEY-----\n";
+/// Real certificates (openssl), made once for this test binary: a CA, the
+/// hub's client certificate and key, and a second client's pair.
+static PKI: std::sync::LazyLock<testkit::broker::TestPki> = std::sync::LazyLock::new(|| {
+    let pki = testkit::broker::TestPki::generate();
+    pki.client("other", "someone-else");
+    pki
+});
+
+fn pki_file(name: &str) -> String {
+    std::fs::read_to_string(PKI.path(name)).unwrap()
+}
 
 fn mqtts_fixture() -> Fixture {
     let fx = Fixture::with_hub_edits(&[(
         "url = \"mqtt://127.0.0.1:1883\"",
         "url = \"mqtts://broker.example\"\nca_file = \"tls/ca.pem\"\ncert_file = \"tls/hub.pem\"\nkey_file = \"tls/hub.key\"",
     )]);
-    fx.write("tls/ca.pem", PEM_CERT);
-    fx.write("tls/hub.pem", PEM_CERT);
-    fx.write_private("tls/hub.key", PEM_KEY);
+    fx.write("tls/ca.pem", &pki_file("ca.crt"));
+    fx.write("tls/hub.pem", &pki_file("client.crt"));
+    fx.write_private("tls/hub.key", &pki_file("client.key"));
     fx
 }
 
@@ -555,6 +564,45 @@ fn mqtts_files_must_exist_and_hold_pem() {
     let fx = mqtts_fixture();
     set_mode(&fx.path("tls/hub.key"), 0o644);
     only_error_file_level(&fx, &fx.path("tls/hub.key"), "group or others");
+}
+
+/// check-config reads the TLS files as the connection will: a file it
+/// passes is one `run` can connect with (else `run` failed with exit 1 and
+/// systemd restarted it in a loop).
+#[test]
+fn mqtts_files_are_checked_as_the_connection_uses_them() {
+    // A PEM block that is no certificate rustls can trust.
+    let fx = mqtts_fixture();
+    fx.write(
+        "tls/ca.pem",
+        "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+    );
+    only_error(&fx, &fx.hub(), 8, 11, "not usable as a CA");
+
+    // The key of another certificate: the usual mistake.
+    let fx = mqtts_fixture();
+    fx.write_private("tls/hub.key", &pki_file("other.key"));
+    only_error(
+        &fx,
+        &fx.hub(),
+        10,
+        12,
+        "does not match the certificate in `cert_file`",
+    );
+
+    // The same through the command: exit 2, and no key material shown.
+    let out = Command::new(env!("CARGO_BIN_EXE_lockhub"))
+        .arg("check-config")
+        .arg(fx.hub())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("hub.toml:10:12:"), "{err}");
+    assert!(
+        !err.contains("PRIVATE KEY") && !err.contains("MII"),
+        "{err}"
+    );
 }
 
 #[track_caller]

@@ -2,7 +2,7 @@
 //! acks, packet limits, the offline last will), credentials and TLS, and the
 //! retained status payloads.
 
-use crate::config::MqttConfig;
+use crate::config::{IdentityError, MqttConfig, read_client_identity, read_roots};
 use crate::sync::SyncError;
 use rumqttc::{LastWill, MqttOptions, QoS, TlsConfiguration, Transport};
 use std::path::Path;
@@ -109,13 +109,6 @@ fn read_password(path: &Path) -> Result<String, SyncError> {
     Ok(raw.trim_end_matches(['\r', '\n']).to_owned())
 }
 
-fn read_file(path: &Path) -> Result<Vec<u8>, SyncError> {
-    std::fs::read(path).map_err(|source| SyncError::File {
-        path: path.to_owned(),
-        source,
-    })
-}
-
 fn tls_err(path: Option<&Path>, detail: impl std::fmt::Display) -> SyncError {
     SyncError::Tls {
         path: path.map(Path::to_owned),
@@ -127,7 +120,6 @@ fn tls_err(path: Option<&Path>, detail: impl std::fmt::Display) -> SyncError {
 /// `ca_file` only (a hub trusts its own broker, not the web PKI), and the
 /// client certificate when both `cert_file` and `key_file` are set.
 pub fn tls_config(cfg: &MqttConfig) -> Result<rustls::ClientConfig, SyncError> {
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -137,32 +129,15 @@ pub fn tls_config(cfg: &MqttConfig) -> Result<rustls::ClientConfig, SyncError> {
         .ca_file
         .as_deref()
         .ok_or_else(|| tls_err(None, "mqtts needs mqtt.ca_file"))?;
-    let mut roots = rustls::RootCertStore::empty();
-    let ca_pem = read_file(ca_path)?;
-    let mut n = 0;
-    for cert in rustls_pemfile::certs(&mut ca_pem.as_slice()) {
-        let cert: CertificateDer<'static> = cert.map_err(|e| tls_err(Some(ca_path), e))?;
-        roots.add(cert).map_err(|e| tls_err(Some(ca_path), e))?;
-        n += 1;
-    }
-    if n == 0 {
-        return Err(tls_err(Some(ca_path), "no PEM certificate in it"));
-    }
+    let roots = read_roots(ca_path).map_err(|m| tls_err(Some(ca_path), m))?;
     let builder = builder.with_root_certificates(roots);
 
     match (&cfg.cert_file, &cfg.key_file) {
         (Some(cert_path), Some(key_path)) => {
-            let pem = read_file(cert_path)?;
-            let chain: Vec<CertificateDer<'static>> = rustls_pemfile::certs(&mut pem.as_slice())
-                .collect::<Result<_, _>>()
-                .map_err(|e| tls_err(Some(cert_path), e))?;
-            if chain.is_empty() {
-                return Err(tls_err(Some(cert_path), "no PEM certificate in it"));
-            }
-            let key_pem = read_file(key_path)?;
-            let key: PrivateKeyDer<'static> = rustls_pemfile::private_key(&mut key_pem.as_slice())
-                .map_err(|e| tls_err(Some(key_path), e))?
-                .ok_or_else(|| tls_err(Some(key_path), "no PEM private key in it"))?;
+            let (chain, key) = read_client_identity(cert_path, key_path).map_err(|e| match e {
+                IdentityError::Cert(m) => tls_err(Some(cert_path), m),
+                IdentityError::Key(m) => tls_err(Some(key_path), m),
+            })?;
             builder
                 .with_client_auth_cert(chain, key)
                 .map_err(|e| tls_err(Some(key_path), e))
