@@ -467,7 +467,7 @@ impl BrokerLink {
 
     async fn access(&mut self, store: &Store, access: Access, outbox_wake: &Notify) {
         match access {
-            Access::ConnectRefused(_) => {
+            Access::ConnectRefused(_) | Access::CertificateRefused(_) => {
                 self.denied_connect = true;
                 self.set(store, BrokerState::Denied).await;
                 denied_alert(

@@ -602,6 +602,47 @@ async fn with_client_certificates_the_cn_is_the_identity_the_acl_names() {
     testkit::cloud::assert_answered_once(&cc, &events, "applied");
 }
 
+/// mqtt.md 'Broker access': a refused connection is never silent. A
+/// broker that refuses the hub's client certificate (here: one from
+/// another CA) ends the TLS handshake, and the hub raises `broker_denied`
+/// and says so in its log, as for a CONNACK refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_the_broker_refuses_raises_broker_denied() {
+    let pki = TestPki::generate();
+    let stranger = TestPki::generate();
+    let (crt, key) = stranger.client("hub-a", &identity(HUB_ID));
+    let broker = Mosquitto::start_with(BrokerOptions {
+        tls: Some(pki.server()),
+        identity_as_username: true,
+        username_as_client_id: true,
+        ..Default::default()
+    });
+    let mut hub = Daemon::prepare(
+        &broker.url(),
+        DaemonOptions {
+            mqtt_extra: format!(
+                "ca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"",
+                pki.path("ca.crt").display(),
+                crt.display(),
+                key.display()
+            ),
+            ..Default::default()
+        },
+    );
+    hub.spawn();
+    hub.wait_db("broker_denied raised", |db| {
+        testkit::db::raised(db, "broker_denied", "connect")
+    })
+    .await;
+    let log = hub.log();
+    assert!(
+        log.contains("TLS handshake refused"),
+        "{}",
+        hub.log_tail(20)
+    );
+    assert!(log.contains("WARN"), "a warning, not a debug line");
+}
+
 /// What a fake broker saw of the hub.
 #[derive(Default)]
 struct FakeSeen {

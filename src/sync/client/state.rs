@@ -14,6 +14,7 @@ use crate::sync::window::{Outstanding, ReceiveWindow};
 use rumqttc::{ConnectReturnCode, Publish, QoS, SubscribeReasonCode};
 use std::time::Duration;
 use tokio::time::Instant;
+use tokio_rustls::rustls::{self, AlertDescription};
 
 /// What the broker said about the hub's right to be there (mqtt.md
 /// 'Broker access'): the control task turns refusals into `broker_denied`.
@@ -21,6 +22,11 @@ use tokio::time::Instant;
 pub enum Access {
     /// The broker refused the connection (CONNACK with this code).
     ConnectRefused(ConnectReturnCode),
+    /// The broker ended the TLS handshake with this alert: it refuses the
+    /// hub's client certificate (expired, from another CA, revoked). The
+    /// identity may be a certificate (mqtt.md 'Broker access'), so this is
+    /// a refusal as much as a CONNACK code is.
+    CertificateRefused(AlertDescription),
     /// The broker refused the subscription to the events topic (SUBACK 0x80).
     SubscribeRefused,
     /// The subscription to the events topic was granted.
@@ -29,15 +35,36 @@ pub enum Access {
 
 impl Access {
     /// What a failed connection attempt says about access, if anything: a
-    /// CONNACK refusal is the broker's word, every other failure (TCP, TLS,
-    /// timeouts) is the network's.
+    /// CONNACK refusal and a TLS alert about the client's certificate are
+    /// the broker's word; every other failure (TCP, timeouts, a TLS error
+    /// on the hub's side) is the network's or the hub's own.
     pub fn of_connection_error(e: &rumqttc::ConnectionError) -> Option<Access> {
-        match e {
-            rumqttc::ConnectionError::ConnectionRefused(code) => {
-                Some(Access::ConnectRefused(*code))
-            }
+        // With TLS 1.3 the server judges the client's certificate after the
+        // client's side of the handshake is done, so its alert comes with
+        // the first read (the CONNACK), as an I/O error wrapping rustls's
+        // (rumqttc reports it as a failure to read the packet).
+        let alert = |io: &std::io::Error| match io.get_ref()?.downcast_ref::<rustls::Error>() {
+            Some(rustls::Error::AlertReceived(a)) => Some(*a),
             _ => None,
-        }
+        };
+        let received = match e {
+            rumqttc::ConnectionError::ConnectionRefused(code) => {
+                return Some(Access::ConnectRefused(*code));
+            }
+            rumqttc::ConnectionError::Tls(rumqttc::TlsError::TLS(
+                rustls::Error::AlertReceived(a),
+            )) => Some(*a),
+            rumqttc::ConnectionError::Tls(rumqttc::TlsError::Io(io))
+            | rumqttc::ConnectionError::Io(io)
+            | rumqttc::ConnectionError::MqttState(
+                rumqttc::StateError::Io(io)
+                | rumqttc::StateError::Deserialization(rumqttc::mqttbytes::Error::Io(io)),
+            ) => alert(io),
+            _ => None,
+        };
+        received
+            .filter(|a| refuses_the_certificate(*a))
+            .map(Access::CertificateRefused)
     }
 
     /// What the SUBACK for the events topic (the only topic the hub
@@ -64,10 +91,30 @@ impl Access {
                 "connection refused: not authorised".to_owned()
             }
             Access::ConnectRefused(code) => format!("connection refused: {code:?}"),
+            Access::CertificateRefused(alert) => {
+                format!(
+                    "TLS handshake refused: the broker answered {alert:?} to the hub's client certificate"
+                )
+            }
             Access::SubscribeRefused => "subscription to the events topic refused".to_owned(),
             Access::Granted => "subscription granted".to_owned(),
         }
     }
+}
+
+/// The TLS alerts by which a server refuses a client's certificate.
+fn refuses_the_certificate(alert: AlertDescription) -> bool {
+    matches!(
+        alert,
+        AlertDescription::BadCertificate
+            | AlertDescription::UnsupportedCertificate
+            | AlertDescription::CertificateRevoked
+            | AlertDescription::CertificateExpired
+            | AlertDescription::CertificateUnknown
+            | AlertDescription::UnknownCA
+            | AlertDescription::AccessDenied
+            | AlertDescription::CertificateRequired
+    )
 }
 
 /// Whether the connection died on an incoming packet over
@@ -343,6 +390,20 @@ mod tests {
         assert_eq!(Access::of_connection_error(&io), None);
         assert_eq!(
             Access::of_connection_error(&rumqttc::ConnectionError::NetworkTimeout),
+            None
+        );
+        let tls = |e| rumqttc::ConnectionError::Tls(rumqttc::TlsError::TLS(e));
+        assert_eq!(
+            Access::of_connection_error(&tls(rustls::Error::AlertReceived(
+                AlertDescription::UnknownCA
+            ))),
+            Some(Access::CertificateRefused(AlertDescription::UnknownCA)),
+            "the broker does not know the hub's certificate"
+        );
+        assert_eq!(
+            Access::of_connection_error(&tls(rustls::Error::AlertReceived(
+                AlertDescription::HandshakeFailure
+            ))),
             None
         );
     }
