@@ -122,17 +122,18 @@ pub fn verify_envelope(raw: &[u8], ctx: &VerifyContext<'_>) -> Result<VerifiedEv
     let body_b64 = str_field("body")?;
     let sig_b64 = str_field("sig")?;
 
+    // The envelope's own form first (mqtt.md's order: `bad_envelope`
+    // before `unknown_signer`), then who signed it.
+    let body = crypto::b64u_decode(body_b64).ok_or(bad)?;
+    let sig: [u8; 64] = crypto::b64u_decode(sig_b64)
+        .and_then(|s| s.try_into().ok())
+        .ok_or(bad)?;
     let signer = ctx
         .ring
         .iter()
         .find(|s| s.id == signer_id)
         .filter(|s| s.not_after.is_none_or(|t| ctx.now <= t))
         .ok_or(reject(Reason::UnknownSigner, hint))?;
-
-    let body = crypto::b64u_decode(body_b64).ok_or(bad)?;
-    let sig: [u8; 64] = crypto::b64u_decode(sig_b64)
-        .and_then(|s| s.try_into().ok())
-        .ok_or(bad)?;
     if !crypto::verify(crypto::EVENT_CONTEXT, &signer.public_key, &body, &sig) {
         return Err(reject(Reason::BadSignature, hint));
     }
@@ -475,6 +476,15 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(reason(&raw), Reason::UnknownSigner);
+    }
+
+    #[test]
+    fn a_malformed_body_or_signature_is_bad_envelope_even_from_an_unknown_signer() {
+        // mqtt.md's order: `bad_envelope` comes before `unknown_signer`.
+        let raw = env_text(&format!(
+            r#"{{"v":1,"event_id":"{ID}","signer":"cloud-unknown","body":"!!","sig":"SIG"}}"#
+        ));
+        assert_eq!(reason(&raw), Reason::BadEnvelope);
     }
 
     #[test]
