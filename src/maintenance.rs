@@ -112,18 +112,25 @@ impl Maintenance {
     }
 
     /// Clears the alerts of occurrences ([`Condition::ends_when_quiet`])
-    /// that have not happened again for `policy.cloud_stale_s`.
+    /// that have not happened again for `policy.cloud_stale_s`, and sends
+    /// the counts that bumps held back ([`alerts::publish_bumps`]).
+    /// Returns how many it cleared.
     pub async fn clear_quiet_alerts(&self) -> Result<usize, StoreError> {
         let now = self.clock.now();
         let quiet_s = self.policy.cloud_stale_s;
-        let n = self
+        let (n, bumped) = self
             .store
             .write(Priority::Bulk, move |c| {
-                alerts::clear_quiet(c, quiet_s, now)
+                Ok((
+                    alerts::clear_quiet(c, quiet_s, now)?,
+                    alerts::publish_bumps(c, now)?,
+                ))
             })
             .await?;
         if n > 0 {
             tracing::info!(alerts = n, "alerts ended after a quiet period");
+        }
+        if n + bumped > 0 {
             self.outbox_wake.notify_one();
         }
         Ok(n)

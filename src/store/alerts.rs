@@ -337,6 +337,39 @@ pub fn raised_subjects(conn: &Connection, condition: Condition) -> Result<Vec<St
         .collect::<Result<_, _>>()?)
 }
 
+/// Publishes the raised alerts bumped since their last message once that
+/// message is [`REPUBLISH_AFTER_US`] old. A bump within that time is kept
+/// back ([`raise`]), so a burst costs one message a minute; without this
+/// a bump followed by silence would reach the cloud only with the clear,
+/// maybe days later. Returns how many it published.
+pub fn publish_bumps(conn: &Connection, now: Timestamp) -> Result<usize, StoreError> {
+    let due: Vec<(String, String)> = conn
+        .prepare_cached(
+            "SELECT condition, subject FROM alerts
+              WHERE state = 'raised' AND last_at > published_at AND published_at <= ?1
+              ORDER BY condition, subject",
+        )?
+        .query_map([now.0.saturating_sub(REPUBLISH_AFTER_US)], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })?
+        .collect::<Result<_, _>>()?;
+    let mut published = 0;
+    for (name, subject) in &due {
+        let Some(condition) = Condition::parse(name) else {
+            continue;
+        };
+        if let Some((row, _)) = load(conn, condition, subject)? {
+            conn.prepare_cached(
+                "UPDATE alerts SET published_at = ?3 WHERE condition = ?1 AND subject = ?2",
+            )?
+            .execute(params![name, subject, now.0])?;
+            publish(conn, &row, condition, now)?;
+            published += 1;
+        }
+    }
+    Ok(published)
+}
+
 /// Clears the alerts of [`Condition::ends_when_quiet`] conditions whose last
 /// occurrence is `quiet_s` or more before `now`. Returns how many it cleared.
 pub fn clear_quiet(conn: &Connection, quiet_s: u32, now: Timestamp) -> Result<usize, StoreError> {
@@ -467,6 +500,39 @@ mod tests {
             published, 3,
             "raised, cleared, raised: the held look published nothing"
         );
+    }
+
+    #[test]
+    fn a_bump_held_back_within_the_minute_is_sent_once_the_minute_is_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("db"), &Policy::default()).unwrap();
+        let t = Timestamp::from_secs(1_800_000_000);
+        let (early, due, again) = store
+            .write_blocking(Priority::Bulk, move |c| {
+                raise(c, Condition::Tamper, "board-a", 1, t)?;
+                raise(c, Condition::Tamper, "board-a", 1, t.saturating_add_secs(5))?;
+                let early = publish_bumps(c, t.saturating_add_secs(59))?;
+                let due = publish_bumps(c, t.saturating_add_secs(60))?;
+                let again = publish_bumps(c, t.saturating_add_secs(600))?;
+                Ok((early, due, again))
+            })
+            .unwrap();
+        assert_eq!(
+            (early, due, again),
+            (0, 1, 0),
+            "once, a minute after the last message"
+        );
+        let bodies: Vec<String> = store
+            .reader()
+            .unwrap()
+            .prepare("SELECT CAST(body AS TEXT) FROM outbox WHERE topic = 'alerts' ORDER BY id")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(bodies.len(), 2);
+        assert!(bodies[1].contains(r#""state":"raised""#) && bodies[1].contains(r#""count":2"#));
     }
 
     #[test]
