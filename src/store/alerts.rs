@@ -455,10 +455,28 @@ mod tests {
     use crate::config::Policy;
     use crate::store::{Priority, Store};
 
-    #[test]
-    fn a_state_that_holds_opens_its_alert_once_never_bumps_it_and_opens_it_again_after_a_clear() {
+    fn open_store() -> (tempfile::TempDir, Store) {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("db"), &Policy::default()).unwrap();
+        (dir, store)
+    }
+
+    /// Every alert message the outbox holds, oldest first.
+    fn alert_bodies(store: &Store) -> Vec<String> {
+        store
+            .reader()
+            .unwrap()
+            .prepare("SELECT CAST(body AS TEXT) FROM outbox WHERE topic = 'alerts' ORDER BY id")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    }
+
+    #[test]
+    fn a_state_that_holds_opens_its_alert_once_never_bumps_it_and_opens_it_again_after_a_clear() {
+        let (_dir, store) = open_store();
         let t = Timestamp::from_secs(1_800_000_000);
         let (opened, again, reopened) = store
             .write_blocking(Priority::Bulk, move |c| {
@@ -489,13 +507,7 @@ mod tests {
         let row = open_alerts(&reader).unwrap().pop().unwrap();
         assert_eq!(row.count, 1, "asking again is not an occurrence");
         assert_eq!(row.first_at, t.saturating_add_secs(30), "a new alert");
-        let published: i64 = reader
-            .query_row(
-                "SELECT count(*) FROM outbox WHERE topic = 'alerts'",
-                [],
-                |r| r.get(0),
-            )
-            .unwrap();
+        let published = alert_bodies(&store).len();
         assert_eq!(
             published, 3,
             "raised, cleared, raised: the held look published nothing"
@@ -504,8 +516,7 @@ mod tests {
 
     #[test]
     fn a_bump_held_back_within_the_minute_is_sent_once_the_minute_is_over() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("db"), &Policy::default()).unwrap();
+        let (_dir, store) = open_store();
         let t = Timestamp::from_secs(1_800_000_000);
         let (early, due, again) = store
             .write_blocking(Priority::Bulk, move |c| {
@@ -522,23 +533,14 @@ mod tests {
             (0, 1, 0),
             "once, a minute after the last message"
         );
-        let bodies: Vec<String> = store
-            .reader()
-            .unwrap()
-            .prepare("SELECT CAST(body AS TEXT) FROM outbox WHERE topic = 'alerts' ORDER BY id")
-            .unwrap()
-            .query_map([], |r| r.get(0))
-            .unwrap()
-            .map(Result::unwrap)
-            .collect();
+        let bodies = alert_bodies(&store);
         assert_eq!(bodies.len(), 2);
         assert!(bodies[1].contains(r#""state":"raised""#) && bodies[1].contains(r#""count":2"#));
     }
 
     #[test]
     fn repeats_bump_one_alert_and_clearing_publishes_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("db"), &Policy::default()).unwrap();
+        let (_dir, store) = open_store();
         let t = Timestamp::from_secs(1_800_000_000);
         let (first, again, cleared, cleared_again) = store
             .write_blocking(Priority::Bulk, move |c| {
@@ -557,13 +559,7 @@ mod tests {
             .unwrap();
         assert!(first && !again && cleared && !cleared_again);
         let r = store.reader().unwrap();
-        let bodies: Vec<String> = r
-            .prepare("SELECT CAST(body AS TEXT) FROM outbox WHERE topic = 'alerts' ORDER BY id")
-            .unwrap()
-            .query_map([], |r| r.get(0))
-            .unwrap()
-            .map(Result::unwrap)
-            .collect();
+        let bodies = alert_bodies(&store);
         assert_eq!(
             bodies.len(),
             2,

@@ -779,6 +779,17 @@ fn problems_in_both_files_are_reported_together() {
 // Secrets never show
 // ---------------------------------------------------------------------------
 
+/// Every problem of a config that must not load, as printed, one a line.
+fn shown_errors(fx: &Fixture) -> String {
+    let errs = errors(fx)
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(!errs.is_empty());
+    errs
+}
+
 /// Wrong secrets in many shapes: none of them may appear in any message.
 #[test]
 fn a_wrong_secret_value_never_appears_in_output() {
@@ -818,12 +829,7 @@ fn a_wrong_secret_value_never_appears_in_output() {
     for secrets in cases {
         let fx = Fixture::new();
         fx.write_secrets(&secrets);
-        let errs = errors(&fx)
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join("\n");
-        assert!(!errs.is_empty());
+        let errs = shown_errors(&fx);
         let out = Command::new(bin)
             .arg("check-config")
             .arg(fx.hub())
@@ -859,12 +865,7 @@ fn a_reader_key_pasted_as_a_key_name_never_appears_in_output() {
     ] {
         let fx = Fixture::new();
         fx.write_secrets(&secrets);
-        let errs = errors(&fx)
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join("\n");
-        assert!(!errs.is_empty());
+        let errs = shown_errors(&fx);
         assert!(!errs.contains(&scbk[..12]), "leaked in:\n{errs}");
     }
 }
