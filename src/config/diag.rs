@@ -168,14 +168,24 @@ pub(super) fn check_file(
     }
 }
 
-/// A file that holds a secret: group and others must have no access.
-pub(super) fn check_private(d: &mut Diag<'_>, what: &str, path: &Path, meta: &std::fs::Metadata) {
+/// A file that holds a secret, named by `key` at `span` in hub.toml: group
+/// and others must have no access. Reported at the key that names it, so
+/// the problem has a line and column like every other (config.md).
+pub(super) fn check_private(
+    d: &mut Diag<'_>,
+    key: &str,
+    what: &str,
+    path: &Path,
+    meta: &std::fs::Metadata,
+    span: &Range<usize>,
+) {
     if let Some(mode) = loose_mode(meta) {
-        d.errors.push(file_error(
-            path,
+        d.at(
+            span.clone(),
             format!(
-                "{what} is accessible by group or others (mode {mode:04o}); it must be 0600 or stricter (chmod 600)"
+                "`{key}` {}: {what} is accessible by group or others (mode {mode:04o}); it must be 0600 or stricter (chmod 600)",
+                path.display()
             ),
-        ));
+        );
     }
 }

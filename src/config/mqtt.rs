@@ -221,7 +221,7 @@ pub(super) fn read_mqtt(
                 None => false,
                 Some(meta) => {
                     let before = d.errors.len();
-                    check_private(d, "the MQTT client key", p, &meta);
+                    check_private(d, "key_file", "the MQTT client key", p, &meta, span);
                     d.errors.len() == before
                 }
             });
@@ -247,7 +247,7 @@ pub(super) fn read_mqtt(
             None => ok = false,
             Some(meta) => {
                 let before = d.errors.len();
-                check_private(d, "the MQTT password file", p, &meta);
+                check_private(d, "password_file", "the MQTT password file", p, &meta, span);
                 match std::fs::read(p) {
                     Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => {
                         d.at(

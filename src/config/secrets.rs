@@ -14,7 +14,7 @@ pub(super) fn read_secrets(
 ) -> Option<Secrets> {
     let meta = check_file(hub, "file", file, span)?;
     let mode_before = hub.errors.len();
-    check_private(hub, "the secrets file", file, &meta);
+    check_private(hub, "file", "the secrets file", file, &meta, span);
     let mode_ok = hub.errors.len() == mode_before;
     let text = match read_text(file) {
         Ok(t) => t,
