@@ -231,32 +231,35 @@ pub fn spawn(
 ) -> OsdpHandle {
     let (stop, stop_rx) = watch::channel(false);
     let mut tasks = Vec::new();
-    let known: HashMap<String, ReaderIdentity> = match store.reader() {
-        Ok(conn) => settings
-            .buses
-            .iter()
-            .flat_map(|b| b.readers.iter())
-            .filter_map(|r| match db::identity(&conn, &r.name) {
-                Ok(id) => id.map(|id| (r.name.clone(), id)),
-                Err(e) => {
-                    tracing::error!(reader = %r.name, error = %e, "cannot read the reader's recorded identity");
-                    None
-                }
-            })
-            .collect(),
-        Err(e) => {
-            tracing::error!(error = %e, "cannot read recorded reader identities");
-            HashMap::new()
-        }
-    };
-    let faulty: Vec<String> = store
-        .reader()
-        .and_then(|c| alerts::raised_subjects(&c, Condition::ReaderLinkFault))
-        .unwrap_or_else(|e| {
-            tracing::error!(error = %e, "cannot read the raised reader_link_fault alerts");
-            Vec::new()
-        });
     let readers = || settings.buses.iter().flat_map(|b| b.readers.iter());
+    // What earlier runs recorded, read once through one connection.
+    let recorded = store.reader().inspect_err(|e| {
+        tracing::error!(error = %e, "cannot read what earlier runs recorded about the readers");
+    });
+    let known: HashMap<String, ReaderIdentity> = recorded
+        .as_ref()
+        .map(|conn| {
+            readers()
+                .filter_map(|r| match db::identity(conn, &r.name) {
+                    Ok(id) => id.map(|id| (r.name.clone(), id)),
+                    Err(e) => {
+                        tracing::error!(reader = %r.name, error = %e, "cannot read the reader's recorded identity");
+                        None
+                    }
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let faulty: Vec<String> = recorded
+        .as_ref()
+        .map(|conn| {
+            alerts::raised_subjects(conn, Condition::ReaderLinkFault).unwrap_or_else(|e| {
+                tracing::error!(error = %e, "cannot read the raised reader_link_fault alerts");
+                Vec::new()
+            })
+        })
+        .unwrap_or_default();
+    drop(recorded);
     tasks.push(tokio::spawn(end_moot_alerts(
         store.clone(),
         readers()
