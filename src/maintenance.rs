@@ -66,11 +66,11 @@ impl Maintenance {
         Ok(trust == Trust::Trusted)
     }
 
-    /// Saves the effective time into the durable floor.
+    /// Saves the effective time and the hub's own floor into the durable floors.
     pub async fn save_floor(&self) -> Result<(), StoreError> {
-        let now = self.clock.now();
+        let floors = self.clock.floors();
         self.store
-            .write(Priority::Bulk, move |c| floor::raise_to(c, now).map(|_| ()))
+            .write(Priority::Bulk, move |c| floor::save(c, floors).map(|_| ()))
             .await
     }
 
@@ -231,6 +231,7 @@ impl Maintenance {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::Floors;
     use crate::time::Timestamp;
 
     fn setup(floor_at: Timestamp) -> (tempfile::TempDir, Maintenance) {
@@ -238,7 +239,10 @@ mod tests {
         let store = Store::open(&dir.path().join("lockhub.db"), &Policy::default()).unwrap();
         let m = Maintenance {
             store,
-            clock: SharedClock::start(floor_at),
+            clock: SharedClock::start(Floors {
+                effective: floor_at,
+                system: floor_at,
+            }),
             policy: Policy::default(),
             trust_ring: Vec::new(),
             outbox_wake: Arc::new(Notify::new()),
@@ -321,12 +325,30 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_floor_is_saved_and_only_rises() {
+    async fn the_floors_are_saved_and_only_rise() {
         let now = Timestamp::now_system();
         let (_dir, m) = setup(Timestamp(0));
         m.save_floor().await.unwrap();
         let saved = floor::load(&m.store.reader().unwrap()).unwrap();
-        assert!(saved >= now, "the saved floor is the effective time");
+        assert!(
+            saved.effective >= now,
+            "the saved floor is the effective time"
+        );
+        assert!(saved.system >= now, "and the hub's own reading");
+        let later = saved.effective.saturating_add_days(1);
+        m.store
+            .write(Priority::Bulk, move |c| {
+                floor::raise_to(c, later).map(|_| ())
+            })
+            .await
+            .unwrap();
+        m.save_floor().await.unwrap();
+        let again = floor::load(&m.store.reader().unwrap()).unwrap();
+        assert_eq!(
+            again.effective, later,
+            "a save never lowers the effective floor"
+        );
+        assert!(again.system >= saved.system && again.system < later);
     }
 
     #[tokio::test]

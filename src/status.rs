@@ -13,16 +13,18 @@
 //!   without being able to read the hub's keys. The database holds no PIN or
 //!   PIN tag that status would print; it reports counts and states only.
 
+use crate::clock::{Clock, Floors};
 use crate::store::alerts::{AlertRow, open_alerts};
 use crate::store::keys::KeyCounts;
 use crate::store::links::{self, LinkRow};
 use crate::store::runtime;
-use crate::store::{MIGRATIONS, outbox, schema_version};
+use crate::store::{MIGRATIONS, floor, outbox, schema_version};
 use crate::time::Timestamp;
-use rusqlite::{Connection, OptionalExtension};
+use rusqlite::Connection;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// The status boundary's errors.
 #[derive(Debug, thiserror::Error)]
@@ -217,8 +219,9 @@ pub struct ClockStatus {
     pub floor: String,
     /// The later of the two: what decisions use.
     pub effective: String,
-    /// The system clock is not behind the floor and no `clock_untrusted`
-    /// alert is raised (expiry sweeps run only while trusted).
+    /// The daemon's trust rules hold for the system clock against the
+    /// floors (crate::clock, 'Trust') and no `clock_untrusted` alert is
+    /// raised (expiry sweeps run only while trusted).
     pub trusted: bool,
 }
 
@@ -300,15 +303,15 @@ pub fn health_key(
         run.as_ref()
             .map_or("unknown".to_owned(), |r| r.broker.clone()),
     );
-    let floor = Timestamp(
-        conn.query_row("SELECT floor FROM time_floor WHERE id = 1", [], |r| {
-            r.get(0)
-        })
-        .optional()?
-        .unwrap_or(0),
-    );
-    let clock_trusted = now >= floor && !alerts.contains_key("clock_untrusted");
+    let clock_trusted = clock_at(conn, now)?.1 && !alerts.contains_key("clock_untrusted");
     Ok((links, alerts, clock_trusted))
+}
+
+/// The durable floors, and whether a daemon starting from them now would
+/// trust the system clock reading `now` (crate::clock, 'Trust').
+fn clock_at(conn: &Connection, now: Timestamp) -> Result<(Floors, bool), crate::store::StoreError> {
+    let floors = floor::load_any_schema(conn)?;
+    Ok((floors, Clock::start(floors).trusted(now, Duration::ZERO)))
 }
 
 /// Computes the health figures from `conn` (a reader of the database at
@@ -524,23 +527,16 @@ pub fn gather(target: &Target, now: Timestamp) -> Result<Status, StatusError> {
         }
     }
 
-    let floor = Timestamp(
-        conn.query_row("SELECT floor FROM time_floor WHERE id = 1", [], |r| {
-            r.get(0)
-        })
-        .optional()
-        .map_err(db)?
-        .unwrap_or(0),
-    );
+    let (floors, trusted) = clock_at(&conn, now).map_err(store)?;
     let health = health(&conn, path, now).map_err(store)?;
     conn.execute_batch("COMMIT").map_err(db)?;
 
     let untrusted_alert = alerts.iter().any(|a| a.condition == "clock_untrusted");
     let clock = ClockStatus {
         system: now.to_rfc3339(),
-        floor: floor.to_rfc3339(),
-        effective: now.max(floor).to_rfc3339(),
-        trusted: now >= floor && !untrusted_alert,
+        floor: floors.effective.to_rfc3339(),
+        effective: Clock::start(floors).peek(now, Duration::ZERO).to_rfc3339(),
+        trusted: trusted && !untrusted_alert,
     };
 
     Ok(Status {

@@ -45,6 +45,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0009_checks_without_in_lists",
         include_str!("../../migrations/0009_checks_without_in_lists.sql"),
     ),
+    (
+        "0010_system_floor",
+        include_str!("../../migrations/0010_system_floor.sql"),
+    ),
 ];
 
 /// The schema version a database is at.
@@ -403,12 +407,13 @@ mod tests {
         .unwrap();
     }
 
-    /// Brings a new database to the version after `step`, step by step as a
+    /// Brings a database to the version after `step`, step by step as a
     /// hub of that version was migrated.
     fn migrate_through(c: &mut Connection, step: &str) {
         let version = MIGRATIONS.iter().position(|(n, _)| *n == step).unwrap() + 1;
+        let found = schema_version(c).unwrap();
         c.pragma_update(None, "foreign_keys", false).unwrap();
-        run_steps(c, 0, version as i64).unwrap();
+        run_steps(c, found, version as i64).unwrap();
         c.pragma_update(None, "foreign_keys", true).unwrap();
     }
 
@@ -475,8 +480,7 @@ mod tests {
         c.execute(dedupe, rusqlite::params![id(2), "rejected", "bad_seq"])
             .unwrap();
 
-        migrate(&mut c, &path).unwrap();
-        assert_eq!(schema_version(&c).unwrap(), MIGRATIONS.len() as i64);
+        migrate_through(&mut c, "0009_checks_without_in_lists");
         let after = triggers_and_indexes(&c);
         assert_eq!(
             after, before,
@@ -556,6 +560,44 @@ mod tests {
         assert!(
             c.execute("UPDATE dedupe SET outcome = 'applied', reason = NULL", [])
                 .is_err()
+        );
+    }
+
+    #[test]
+    fn the_system_floor_of_a_migrated_hub_starts_an_hour_below_its_old_floor() {
+        use crate::clock::{Clock, Trust};
+        use crate::time::Timestamp;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.db");
+        let mut c = Connection::open(&path).unwrap();
+        migrate_through(&mut c, "0009_checks_without_in_lists");
+        // The old floor holds the cloud's lead of 40 s over the hub's clock.
+        let old = Timestamp::from_secs(1_800_000_040);
+        c.execute("UPDATE time_floor SET floor = ?1", [old.0])
+            .unwrap();
+        migrate(&mut c, &path).unwrap();
+        let floors = crate::store::floor::load(&c).unwrap();
+        assert_eq!(floors.effective, old, "the effective floor is kept");
+        assert_eq!(floors.system, old.saturating_add_secs(-3600));
+        let clock = Clock::start(floors);
+        let system = Timestamp::from_secs(1_800_000_010);
+        assert_eq!(
+            clock.trust(system, std::time::Duration::ZERO),
+            Trust::Trusted
+        );
+        assert_eq!(clock.peek(system, std::time::Duration::ZERO), old);
+        // A clock a day stale is not.
+        assert!(matches!(
+            clock.trust(old.saturating_add_days(-1), std::time::Duration::ZERO),
+            Trust::SystemBehindFloor { .. }
+        ));
+        // A fresh database's floors stay at zero.
+        let fresh = dir.path().join("fresh.db");
+        let mut f = Connection::open(&fresh).unwrap();
+        migrate(&mut f, &fresh).unwrap();
+        assert_eq!(
+            crate::store::floor::load(&f).unwrap(),
+            crate::clock::Floors::default()
         );
     }
 }

@@ -1,7 +1,7 @@
 //! The effective clock's durable side (the floor), the expiry sweep, and
 //! retention pruning against the schema's guards, on real SQLite files.
 
-use lockhub::clock::{Clock, Trust};
+use lockhub::clock::{Clock, Floors, Trust};
 use lockhub::door::{Decision, DenyReason};
 use lockhub::store::audit::{self, AuditKind, AuditRecord};
 use lockhub::store::sweep::{EXPIRE_BATCH, expire_due, prune};
@@ -16,26 +16,52 @@ const DAY: i64 = 86_400;
 #[test]
 fn the_floor_only_rises_and_the_schema_refuses_to_lower_it() {
     let db = Db::open();
-    assert_eq!(floor::load(&db.reader()).unwrap(), Timestamp(0));
+    assert_eq!(floor::load(&db.reader()).unwrap(), Floors::default());
     assert!(db.write(|c| floor::raise_to(c, t(100))));
     assert!(!db.write(|c| floor::raise_to(c, t(50))), "lower is ignored");
     assert!(!db.write(|c| floor::raise_to(c, t(100))));
-    assert_eq!(floor::load(&db.reader()).unwrap(), t(100));
-    let direct = db.store.write_blocking(Priority::Bulk, |c| {
-        Ok(c.execute("UPDATE time_floor SET floor = 1 WHERE id = 1", [])?)
-    });
-    assert!(
-        direct
-            .unwrap_err()
-            .to_string()
-            .contains("time floor only rises")
+    assert_eq!(
+        floor::load(&db.reader()).unwrap(),
+        Floors {
+            effective: t(100),
+            system: Timestamp(0)
+        },
+        "a door decision or an issued_at is not the hub's own reading"
     );
+    assert!(db.write(|c| floor::save(c, floors(90, 90))));
+    assert!(
+        !db.write(|c| floor::save(c, floors(80, 80))),
+        "lower is ignored"
+    );
+    assert_eq!(floor::load(&db.reader()).unwrap(), floors(100, 90));
+    for sql in [
+        "UPDATE time_floor SET floor = 1 WHERE id = 1",
+        "UPDATE time_floor SET system_floor = 1 WHERE id = 1",
+    ] {
+        let direct = db
+            .store
+            .write_blocking(Priority::Bulk, move |c| Ok(c.execute(sql, [])?));
+        assert!(
+            direct
+                .unwrap_err()
+                .to_string()
+                .contains("time floor only rises"),
+            "{sql}"
+        );
+    }
+}
+
+fn floors(effective: i64, system: i64) -> Floors {
+    Floors {
+        effective: t(effective),
+        system: t(system),
+    }
 }
 
 #[test]
 fn the_floor_survives_a_restart_and_a_clock_reset_to_1970_cannot_go_behind_it() {
     let db = Db::open();
-    db.write(|c| floor::raise_to(c, t(1000)));
+    db.write(|c| floor::save(c, floors(1000, 1000)));
     let db = db.reopen();
     let mut clock = Clock::start(floor::load(&db.reader()).unwrap());
     let epoch = Timestamp::from_secs(0);
@@ -48,10 +74,25 @@ fn the_floor_survives_a_restart_and_a_clock_reset_to_1970_cannot_go_behind_it() 
 }
 
 #[test]
+fn a_cloud_running_ahead_leaves_a_restarted_hub_trusting_its_clock() {
+    // The run before: the system clock read t(1000) while events came
+    // signed 40 s ahead of it; one of them was decided at a door.
+    let db = Db::open();
+    db.write(|c| floor::raise_to(c, t(1040)));
+    db.write(|c| floor::save(c, floors(1040, 1000)));
+    let db = db.reopen();
+    let clock = Clock::start(floor::load(&db.reader()).unwrap());
+    // Restarted 10 s later: decisions still use the later time, and the
+    // sweep may run.
+    assert_eq!(clock.peek(t(1010), Duration::ZERO), t(1040));
+    assert_eq!(clock.trust(t(1010), Duration::ZERO), Trust::Trusted);
+}
+
+#[test]
 fn a_door_decision_raises_the_floor_to_its_time() {
     let db = Db::open();
     db.enter("101", "0000", t(42));
-    assert_eq!(floor::load(&db.reader()).unwrap(), t(42));
+    assert_eq!(floor::load(&db.reader()).unwrap().effective, t(42));
 }
 
 #[test]

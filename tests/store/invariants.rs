@@ -507,6 +507,14 @@ fn the_time_floor_never_goes_down() {
     );
     refused(&c, "DELETE FROM time_floor");
     assert_eq!(count(&c, "SELECT floor FROM time_floor"), 1000);
+    accepted(&c, "UPDATE time_floor SET system_floor = 500");
+    refused(&c, "UPDATE time_floor SET system_floor = 499");
+    refused(&c, "UPDATE time_floor SET system_floor = NULL");
+    refused(&c, "UPDATE time_floor SET floor = 2000, system_floor = 0");
+    assert_eq!(
+        count(&c, "SELECT floor * 10000 + system_floor FROM time_floor"),
+        1000 * 10000 + 500
+    );
 }
 
 #[test]

@@ -92,3 +92,59 @@ async fn with_the_system_clock_behind_the_floor_alerts_and_outbox_marks_carry_th
     assert_eq!(early, 0, "an outbox time is behind the effective time");
     assert!(hub.sigterm());
 }
+
+/// A cloud whose clock runs ahead of the hub's (here 40 s, well within the
+/// hour mqtt.md allows) lifts the effective floor past the system clock.
+/// A restart must judge that as the run before did: the clock is trusted and
+/// the expiry sweep runs, by the later time, at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_a_cloud_running_ahead_neither_makes_the_clock_untrusted_nor_holds_the_sweep()
+ {
+    let broker = Mosquitto::start();
+    let (mut cloud, mut hub) =
+        CloudClient::with_online_hub(broker.port, &broker.url(), DaemonOptions::default()).await;
+    let mut grant = testkit::cloud::grant(1);
+    let issued = Timestamp::now_system();
+    grant.valid_until = issued.saturating_add_secs(20);
+    let ev = testkit::cloud::cloud().key_issued(&grant, &[]);
+    cloud.publish(std::slice::from_ref(&ev)).await;
+    cloud.wait_results(std::slice::from_ref(&ev)).await;
+    assert!(hub.sigterm());
+    let state = |hub: &testkit::daemon::Daemon| -> String {
+        hub.db()
+            .query_row("SELECT state FROM keys WHERE key_id = 'k-1'", [], |r| {
+                r.get(0)
+            })
+            .unwrap()
+    };
+    assert_eq!(state(&hub), "active", "the run before did not expire it");
+    // What applying events signed 40 s ahead leaves behind: the effective
+    // floor past the system clock, the hub's own floor at its readings.
+    let ahead = issued.saturating_add_secs(40);
+    {
+        let c = rusqlite::Connection::open(hub.db_path()).unwrap();
+        c.execute("UPDATE time_floor SET floor = ?1 WHERE id = 1", [ahead.0])
+            .unwrap();
+        let system: i64 = c
+            .query_row("SELECT system_floor FROM time_floor", [], |r| r.get(0))
+            .unwrap();
+        assert!(
+            system <= Timestamp::now_system().0,
+            "no lead in the hub's own floor"
+        );
+    }
+    hub.spawn();
+    hub.wait_db("the key expired by the effective time", |db| {
+        db.query_row("SELECT state FROM keys WHERE key_id = 'k-1'", [], |r| {
+            r.get::<_, String>(0)
+        })
+        .unwrap()
+            == "expired"
+    })
+    .await;
+    assert_eq!(hub.alert_count("clock_untrusted"), 0);
+    let status = hub.status_json();
+    assert_eq!(status["clock"]["trusted"], true, "{status}");
+    assert!(status["clock"]["effective"].as_str().unwrap() >= ahead.to_rfc3339().as_str());
+    assert!(hub.sigterm());
+}

@@ -241,7 +241,7 @@ fn start_hub_keep_alive(
         store.clone(),
         Arc::new(decider),
         SeqStart::default(),
-        lockhub::clock::SharedClock::start(lockhub::time::Timestamp(0)),
+        lockhub::clock::SharedClock::start(Default::default()),
     )
     .unwrap();
     Hub {
