@@ -21,10 +21,11 @@ pub const PIN_MAX_DIGITS: usize = 12;
 /// `bad_format` (and counted toward the lockout). If decoding stopped at 12
 /// bytes, a 13-digit entry would be dropped as a bad frame, never acked, and
 /// the board would resend it into the void. So the bound is what can fit in
-/// a Keypad payload at all: 64 bytes minus variant (1), worst-case seq varint
-/// (3), door (1) and the length varint (1). Anything longer cannot be inside
-/// a valid frame; the deserializer still rejects it with an error.
-pub const PIN_WIRE_MAX: usize = crate::frame::MAX_PAYLOAD - 6;
+/// a Keypad payload at all: 64 bytes minus variant (1), the shortest seq
+/// varint (1, for seq 0..=127), door (1) and the length varint (1). Anything
+/// longer cannot be inside a valid frame; the deserializer still rejects it
+/// with an error.
+pub const PIN_WIRE_MAX: usize = crate::frame::MAX_PAYLOAD - 4;
 
 /// The `pin` field of [`Uplink::Keypad`], held as raw bytes.
 ///
@@ -316,12 +317,34 @@ mod tests {
     }
 
     #[test]
+    fn the_longest_pin_a_payload_can_hold_still_decodes_as_a_keypad() {
+        // Variant, a one-byte seq, door and length: 60 bytes are left.
+        let mut payload = [b'7'; crate::frame::MAX_PAYLOAD];
+        payload[..4].copy_from_slice(&[0x01, 0x05, 0x00, PIN_WIRE_MAX as u8]);
+        let msg = postcard::from_bytes::<Uplink>(&payload).unwrap();
+        match &msg {
+            Uplink::Keypad { seq, door, pin } => {
+                assert_eq!((*seq, *door, pin.as_bytes().len()), (5, 0, PIN_WIRE_MAX));
+                assert_eq!(pin.as_digits(), None, "decided bad_format by the hub");
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut buf = [0u8; crate::frame::MAX_PAYLOAD];
+        assert_eq!(postcard::to_slice(&msg, &mut buf).unwrap(), &payload[..]);
+        let mut out = [0u8; crate::frame::MAX_FRAME];
+        assert!(
+            crate::frame::encode_frame(&msg, &mut out).is_ok(),
+            "it fits a frame"
+        );
+    }
+
+    #[test]
     fn pin_longer_than_the_wire_bound_fails_cleanly() {
         let mut payload = [b'1'; 80];
         payload[0] = 0x01; // Keypad
         payload[1] = 0x01; // seq
         payload[2] = 0x00; // door
-        payload[3] = (PIN_WIRE_MAX + 1) as u8; // len 59
+        payload[3] = (PIN_WIRE_MAX + 1) as u8; // len 61
         assert!(postcard::from_bytes::<Uplink>(&payload).is_err());
         // A huge length varint must not panic or allocate either.
         let huge = [0x01, 0x01, 0x00, 0xff, 0xff, 0xff, 0xff, 0x0f, b'1'];

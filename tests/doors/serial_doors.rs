@@ -104,7 +104,14 @@ async fn an_unknown_door_and_a_malformed_pin_are_acked_denied_and_audited() {
     // Too short, too long: the board sends what was typed.
     sim.enter_pin(0, "12");
     sim.enter_pin(1, "1234567890123");
-    assert!(until_db(&mut sim, &db, |db| db.audit().len() == 3).await);
+    // The longest pin field a frame can carry (a one-byte seq leaves 60).
+    let longest = Uplink::Keypad {
+        seq: 100,
+        door: 1,
+        pin: Pin::from_wire_bytes(&[b'9'; 60]).unwrap(),
+    };
+    sim.write_raw(&to_frame(&longest).unwrap()).await.unwrap();
+    assert!(until_db(&mut sim, &db, |db| db.audit().len() == 4).await);
     let mut audit = db.audit();
     audit.sort();
     assert_eq!(
@@ -112,8 +119,16 @@ async fn an_unknown_door_and_a_malformed_pin_are_acked_denied_and_audited() {
         [
             "door.denied/bad_format@101",
             "door.denied/bad_format@102",
+            "door.denied/bad_format@102",
             "door.denied/unknown_door@board-a:2"
         ]
+    );
+    assert!(
+        sim.run_until(WAIT, |s| count(s, |e| {
+            *e == SimEvent::Received(Downlink::Ack { seq: 100 })
+        }) == 1)
+            .await
+            .unwrap()
     );
     assert!(
         sim.run_until(WAIT, |s| [0, 1, 2]
@@ -121,6 +136,12 @@ async fn an_unknown_door_and_a_malformed_pin_are_acked_denied_and_audited() {
             .all(|d| count(s, denied(*d, false)) == 1))
             .await
             .unwrap()
+    );
+    assert!(
+        sim.run_until(WAIT, |s| denies(s, 1, DenyReason::DENIED) == 2)
+            .await
+            .unwrap(),
+        "the longest pin is denied too"
     );
     // Every Keypad was acked: nothing failed on the board's side.
     assert_eq!(sim.board().stats().uplinks_failed, 0);
