@@ -497,13 +497,17 @@ fn load_inner(path: &Path, errors: &mut Vec<ConfigError>) -> Option<Config> {
     let secrets_ref = root
         .table(&mut d, "secrets", "[secrets]", &["file"], true)
         .and_then(|t| t.path(&mut d, "file", true, &base));
-    let secrets = secrets_ref
+    let read = secrets_ref
         .as_ref()
-        .and_then(|(file, span)| read_secrets(&mut d, errors, file, span));
+        .map(|(file, span)| read_secrets(&mut d, errors, file, span));
+    let (secrets, keyed_readers) = match read {
+        Some(r) => (r.secrets, r.keyed_readers),
+        None => (None, None),
+    };
 
-    if let Some(sec) = &secrets {
+    if let Some(keyed) = &keyed_readers {
         for (name, span, insecure) in &reader_spans {
-            if !insecure && !sec.reader_keys.iter().any(|k| &k.reader == name) {
+            if !insecure && !keyed.contains(name) {
                 d.at(
                     span.clone(),
                     format!(

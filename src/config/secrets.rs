@@ -3,6 +3,14 @@
 
 use super::*;
 
+/// What the secrets file gave: the secrets when all of it is valid, and
+/// the readers its `[[reader_key]]` tables name whenever those can be told
+/// (so a reader with no key is reported beside the file's other problems).
+pub(super) struct SecretsRead {
+    pub secrets: Option<Secrets>,
+    pub keyed_readers: Option<Vec<String>>,
+}
+
 /// Reads the secrets file named at `span` in hub.toml. Its own problems are
 /// reported with its own path; a file that cannot be opened at all is
 /// reported at `span`. No message ever holds a secret value.
@@ -11,8 +19,14 @@ pub(super) fn read_secrets(
     errors: &mut Vec<ConfigError>,
     file: &Path,
     span: &Range<usize>,
-) -> Option<Secrets> {
-    let meta = check_file(hub, "file", file, span)?;
+) -> SecretsRead {
+    let unread = SecretsRead {
+        secrets: None,
+        keyed_readers: None,
+    };
+    let Some(meta) = check_file(hub, "file", file, span) else {
+        return unread;
+    };
     let mode_before = hub.errors.len();
     check_private(hub, "file", "the secrets file", file, &meta, span);
     let mode_ok = hub.errors.len() == mode_before;
@@ -23,7 +37,7 @@ pub(super) fn read_secrets(
                 span.clone(),
                 format!("secrets file {} {}", file.display(), io_message(&e)),
             );
-            return None;
+            return unread;
         }
         Err(ReadError::Utf8 { line, column }) => {
             errors.push(ConfigError {
@@ -32,17 +46,25 @@ pub(super) fn read_secrets(
                 column: Some(column),
                 message: "not valid UTF-8".to_owned(),
             });
-            return None;
+            return unread;
         }
     };
     let mut d = Diag::new(file, &text, true);
-    let secrets = parse_secrets(&mut d, &text);
+    let mut read = parse_secrets(&mut d, &text);
     errors.append(&mut d.errors);
-    secrets.filter(|_| mode_ok)
+    if !mode_ok {
+        read.secrets = None;
+    }
+    read
 }
 
-pub(super) fn parse_secrets(d: &mut Diag<'_>, text: &str) -> Option<Secrets> {
-    let doc = parse_toml(d, text)?;
+pub(super) fn parse_secrets(d: &mut Diag<'_>, text: &str) -> SecretsRead {
+    let Some(doc) = parse_toml(d, text) else {
+        return SecretsRead {
+            secrets: None,
+            keyed_readers: None,
+        };
+    };
     let root = Table {
         what: "the secrets file".to_owned(),
         span: doc.span(),
@@ -84,10 +106,18 @@ pub(super) fn parse_secrets(d: &mut Diag<'_>, text: &str) -> Option<Secrets> {
     check_unique(d, "pin key id", &ids);
     let mut readers = Vec::new();
     let mut reader_keys = Vec::new();
+    let mut keyed_readers = Some(Vec::new());
     for t in &root.tables(d, "reader_key", "[[reader_key]]", &["reader", "scbk"]) {
         let reader = t.name(d, "reader");
-        if let Some((r, span)) = &reader {
-            readers.push((*r, span.clone()));
+        match &reader {
+            Some((r, span)) => {
+                readers.push((*r, span.clone()));
+                if let Some(k) = &mut keyed_readers {
+                    k.push((*r).to_owned());
+                }
+            }
+            // Which reader it was for is unknown: say nothing of keys missing.
+            None => keyed_readers = None,
         }
         let scbk = scbk_16(d, t);
         reader_keys.push((|| {
@@ -100,12 +130,17 @@ pub(super) fn parse_secrets(d: &mut Diag<'_>, text: &str) -> Option<Secrets> {
     check_unique(d, "reader_key reader", &readers);
     let reader_keys: Option<Vec<ReaderKey>> = reader_keys.into_iter().collect();
     let pin_keys: Option<Vec<PinKey>> = pin_keys.into_iter().collect();
-    let pin_keys = pin_keys.filter(|k| !k.is_empty())?;
-    Some(Secrets {
-        hub_key: hub_key?,
-        pin_keys,
-        reader_keys: reader_keys?,
-    })
+    let secrets = (|| {
+        Some(Secrets {
+            hub_key: hub_key?,
+            pin_keys: pin_keys.filter(|k| !k.is_empty())?,
+            reader_keys: reader_keys?,
+        })
+    })();
+    SecretsRead {
+        secrets,
+        keyed_readers,
+    }
 }
 
 /// `secret`: base64url of exactly 32 bytes. Messages say what is wrong with

@@ -666,6 +666,42 @@ fn a_serial_and_an_osdp_bus_without_baud_run_at_the_wire_contracts_defaults() {
 }
 
 #[test]
+fn a_reader_without_a_key_is_reported_beside_the_secrets_files_own_problems() {
+    let reader = "\n[[osdp]]\nname = \"bus-a\"\nport = \"/dev/ttyUSB1\"\n\
+                  \n[[reader]]\nname = \"r-1\"\nbus = \"bus-a\"\naddress = 1\n";
+    let keyless = "reader `r-1` has no [[reader_key]]";
+    // A group-readable file, and a file with a bad PIN key: neither hides
+    // the missing reader key.
+    let fx = Fixture::new();
+    fx.write_hub(&(testkit::files::hub_toml() + reader));
+    set_mode(&fx.secrets(), 0o640);
+    let shown: Vec<String> = errors(&fx).iter().map(ToString::to_string).collect();
+    assert_eq!(shown.len(), 2, "{shown:#?}");
+    assert!(
+        shown.iter().any(|e| e.contains("group or others")),
+        "{shown:#?}"
+    );
+    assert!(shown.iter().any(|e| e.contains(keyless)), "{shown:#?}");
+
+    let fx = Fixture::new();
+    fx.write_hub(&(testkit::files::hub_toml() + reader));
+    let secrets = std::fs::read_to_string(fx.secrets()).unwrap();
+    let bad_pin_key = secrets.replacen("secret = \"", "secret = \"AAAA", 2);
+    assert_ne!(bad_pin_key, secrets);
+    fx.write_secrets(&bad_pin_key);
+    let shown: Vec<String> = errors(&fx).iter().map(ToString::to_string).collect();
+    assert!(shown.iter().any(|e| e.contains(keyless)), "{shown:#?}");
+    assert!(shown.iter().any(|e| e.contains("32 bytes")), "{shown:#?}");
+
+    // A [[reader_key]] whose reader cannot be read names no reader: then
+    // nothing is said of keys missing, only of that table.
+    fx.write_secrets(&(secrets + "\n[[reader_key]]\nscbk = \"AAAAAAAAAAAAAAAAAAAAAA\"\n"));
+    let shown: Vec<String> = errors(&fx).iter().map(ToString::to_string).collect();
+    assert!(!shown.iter().any(|e| e.contains(keyless)), "{shown:#?}");
+    assert_eq!(shown.len(), 1, "{shown:#?}");
+}
+
+#[test]
 fn a_serial_with_baud_0_is_refused() {
     hub_error(
         &[("baud = 115200", "baud = 0")],
