@@ -773,19 +773,16 @@ impl BusTask {
                 }
             }
             Event::Card => {
-                let Some(door) = self.slots[i].door.clone() else {
-                    return;
-                };
                 if !self.slots[i].trusted() {
                     tracing::warn!(bus = %self.name, reader = %name, "card read from an untrusted reader ignored");
                     return;
                 }
-                tracing::info!(bus = %self.name, reader = %name, door = %door.name, "card read: denied, PINs only");
+                let (door, _) = self.target(i);
+                tracing::info!(bus = %self.name, reader = %name, door = %door, "card read: denied, PINs only");
                 let at = (self.now)();
-                let d = door.name.clone();
                 self.record(
-                    format!("door.denied/unsupported_credential at {}", door.name),
-                    Box::new(move |c| record_card_denied(c, &d, at).map(drop)),
+                    format!("door.denied/unsupported_credential at {door}"),
+                    Box::new(move |c| record_card_denied(c, &door, at).map(drop)),
                 );
                 self.feedback(i, &cmds::denied());
             }
@@ -796,33 +793,29 @@ impl BusTask {
     /// A submitted entry: past the flood limit it is denied undecided;
     /// otherwise decided now, or queued behind the one in flight.
     fn submit(&mut self, i: usize, entry: Submitted) {
-        let Some(door) = self.slots[i].door.clone() else {
-            tracing::warn!(bus = %self.name, reader = %self.slots[i].cfg.name, "a PIN at a reader with no door; ignored");
-            return;
-        };
+        let (door, _) = self.target(i);
         let key = i as u8;
         let now = self.ms();
         if let Admit::Flood { row } = self.flood.admit(key, now) {
             drop(entry);
             if let Some(count) = row {
-                tracing::warn!(bus = %self.name, door = %door.name, count, "keypad flood");
-                self.flood_row(&door.name, count);
+                tracing::warn!(bus = %self.name, door = %door, count, "keypad flood");
+                self.flood_row(&door, count);
             }
             self.feedback(i, &cmds::denied());
             return;
         }
-        tracing::info!(bus = %self.name, reader = %self.slots[i].cfg.name, door = %door.name, "keypad entry");
+        tracing::info!(bus = %self.name, reader = %self.slots[i].cfg.name, door = %door, "keypad entry");
         match self.queue.push(key, (entry, Instant::now())) {
             Queued::Start(e) => self.start_decision(i, e),
             Queued::Waiting => {}
             Queued::Full(_) => {
                 // Fail closed: only a stuck store gets here. Still on record.
-                tracing::error!(bus = %self.name, door = %door.name, "too many keypad entries waiting; denied undecided");
+                tracing::error!(bus = %self.name, door = %door, "too many keypad entries waiting; denied undecided");
                 let at = (self.now)();
-                let d = door.name.clone();
                 self.record(
-                    format!("door.denied/storage_failure at {}", door.name),
-                    Box::new(move |c| record_storage_failure(c, &d, at).map(drop)),
+                    format!("door.denied/storage_failure at {door}"),
+                    Box::new(move |c| record_storage_failure(c, &door, at).map(drop)),
                 );
                 self.feedback(i, &cmds::denied());
             }
@@ -838,10 +831,20 @@ impl BusTask {
         );
     }
 
+    /// What reader `i`'s PIN entries are decided for: its door, or, for a
+    /// reader that serves none, its place on the bus, which is decided
+    /// `unknown_door` like a serial Keypad for a door index no door has
+    /// (serial.md): denied, audited, no lockout consulted or counted.
+    fn target(&self, i: usize) -> (String, bool) {
+        let s = &self.slots[i];
+        match &s.door {
+            Some(d) => (d.name.clone(), true),
+            None => (format!("{}:{}", self.name, s.cfg.address), false),
+        }
+    }
+
     fn start_decision(&mut self, i: usize, (entry, received): (Submitted, Instant)) {
-        let Some(door) = self.slots[i].door.as_ref().map(|d| d.name.clone()) else {
-            return;
-        };
+        let (door, known) = self.target(i);
         let ctx = self.ctx.clone();
         let tx = self.decided_tx.clone();
         let records = self.records.clone();
@@ -859,7 +862,7 @@ impl BusTask {
                 entry::Entry {
                     driver: &bus,
                     door: &door,
-                    known: true,
+                    known,
                     pin,
                     at: (ctx.now)(),
                     received,
@@ -882,28 +885,11 @@ impl BusTask {
     }
 
     fn on_decided(&mut self, i: usize, answer: Answer) {
-        let Some(door) = self.slots[i].door.clone() else {
-            return;
-        };
         match answer {
+            // Only a known door is ever granted (`target`).
             Answer::Unlock { key_id } => {
-                let sent = if self.slots[i].trusted() {
-                    self.slots[i].cp.send(cmds::unlock(&door)).ok()
-                } else {
-                    None
-                };
-                match sent {
-                    Some(token) => {
-                        let now = self.ms();
-                        let s = &mut self.slots[i];
-                        s.outputs.insert(token, key_id);
-                        s.watch.unlock_sent(now, door.unlock_ms);
-                        self.feedback(i, &cmds::granted(&door));
-                    }
-                    None => {
-                        tracing::warn!(bus = %self.name, door = %door.name, "the reader's session ended before the output went out");
-                        self.record_unlock(&door.name, key_id, false);
-                    }
+                if let Some(door) = self.slots[i].door.clone() {
+                    self.unlock(i, &door, key_id);
                 }
             }
             Answer::Deny => self.feedback(i, &cmds::denied()),
@@ -911,6 +897,28 @@ impl BusTask {
         }
         if let Some(next) = self.queue.done(i as u8) {
             self.start_decision(i, next);
+        }
+    }
+
+    /// Sends a committed grant's output to the reader, then its feedback.
+    fn unlock(&mut self, i: usize, door: &ReaderDoorConfig, key_id: String) {
+        let sent = if self.slots[i].trusted() {
+            self.slots[i].cp.send(cmds::unlock(door)).ok()
+        } else {
+            None
+        };
+        match sent {
+            Some(token) => {
+                let now = self.ms();
+                let s = &mut self.slots[i];
+                s.outputs.insert(token, key_id);
+                s.watch.unlock_sent(now, door.unlock_ms);
+                self.feedback(i, &cmds::granted(door));
+            }
+            None => {
+                tracing::warn!(bus = %self.name, door = %door.name, "the reader's session ended before the output went out");
+                self.record_unlock(&door.name, key_id, false);
+            }
         }
     }
 

@@ -813,6 +813,50 @@ async fn a_wrong_pin_drives_no_output_shows_red_and_is_audited() {
     assert!(peer.commands("output").is_empty());
 }
 
+/// A reader configured on a bus but serving no door yet: its PINs are
+/// decided like a serial Keypad for a door index no door has (serial.md):
+/// denied, shown red, audited `unknown_door` at the reader's place on the
+/// bus, and never counted toward a lockout. A card there is on record too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pin_at_a_reader_that_serves_no_door_is_denied_and_audited_unknown_door() {
+    let broker = Mosquitto::start_with(BrokerOptions::default());
+    let mut peer = Peer::start(&["--key", &key_hex(&KEY_1), "--address", "1"]);
+    let mut hub = Daemon::start(
+        &broker.url(),
+        DaemonOptions {
+            hub_extra: format!(
+                "{}{}",
+                bus("bus-a", &peer.port, 9600),
+                reader("r-201", "bus-a", 1, ""),
+            ),
+            secrets_extra: reader_key("r-201", &KEY_1),
+            policy: "lockout_threshold = 2".to_owned(),
+            ..DaemonOptions::default()
+        },
+    );
+    hub.wait_db("the reader secure", |db| trusted(db, "r-201"))
+        .await;
+    peer.forget();
+    peer.keys(&typed("111111"));
+    let led = peer.wait("the red LED", Duration::from_secs(3), |v| v["cmd"] == "led");
+    assert_eq!(led["on_color"], 1, "{led}");
+    peer.keys(&typed("222222"));
+    peer.keys(&typed("12"));
+    peer.send(serde_json::json!({"card": true}));
+    hub.wait_db("three denials and the card", |db| {
+        audit_rows(db, "bus-a:1")
+            == [
+                "door.denied/unknown_door",
+                "door.denied/unknown_door",
+                "door.denied/unknown_door",
+                "door.denied/unsupported_credential",
+            ]
+    })
+    .await;
+    assert_eq!(hub.count("SELECT count(*) FROM lockouts"), 0);
+    assert!(peer.commands("output").is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_locked_out_reader_stays_locked_out_across_a_hub_restart() {
     let broker = Mosquitto::start_with(BrokerOptions::default());
