@@ -236,12 +236,13 @@ pub fn spawn(
     let recorded = store.reader().inspect_err(|e| {
         tracing::error!(error = %e, "cannot read what earlier runs recorded about the readers");
     });
-    let known: HashMap<String, ReaderIdentity> = recorded
+    // A reader missing from `known` could not be read (`Recorded::Unread`).
+    let known: HashMap<String, Recorded> = recorded
         .as_ref()
         .map(|conn| {
             readers()
-                .filter_map(|r| match db::identity(conn, &r.name) {
-                    Ok(id) => id.map(|id| (r.name.clone(), id)),
+                .filter_map(|r| match Recorded::read(conn, &r.name) {
+                    Ok(id) => Some((r.name.clone(), id)),
                     Err(e) => {
                         tracing::error!(reader = %r.name, error = %e, "cannot read the reader's recorded identity");
                         None
@@ -290,12 +291,32 @@ pub fn spawn(
     OsdpHandle { stop, tasks }
 }
 
+/// What the database holds as a reader's identity, the reference its PDID
+/// is compared with (osdp.md, `reader_replaced`).
+#[derive(Debug, Clone, Copy)]
+enum Recorded {
+    Identity(ReaderIdentity),
+    /// Keyed by hand, never installed: its first authenticated identity
+    /// becomes the reference.
+    Nothing,
+    /// The read failed. Until a read succeeds the reader is quarantined:
+    /// it may be a stranger, and its identity must not become the
+    /// reference.
+    Unread,
+}
+
+impl Recorded {
+    fn read(conn: &rusqlite::Connection, reader: &str) -> Result<Recorded, StoreError> {
+        Ok(db::identity(conn, reader)?.map_or(Recorded::Nothing, Recorded::Identity))
+    }
+}
+
 /// The bus task's view of one reader, beyond the protocol.
 struct Slot {
     cfg: ReaderSettings,
     cp: Reader,
     /// The identity to compare PDID with (recorded, or first seen).
-    known: Option<ReaderIdentity>,
+    known: Recorded,
     quarantined: bool,
     seen_serial: Option<u32>,
     online: bool,
@@ -353,7 +374,7 @@ impl BusTask {
     fn new(
         bus: BusSettings,
         settings: &OsdpSettings,
-        known: &HashMap<String, ReaderIdentity>,
+        known: &HashMap<String, Recorded>,
         faulty: &[String],
         ctx: Arc<DecideCtx>,
         records: mpsc::Sender<(String, Job)>,
@@ -364,11 +385,11 @@ impl BusTask {
             .into_iter()
             .map(|r| Slot {
                 cp: Reader::new(r.address, r.security.clone(), settings.timing, 0),
-                known: known.get(&r.name).copied(),
+                known: known.get(&r.name).copied().unwrap_or(Recorded::Unread),
                 link_fault_raised: faulty.contains(&r.name),
                 door: r.doors.first().cloned(),
+                quarantined: !known.contains_key(&r.name),
                 cfg: r,
-                quarantined: false,
                 seen_serial: None,
                 online: false,
                 secure_since: None,
@@ -1015,28 +1036,45 @@ impl BusTask {
             serial: id.serial,
             firmware: id.firmware,
         };
+        self.slots[i].seen_serial = Some(id.serial);
+        if matches!(self.slots[i].known, Recorded::Unread) {
+            // Asked again at each new session; a small indexed read.
+            match self
+                .ctx
+                .store
+                .reader()
+                .and_then(|c| Recorded::read(&c, &name))
+            {
+                Ok(known) => self.slots[i].known = known,
+                Err(e) => {
+                    tracing::error!(bus = %self.name, reader = %name, error = %e, "cannot read the reader's recorded identity: quarantined until it can be read");
+                    self.slots[i].quarantined = true;
+                    return;
+                }
+            }
+        }
         let s = &mut self.slots[i];
-        s.seen_serial = Some(id.serial);
         match s.known {
-            None => {
+            Recorded::Unread => {}
+            Recorded::Nothing => {
                 // Keyed by hand, never installed: its first authenticated
                 // identity is the reference from now on.
-                s.known = Some(seen);
+                s.known = Recorded::Identity(seen);
                 s.quarantined = false;
                 let at = (self.now)();
                 self.record(
                     format!("identity of reader {name}"),
-                    Box::new(move |c| db::record_identity(c, &name, &seen, at)),
+                    Box::new(move |c| db::adopt_identity(c, &name, &seen, at).map(drop)),
                 );
             }
-            Some(k) if k.serial != id.serial => {
+            Recorded::Identity(k) if k.serial != id.serial => {
                 if !s.quarantined {
                     s.quarantined = true;
                     tracing::error!(bus = %self.name, reader = %name, "reader serial changed: quarantined until `lockhub osdp install`");
                 }
                 self.raise(Condition::ReaderReplaced, &name);
             }
-            Some(_) => s.quarantined = false,
+            Recorded::Identity(_) => s.quarantined = false,
         }
     }
 

@@ -19,7 +19,36 @@ pub struct ReaderIdentity {
     pub firmware: u32,
 }
 
-/// Records (or replaces) a reader's identity.
+/// Records a reader's first identity, if none is recorded: what `lockhub
+/// run` does for a reader keyed by hand. Never replaces one: only `lockhub
+/// osdp install` ([`record_identity`]) may, so a run that could not read
+/// the reference cannot overwrite it with a stranger's. Returns whether it
+/// was recorded.
+pub fn adopt_identity(
+    conn: &Connection,
+    reader: &str,
+    id: &ReaderIdentity,
+    now: Timestamp,
+) -> Result<bool, StoreError> {
+    let n = conn
+        .prepare_cached(
+            "INSERT INTO osdp_readers (reader, vendor, model, version, serial, firmware, recorded_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+             ON CONFLICT (reader) DO NOTHING",
+        )?
+        .execute(params![
+            reader,
+            id.vendor,
+            id.model,
+            id.version,
+            id.serial,
+            id.firmware,
+            now.0
+        ])?;
+    Ok(n == 1)
+}
+
+/// Records (or replaces) a reader's identity (`lockhub osdp install`).
 pub fn record_identity(
     conn: &Connection,
     reader: &str,
@@ -154,4 +183,45 @@ pub fn bus_counters(conn: &Connection) -> Result<Vec<(String, i64, i64)>, StoreE
         .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
         .collect::<Result<_, _>>()?;
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Policy;
+    use crate::store::Store;
+
+    fn id(serial: u32) -> ReaderIdentity {
+        ReaderIdentity {
+            vendor: 0x00_0a_0b,
+            model: 1,
+            version: 2,
+            serial,
+            firmware: 3,
+        }
+    }
+
+    #[test]
+    fn a_run_adopts_a_first_identity_but_never_replaces_one_and_install_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("lockhub.db"), &Policy::default()).unwrap();
+        let at = Timestamp::from_secs(1_800_000_000);
+        let adopt = |serial| {
+            store
+                .write_blocking(crate::store::Priority::Bulk, move |c| {
+                    adopt_identity(c, "r-1", &id(serial), at)
+                })
+                .unwrap()
+        };
+        assert!(adopt(0x1111));
+        assert!(!adopt(0x2222), "a run never replaces the reference");
+        let read = || identity(&store.reader().unwrap(), "r-1").unwrap();
+        assert_eq!(read(), Some(id(0x1111)));
+        store
+            .write_blocking(crate::store::Priority::Bulk, move |c| {
+                record_identity(c, "r-1", &id(0x2222), at)
+            })
+            .unwrap();
+        assert_eq!(read(), Some(id(0x2222)), "install does");
+    }
 }

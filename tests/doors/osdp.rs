@@ -675,6 +675,81 @@ async fn a_replaced_reader_is_quarantined_until_it_is_installed_again() {
     assert!(!alert_open(&hub.db(), "reader_replaced", "r-201"));
 }
 
+/// A run that cannot read a reader's recorded identity at start must not
+/// take the reader it finds for the reference: that is how a swap would go
+/// unseen for ever. The reader stays quarantined until the read succeeds
+/// (asked again at its next session), and then it is compared as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_whose_recorded_identity_cannot_be_read_is_quarantined_not_adopted() {
+    let broker = Mosquitto::start_with(BrokerOptions::default());
+    let peer = |serial: &str| {
+        Peer::start(&[
+            "--key",
+            &key_hex(&KEY_1),
+            "--address",
+            "1",
+            "--serial",
+            serial,
+        ])
+    };
+    let first = peer("0x1111");
+    let dir = tempfile::tempdir().unwrap();
+    let link_path = dir.path().join("bus-a");
+    pty::point(&link_path, &first.port);
+    let mut hub = Daemon::start(
+        &broker.url(),
+        DaemonOptions {
+            hub_extra: format!(
+                "{}{}",
+                bus("bus-a", &link_path, 9600),
+                reader("r-201", "bus-a", 1, "")
+            ),
+            secrets_extra: reader_key("r-201", &KEY_1),
+            ..DaemonOptions::default()
+        },
+    );
+    hub.wait_db("the first reader recorded", |db| {
+        trusted(db, "r-201") && reader_serial(db, "r-201") == Some(0x1111)
+    })
+    .await;
+    hub.sigterm();
+
+    // The identities cannot be read at start, and the reader was swapped.
+    let db_path = hub.db_path();
+    let rename = |from: &str, to: &str| {
+        rusqlite::Connection::open(&db_path)
+            .unwrap()
+            .execute_batch(&format!("ALTER TABLE {from} RENAME TO {to}"))
+            .unwrap();
+    };
+    rename("osdp_readers", "osdp_readers_away");
+    let second = peer("0x2222");
+    pty::point(&link_path, &second.port);
+    drop(first);
+    hub.spawn();
+    hub.wait_db("the unread reader quarantined", |db| {
+        link(db, "r-201") == Some((true, true, true))
+    })
+    .await;
+    assert!(
+        hub.log()
+            .contains("cannot read the reader's recorded identity")
+    );
+
+    // The table is back; the reader's next session reads it, and the swap
+    // is seen. The reference was never overwritten.
+    rename("osdp_readers_away", "osdp_readers");
+    let third = peer("0x2222");
+    pty::point(&link_path, &third.port);
+    drop(second);
+    hub.wait_db("reader_replaced", |db| {
+        alert_open(db, "reader_replaced", "r-201") && link(db, "r-201") == Some((true, true, true))
+    })
+    .await;
+    assert_eq!(reader_serial(&hub.db(), "r-201"), Some(0x1111));
+    hub.sigterm();
+}
+
 // ---------------------------------------------------------------------------
 // Doors on readers (phase 2): PIN entry, osdp_OUT, feedback, contact, cards.
 // ---------------------------------------------------------------------------
