@@ -180,6 +180,9 @@ pub struct LinkStatus {
     pub firmware: Option<String>,
     pub since: Option<String>,
     pub last_frame_at: Option<String>,
+    /// Bad frames the daemon dropped on this link since it started (`None`
+    /// before it reported any count).
+    pub bad_frames: Option<i64>,
     /// `false` for a row about a serial that hub.toml no longer names.
     pub configured: bool,
 }
@@ -452,6 +455,18 @@ pub fn gather(target: &Target, now: Timestamp) -> Result<Status, StatusError> {
     } else {
         Vec::new()
     };
+    let has_counters: bool = conn
+        .query_row(
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'link_counters')",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(db)?;
+    let counters = if has_counters {
+        links::bad_frames(&conn).map_err(store)?
+    } else {
+        Vec::new()
+    };
     let link_status =
         |row: Option<&LinkRow>, serial: &str, port: Option<PathBuf>, configured| LinkStatus {
             serial: serial.to_owned(),
@@ -461,6 +476,10 @@ pub fn gather(target: &Target, now: Timestamp) -> Result<Status, StatusError> {
             firmware: row.and_then(|r| r.fw).map(|(a, b)| format!("{a}.{b}")),
             since: row.map(|r| r.since.to_rfc3339()),
             last_frame_at: row.and_then(|r| r.last_frame_at).map(Timestamp::to_rfc3339),
+            bad_frames: counters
+                .iter()
+                .find(|(name, _)| name == serial)
+                .map(|(_, n)| *n),
             configured,
         };
     let mut link_list: Vec<LinkStatus> = target
@@ -723,6 +742,11 @@ impl Status {
                     _ => ", identity not recorded".to_owned(),
                 }
             );
+        }
+        for l in &self.links {
+            if let Some(n) = l.bad_frames.filter(|n| *n > 0) {
+                let _ = writeln!(s, "link     {}: {n} bad frames dropped", l.serial);
+            }
         }
         for b in &self.buses {
             if b.bad_packets > 0 || b.garbage_bytes > 0 {

@@ -95,9 +95,43 @@ struct Presence {
     /// When `links.last_frame_at` was last stamped: at most every
     /// `FRAME_SEEN_EVERY_S`, since each write costs an fsync.
     last_frame_recorded: Option<Instant>,
+    /// Bad frames dropped since the daemon started (serial.md: "dropped
+    /// and counted"), and when and at what count `link_counters` was last
+    /// written.
+    bad_frames: u64,
+    bad_frames_recorded: Option<(Instant, u64)>,
 }
 
 impl Presence {
+    fn new() -> Presence {
+        Presence {
+            offline: false,
+            last_frame: Instant::now(),
+            last_frame_recorded: None,
+            bad_frames: 0,
+            bad_frames_recorded: None,
+        }
+    }
+
+    /// Writes the bad-frame count: at start, then while it changes at most
+    /// every `COUNTERS_EVERY_S` (each write costs an fsync), and at stop
+    /// (`force`).
+    fn write_bad_frames(&mut self, shared: &PortShared, force: bool) {
+        let every = Duration::from_secs(crate::store::links::COUNTERS_EVERY_S as u64);
+        let due = match self.bad_frames_recorded {
+            None => true,
+            Some((t, n)) => n != self.bad_frames && (force || t.elapsed() >= every),
+        };
+        if due {
+            self.bad_frames_recorded = Some((Instant::now(), self.bad_frames));
+            shared.record(Record::BadFrames {
+                serial: shared.port.name.clone(),
+                count: self.bad_frames,
+                at: shared.now(),
+            });
+        }
+    }
+
     /// A valid frame arrived: note it, and stamp the links table now and then.
     fn frame(&mut self, shared: &PortShared) {
         self.last_frame = Instant::now();
@@ -123,11 +157,8 @@ pub(crate) async fn run_port(shared: Arc<PortShared>, mut stop: watch::Receiver<
     // once (a half-dead adapter) would otherwise be reopened every 100 ms
     // forever. No jitter: one hub alone waits on its port.
     let mut backoff = Backoff::new(shared.backoff_initial, shared.backoff_max);
-    let mut presence = Presence {
-        offline: false,
-        last_frame: Instant::now(),
-        last_frame_recorded: None,
-    };
+    let mut presence = Presence::new();
+    presence.write_bad_frames(&shared, false);
     let mut reported_absent = false;
     let mut doors = Some(PortDoors::load(&shared).await);
     // Sessions still finishing their decisions (see `Session::finish`).
@@ -190,6 +221,7 @@ pub(crate) async fn run_port(shared: Arc<PortShared>, mut stop: watch::Receiver<
             _ = stop.changed() => break,
         }
     }
+    presence.write_bad_frames(&shared, true);
     for task in finishing {
         let _ = task.await;
     }
@@ -392,6 +424,7 @@ impl Session {
             match r {
                 Ok(m) => msgs.push(m),
                 Err(e) => {
+                    presence.bad_frames += 1;
                     tracing::debug!(serial = %self.shared.port.name, reason = e.as_str(), "bad frame dropped")
                 }
             }
@@ -660,6 +693,7 @@ impl Session {
 
     /// Timers: link resends and liveness, deferred commands, doors.
     fn poll(&mut self, presence: &mut Presence) {
+        presence.write_bad_frames(&self.shared, false);
         let now = self.now_ms();
         // Deferred commands first, oldest first, while the link takes them.
         let mut waiting = std::mem::take(&mut self.deferred);

@@ -95,6 +95,13 @@ pub(crate) enum Record {
     },
     /// A valid frame arrived (sent at most every `FRAME_SEEN_EVERY_S`).
     FrameSeen { serial: String, at: Timestamp },
+    /// Bad frames dropped since the daemon started (sent at most every
+    /// `COUNTERS_EVERY_S` while they change).
+    BadFrames {
+        serial: String,
+        count: u64,
+        at: Timestamp,
+    },
 }
 
 impl Record {
@@ -141,6 +148,9 @@ impl Record {
                 at,
             } => links::hello(conn, &serial, board_id, fw.0, fw.1, at),
             Record::FrameSeen { serial, at } => links::frame_seen(conn, &serial, at),
+            Record::BadFrames { serial, count, at } => {
+                links::set_bad_frames(conn, &serial, count, at)
+            }
         }
     }
 
@@ -182,6 +192,7 @@ impl Record {
             },
             Record::Hello { serial, .. } => format!("board hello on {serial}"),
             Record::FrameSeen { serial, .. } => format!("frame seen on {serial}"),
+            Record::BadFrames { serial, count, .. } => format!("{count} bad frames on {serial}"),
         }
     }
 
@@ -195,6 +206,7 @@ impl Record {
                 ..
             } | Record::Hello { .. }
                 | Record::FrameSeen { .. }
+                | Record::BadFrames { .. }
         )
     }
 }

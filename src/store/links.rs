@@ -1,11 +1,13 @@
-//! Serial link state (`links`, migration 0002), for `lockhub status`.
+//! Serial link state (`links`, migration 0002) and counters
+//! (`link_counters`, migration 0011), for `lockhub status`.
 //!
 //! The serial driver owns these writes; `status` only reads them from another
 //! process. They are operational, not invariants, so the helpers upsert.
 //!
 //! Writes cost an fsync (`synchronous=FULL`) on an SD card: call
 //! [`set_state`] on a state change and [`hello`] on a board Hello, and
-//! [`frame_seen`] at most every [`FRAME_SEEN_EVERY_S`] seconds, never per frame.
+//! [`frame_seen`] at most every [`FRAME_SEEN_EVERY_S`] seconds, never per frame;
+//! [`set_bad_frames`] likewise at most every [`COUNTERS_EVERY_S`].
 
 use super::StoreError;
 use crate::time::Timestamp;
@@ -13,6 +15,9 @@ use rusqlite::{Connection, params};
 
 /// How stale `last_frame_at` may be while a link is up.
 pub const FRAME_SEEN_EVERY_S: i64 = 30;
+
+/// How stale `link_counters` may be while bad frames keep coming.
+pub const COUNTERS_EVERY_S: i64 = 5;
 
 /// A link's state (the `state` column).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -97,6 +102,36 @@ pub fn frame_seen(conn: &Connection, serial: &str, now: Timestamp) -> Result<(),
     conn.prepare_cached("UPDATE links SET last_frame_at = ?2 WHERE serial = ?1")?
         .execute(params![serial, now.0])?;
     Ok(())
+}
+
+/// Records how many bad frames the link has dropped since the daemon started.
+pub fn set_bad_frames(
+    conn: &Connection,
+    serial: &str,
+    bad_frames: u64,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO link_counters (serial, bad_frames, updated_at) VALUES (?1, ?2, ?3)
+         ON CONFLICT (serial) DO UPDATE SET bad_frames = excluded.bad_frames,
+           updated_at = excluded.updated_at",
+    )?
+    .execute(params![
+        serial,
+        i64::try_from(bad_frames).unwrap_or(i64::MAX),
+        now.0
+    ])?;
+    Ok(())
+}
+
+/// Every link's bad frames since the daemon started: (serial, count).
+pub fn bad_frames(conn: &Connection) -> Result<Vec<(String, i64)>, StoreError> {
+    let mut stmt =
+        conn.prepare_cached("SELECT serial, bad_frames FROM link_counters ORDER BY serial")?;
+    let rows = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    Ok(rows)
 }
 
 /// Every row, by name.

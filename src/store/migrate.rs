@@ -49,6 +49,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0010_system_floor",
         include_str!("../../migrations/0010_system_floor.sql"),
     ),
+    (
+        "0011_link_counters",
+        include_str!("../../migrations/0011_link_counters.sql"),
+    ),
 ];
 
 /// The schema version a database is at.

@@ -105,6 +105,8 @@ fn populate(dir: &Path, secs: i64) -> Store {
             links::hello(c, "board-a", 3, 1, 4, t)?;
             links::set_state(c, "board-b", LinkState::Absent, t)?;
             links::set_state(c, "board-old", LinkState::Down, t)?;
+            links::set_bad_frames(c, "board-a", 7, t)?;
+            links::set_bad_frames(c, "board-b", 0, t)?;
             Ok(())
         })
         .unwrap();
@@ -137,12 +139,17 @@ fn status_shows_every_part_in_text_and_json() {
         "(not in hub.toml)",
         "board_offline board-b x1",
         "clock    trusted",
+        "link     board-a: 7 bad frames dropped",
     ] {
         assert!(text.contains(needle), "missing {needle:?} in\n{text}");
     }
     assert!(
         !text.contains("keypad_lockout"),
         "a cleared alert is not open"
+    );
+    assert!(
+        !text.contains("board-b: 0 bad frames"),
+        "a clean link says nothing"
     );
 
     let out = status(&config, true);
@@ -171,8 +178,15 @@ fn status_shows_every_part_in_text_and_json() {
     assert_eq!(links[0]["state"], "up");
     assert_eq!(links[0]["board_id"], 3);
     assert_eq!(links[0]["firmware"], "1.4");
+    assert_eq!(links[0]["bad_frames"], 7);
     assert_eq!(links[1]["state"], "absent");
+    assert_eq!(links[1]["bad_frames"], 0);
     assert_eq!(links[2]["configured"], false);
+    assert_eq!(
+        links[2]["bad_frames"],
+        serde_json::Value::Null,
+        "never reported"
+    );
     assert_eq!(v["clock"]["floor"], Timestamp::from_secs(t).to_rfc3339());
     assert_eq!(v["clock"]["trusted"], true);
     assert_eq!(v["schema_version"], v["schema_known"]);

@@ -335,7 +335,17 @@ async fn garbage_truncated_and_corrupted_frames_between_valid_ones_change_nothin
         ]
     );
     assert!(sim.board().link_up(sim.now_ms()));
+    // Dropped, and counted where `lockhub status` reads it (at most every
+    // few seconds: each write costs an fsync). At least the garbage, the
+    // truncated, the two corrupted and the overlong frames.
+    let bad = |db: &Db| db.count("SELECT coalesce(sum(bad_frames), 0) FROM link_counters");
+    assert!(
+        until_db(&mut sim, &db, |db| bad(db) >= 4).await,
+        "{}",
+        bad(&db)
+    );
     hub.shutdown().await;
+    assert!(bad(&db) >= 5, "{}", bad(&db));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
