@@ -140,6 +140,11 @@ pub struct Board {
     boot_ms: u64,
     next_heartbeat_ms: u64,
     stats: BoardStats,
+    /// A tamper the hub has not acked yet: it is sent again after its sends
+    /// all failed, or after the hub's `Hello` dropped it, until it is.
+    tamper_unacked: bool,
+    /// That tamper waits to be (re)sent.
+    tamper_to_send: bool,
 }
 
 impl Board {
@@ -156,6 +161,8 @@ impl Board {
             boot_ms: now_ms,
             next_heartbeat_ms: now_ms.saturating_add(cfg.heartbeat_every_ms),
             stats: BoardStats::default(),
+            tamper_unacked: false,
+            tamper_to_send: false,
         };
         board.send_hello(now_ms);
         board
@@ -234,10 +241,21 @@ impl Board {
         }
     }
 
-    /// The tamper switch fired (call on the edge, not every loop).
+    /// The tamper switch fired (call on the edge, not every loop). The
+    /// board reports it until the hub acks it: an error means it is not on
+    /// the wire yet and [`Board::poll`] sends it; do not call again for it.
     pub fn on_tamper(&mut self, now_ms: u64) -> Result<u16, LinkError> {
+        self.tamper_unacked = true;
+        self.tamper_to_send = true;
+        self.report_tamper(now_ms)
+    }
+
+    fn report_tamper(&mut self, now_ms: u64) -> Result<u16, LinkError> {
         match self.send(Uplink::Tamper { seq: 0 }, now_ms)? {
-            Some(seq) => Ok(seq),
+            Some(seq) => {
+                self.tamper_to_send = false;
+                Ok(seq)
+            }
             None => Err(LinkError::OutboxFull),
         }
     }
@@ -256,14 +274,30 @@ impl Board {
                         d.relay_until = None;
                     }
                 }
-                LinkEvent::Failed(_) => {
+                LinkEvent::Failed(msg) => {
                     self.stats.uplinks_failed = self.stats.uplinks_failed.saturating_add(1);
+                    // A state the hub must not miss (a forced door, a
+                    // tamper during a line glitch) is reported again; a
+                    // Keypad is not: the guest types again.
+                    match msg {
+                        Uplink::DoorSensor { door, .. } => {
+                            if let Some(d) = self.door_mut(door) {
+                                d.sensor_reported = None;
+                            }
+                        }
+                        Uplink::Tamper { .. } => self.tamper_to_send = true,
+                        _ => {}
+                    }
                 }
+                LinkEvent::Acked(Uplink::Tamper { .. }) => self.tamper_unacked = false,
                 LinkEvent::Acked(_) | LinkEvent::Up => {}
             }
         }
         for door in 0..self.cfg.door_count {
             self.report_sensor(door, now_ms);
+        }
+        if self.tamper_to_send {
+            let _ = self.report_tamper(now_ms);
         }
         let timeout = self.cfg.entry_timeout_ms;
         for d in self.doors.iter_mut() {
@@ -362,6 +396,11 @@ impl Board {
                         d.sensor_reported = None;
                     }
                     self.report_sensor(door, now_ms);
+                }
+                // A tamper is a state, like the doors: report it again.
+                if self.tamper_unacked {
+                    self.tamper_to_send = true;
+                    let _ = self.report_tamper(now_ms);
                 }
             }
             // The link answered with Pong / consumed the Ack.
@@ -712,6 +751,65 @@ mod tests {
         send(&mut b, &Downlink::Ack { seq: 1 }, T0 + 300);
         assert!(frames(&mut b, T0 + 1000).is_empty());
         assert_eq!(b.stats().uplinks_failed, 0);
+    }
+
+    #[test]
+    fn a_tamper_whose_every_send_fails_is_sent_again_until_acked() {
+        let mut b = board();
+        assert_eq!(b.on_tamper(T0), Ok(1));
+        let mut seqs: heapless::Vec<u16, 16> = heapless::Vec::new();
+        for t in (T0..=T0 + 1_500).step_by(50) {
+            for m in frames(&mut b, t) {
+                if let Uplink::Tamper { seq } = m
+                    && !seqs.contains(&seq)
+                {
+                    seqs.push(seq).unwrap();
+                }
+            }
+        }
+        assert_eq!(seqs.as_slice(), &[1, 2], "the failed one, then again");
+        assert_eq!(b.stats().uplinks_failed, 1);
+        send(&mut b, &Downlink::Ack { seq: 2 }, T0 + 1_600);
+        for t in [1_900, 2_200, 2_500, 3_000, 4_000] {
+            assert!(
+                !frames(&mut b, T0 + t)
+                    .iter()
+                    .any(|m| matches!(m, Uplink::Tamper { .. })),
+                "acked: not sent again"
+            );
+        }
+    }
+
+    #[test]
+    fn a_door_level_whose_every_send_fails_is_reported_again() {
+        let mut b = board();
+        b.on_door_sensor(0, true, T0);
+        let mut reports = 0;
+        for t in (T0..=T0 + 1_500).step_by(50) {
+            let out = frames(&mut b, t);
+            reports += out
+                .iter()
+                .filter(
+                    |m| matches!(m, Uplink::DoorSensor { door: 0, open: true, seq } if *seq > 1),
+                )
+                .count();
+        }
+        assert!(reports >= 1, "reported again with a new seq");
+        assert_eq!(b.stats().uplinks_failed, 1);
+    }
+
+    #[test]
+    fn a_tamper_the_hubs_hello_dropped_is_reported_after_the_answer() {
+        let mut b = board();
+        b.on_tamper(T0).unwrap();
+        frames(&mut b, T0);
+        send(&mut b, &Downlink::Hello { session: 9 }, T0 + 100);
+        let out = frames(&mut b, T0 + 100);
+        assert_eq!(out[0], hello());
+        assert!(
+            out.iter().any(|m| matches!(m, Uplink::Tamper { .. })),
+            "{out:?}"
+        );
     }
 
     #[test]

@@ -12,6 +12,8 @@ struct Hub {
     link: HubLink,
     dec: FrameDecoder<Uplink>,
     decided: Vec<Uplink>,
+    /// Door levels and tampers acted on.
+    heard: Vec<Uplink>,
     events: Vec<LinkEvent<Downlink>>,
     board_hellos: u32,
 }
@@ -24,6 +26,7 @@ impl Hub {
             link,
             dec: FrameDecoder::new(),
             decided: Vec::new(),
+            heard: Vec::new(),
             events: Vec::new(),
             board_hellos: 0,
         }
@@ -54,6 +57,7 @@ impl Hub {
                     self.link.send(reply, now).expect("hub send");
                     self.decided.push(m.clone());
                 }
+                Uplink::DoorSensor { .. } | Uplink::Tamper { .. } => self.heard.push(m.clone()),
                 _ => {}
             }
         }
@@ -367,4 +371,48 @@ fn after_the_hubs_hello_the_board_reports_every_door() {
         })
         .collect();
     assert_eq!(sensors, [(0, true), (1, false)]);
+}
+
+#[test]
+fn a_door_forced_and_a_tamper_during_a_line_glitch_reach_the_hub_once_it_is_back() {
+    let mut s = Sim::new();
+    s.board.on_door_sensor(0, false, s.now);
+    s.run_for(500);
+    s.hub.heard.clear();
+    // The line loses everything for 1.5 s, long enough for every send of
+    // what the board says meanwhile to fail, too short for a reopen.
+    let cut = s.now;
+    s.drop_down = Box::new(|_, _| true);
+    s.drop_up = Box::new(|_, _| true);
+    s.run_for(200);
+    s.board.on_door_sensor(0, true, s.now);
+    s.board.on_tamper(s.now).unwrap();
+    s.run_for(1_300);
+    assert!(s.board.stats().uplinks_failed >= 2);
+    assert!(s.hub.heard.is_empty());
+    s.drop_down = Box::new(|_, _| false);
+    s.drop_up = Box::new(|_, _| false);
+    s.run_for(2_000);
+    assert!(
+        s.hub.heard.iter().any(|m| matches!(
+            m,
+            Uplink::DoorSensor {
+                door: 0,
+                open: true,
+                ..
+            }
+        )),
+        "{:?} since {cut}",
+        s.hub.heard
+    );
+    assert_eq!(
+        s.hub
+            .heard
+            .iter()
+            .filter(|m| matches!(m, Uplink::Tamper { .. }))
+            .count(),
+        1,
+        "{:?}",
+        s.hub.heard
+    );
 }
