@@ -668,7 +668,9 @@ impl Reader {
             return ev;
         }
         if pkt.code() == reply::BUSY && (pkt.seq() == p.seq || pkt.seq() == 0) {
-            self.alive(now, &mut ev);
+            // Resend, but a BUSY is no sign of life: it is plain text and
+            // carries no MAC, so anything spliced onto the wire could keep
+            // a dead or stolen reader from going offline by saying it.
             let p = self.pending.as_mut().expect("pending");
             p.resend = true;
             if p.sends > self.timing.resends {
@@ -1341,6 +1343,29 @@ mod tests {
         };
         let ev = r.on_reply(&pd.answer(&bytes), now);
         assert!(ev.contains(&Event::Online));
+    }
+
+    #[test]
+    fn a_device_that_only_ever_answers_busy_does_not_keep_the_reader_online() {
+        let (mut r, _, mut now) = secure_session();
+        let last_reply = now;
+        let mut ev = Vec::new();
+        while now < last_reply + 20_000 {
+            now += 10;
+            ev.extend(r.tick(now));
+            if let Some(bytes) = r.next(now, [9; 8]) {
+                let seq = Packet::parse(&bytes[1..]).unwrap().seq();
+                let raw = packet::encode(5 | 0x80, seq, &[], reply::BUSY, &[], None);
+                ev.extend(r.on_reply(&Packet::parse(&raw[1..]).unwrap(), now));
+            }
+        }
+        let offline = ev.iter().position(|e| *e == Event::Offline);
+        assert!(offline.is_some(), "{ev:?}");
+        assert!(
+            !ev[offline.unwrap()..].contains(&Event::Online),
+            "BUSY is no sign of life: {ev:?}"
+        );
+        assert!(!r.is_ready());
     }
 
     #[test]
