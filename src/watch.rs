@@ -50,6 +50,10 @@ impl DoorState {
     }
 }
 
+fn mono(ms: u64) -> i64 {
+    i64::try_from(ms).unwrap_or(i64::MAX)
+}
+
 /// One door's sensor and relay window.
 ///
 /// Why the hub keeps the window itself: the board reports only "open" and
@@ -57,8 +61,9 @@ impl DoorState {
 /// recently told the board to unlock, which only the hub knows.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DoorWatch {
-    /// When the door opened (monotonic ms), if it is open.
-    opened_ms: Option<u64>,
+    /// When the door opened (monotonic ms), if it is open. Signed: a door
+    /// restored open opened before this run's clock began.
+    opened_ms: Option<i64>,
     /// Openings before this instant are allowed.
     window_until: Option<u64>,
     state: DoorState,
@@ -74,8 +79,8 @@ impl DoorWatch {
     /// not restarted by a hub restart; no unlock window survives.
     pub fn restore(state: DoorState, now_ms: u64, now: Timestamp) -> Self {
         let opened_ms = state.opened_at.map(|at| {
-            let age_ms = u64::try_from(now.0.saturating_sub(at.0) / 1_000).unwrap_or(0);
-            now_ms.saturating_sub(age_ms)
+            let age_ms = now.0.saturating_sub(at.0).max(0) / 1_000;
+            mono(now_ms).saturating_sub(age_ms)
         });
         Self {
             opened_ms,
@@ -115,7 +120,7 @@ impl DoorWatch {
     pub fn sensor(&mut self, open: bool, now: u64, at: Timestamp) -> Option<DoorAlarm> {
         match (open, self.is_open()) {
             (true, false) => {
-                self.opened_ms = Some(now);
+                self.opened_ms = Some(mono(now));
                 self.state.opened_at = Some(at);
                 if self.in_window(now) {
                     None
@@ -170,7 +175,7 @@ impl DoorWatch {
     /// `held_open_ms`.
     pub fn poll(&mut self, now: u64, held_open_ms: u64) -> Option<DoorAlarm> {
         let opened = self.opened_ms?;
-        if !self.state.held_open && now.saturating_sub(opened) >= held_open_ms {
+        if !self.state.held_open && mono(now).saturating_sub(opened) >= mono(held_open_ms) {
             self.state.held_open = true;
             return Some(DoorAlarm::HeldOpen);
         }
@@ -446,6 +451,21 @@ mod tests {
         // A restored door already held open is not alerted twice.
         let mut w = DoorWatch::restore(w.state(), 0, T.saturating_add_secs(500));
         assert_eq!(w.poll(1, 60_000), None);
+    }
+
+    #[test]
+    fn a_door_open_before_the_ports_clock_began_keeps_its_age() {
+        // A driver's monotonic clock starts at 0 when it loads the states.
+        let mut w = DoorWatch::new();
+        w.sensor(true, 0, T);
+        let mut w = DoorWatch::restore(w.state(), 0, T.saturating_add_secs(50));
+        assert_eq!(w.poll(9_999, 60_000), None);
+        assert_eq!(w.poll(10_000, 60_000), Some(DoorAlarm::HeldOpen));
+        // Open for longer than held-open while the hub was down: at once.
+        let mut w = DoorWatch::new();
+        w.sensor(true, 0, T);
+        let mut w = DoorWatch::restore(w.state(), 0, T.saturating_add_secs(3600));
+        assert_eq!(w.poll(0, 60_000), Some(DoorAlarm::HeldOpen));
     }
 
     #[test]

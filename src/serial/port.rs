@@ -48,7 +48,7 @@ use crate::entry::{DecisionQueue, Queued};
 use crate::store::alerts::{Change, Condition};
 use crate::store::door::DoorEvent;
 use crate::store::links::LinkState;
-use crate::watch::{Admit, DoorAlarm, DoorWatch, FloodLimit};
+use crate::watch::{Admit, DoorAlarm, DoorState, DoorWatch, FloodLimit};
 
 /// How often the loop advances timers when the line is quiet. Well under
 /// the link's 250 ms resend period, so resends go out on time.
@@ -264,10 +264,27 @@ impl PortDoors {
             Ok(Ok(states)) => {
                 let now = shared.now();
                 for (name, state) in states {
-                    if let Some(i) = names.iter().position(|n| *n == name)
-                        && let Ok(i) = u8::try_from(i)
-                    {
+                    let Some(i) = names
+                        .iter()
+                        .position(|n| *n == name)
+                        .and_then(|i| u8::try_from(i).ok())
+                    else {
+                        continue;
+                    };
+                    if shared.door(i).known {
                         doors.watches.insert(i, DoorWatch::restore(state, 0, now));
+                    } else if state != DoorState::default() {
+                        // Left by a run that watched unnamed indexes: no
+                        // door, so its alerts end.
+                        shared.record(Record::Sensor {
+                            door: name,
+                            state: DoorState::default(),
+                            alarm: Some(DoorAlarm::Closed {
+                                forced: state.forced,
+                                held_open: state.held_open,
+                            }),
+                            at: now,
+                        });
                     }
                 }
             }
@@ -505,6 +522,12 @@ impl Session {
 
     fn on_sensor(&mut self, door: u8, open: bool, now: u64) {
         let target = self.shared.door(door);
+        if !target.known {
+            // An input no [[door]] names (an unused contact often reads
+            // open): no door, so no forced or held-open door to raise.
+            tracing::debug!(serial = %self.serial(), door = %target.name, open, "sensor of an unnamed door index ignored");
+            return;
+        }
         let at = self.shared.now();
         let report = self
             .doors
@@ -799,7 +822,7 @@ impl Session {
 
     /// A door's new state, with what it means, for the recorder: the state
     /// and its audit row and alerts land in one transaction.
-    fn on_alarm(&self, door: &str, state: crate::watch::DoorState, alarm: Option<DoorAlarm>) {
+    fn on_alarm(&self, door: &str, state: DoorState, alarm: Option<DoorAlarm>) {
         match alarm {
             Some(DoorAlarm::Forced) => {
                 tracing::warn!(serial = %self.serial(), door = %door, "door forced")

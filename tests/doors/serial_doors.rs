@@ -348,6 +348,76 @@ async fn garbage_truncated_and_corrupted_frames_between_valid_ones_change_nothin
     assert!(bad(&db) >= 5, "{}", bad(&db));
 }
 
+/// Door index 2 is wired on the board but named by no [[door]]: an unused
+/// contact input reading open is no door forced, now or ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_contact_of_an_unnamed_door_index_raises_nothing() {
+    let (db, hub, mut sim, _keep) = one_board(Policy::default()).await;
+    sim.set_door(2, true);
+    sim.run_for(Duration::from_millis(300)).await.unwrap();
+    sim.set_door(0, true);
+    assert!(until_db(&mut sim, &db, |db| db.raised("door_forced", "101")).await);
+    sim.run_for(Duration::from_millis(300)).await.unwrap();
+    assert_eq!(db.audit(), ["door.forced@101"]);
+    assert!(!db.raised("door_forced", "board-a:2"));
+    assert_eq!(
+        db.count("SELECT count(*) FROM door_state WHERE door = 'board-a:2'"),
+        0
+    );
+    hub.shutdown().await;
+}
+
+/// An earlier lockhub watched unnamed indexes too: the `door_forced` it
+/// raised for one ends when the port starts, since there is no such door.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_alert_left_for_an_unnamed_door_index_ends_when_the_port_starts() {
+    let db = Db::open_with(Policy::default());
+    let at = lockhub::time::Timestamp::now_system();
+    db.store
+        .write(lockhub::store::Priority::Bulk, move |c| {
+            let open = lockhub::watch::DoorState {
+                opened_at: Some(at),
+                forced: true,
+                held_open: true,
+            };
+            lockhub::store::door::record_sensor(
+                c,
+                "board-a:2",
+                &open,
+                Some(lockhub::watch::DoorAlarm::Forced),
+                at,
+            )?;
+            lockhub::store::door::record_sensor(
+                c,
+                "board-a:2",
+                &open,
+                Some(lockhub::watch::DoorAlarm::HeldOpen),
+                at,
+            )
+        })
+        .await
+        .unwrap();
+    assert!(db.raised("door_forced", "board-a:2") && db.raised("door_held_open", "board-a:2"));
+    let pty = Pty::open();
+    let s = settings(
+        vec![port(
+            "board-a",
+            by_id(&db, "board-a", &pty),
+            vec![door("101", 0)],
+        )],
+        Policy::default(),
+    );
+    let hub = start(&db, s);
+    let (mut sim, _keep) = board(pty, 3);
+    until_linked(&mut sim).await;
+    assert!(
+        until_db(&mut sim, &db, |db| !db.raised("door_forced", "board-a:2")
+            && !db.raised("door_held_open", "board-a:2"))
+        .await
+    );
+    hub.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_door_opened_without_an_unlock_is_forced_and_closing_it_clears_the_alert() {
     let (db, hub, mut sim, _keep) = one_board(Policy::default()).await;
