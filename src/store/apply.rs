@@ -58,8 +58,9 @@ pub struct Applied {
     pub gap: bool,
     /// The checkpoint's `head_seq`, when this (non-duplicate) event is one.
     pub head_seq: Option<u64>,
-    /// A guest erasure changed rows: after the commit, run [`super::Store::scrub_wal`] so
-    /// the pre-erasure pages do not linger in the WAL file.
+    /// A guest erasure: after the commit, run [`super::Store::scrub_wal`] so
+    /// no pre-erasure page lingers in the WAL file; its result is held
+    /// until then.
     pub erased: bool,
     /// The event was a sign of life for `cloud_stale`
     /// ([`Evidence::is_sign_of_life`]); the durable last sign of life moved.
@@ -1057,10 +1058,14 @@ fn erase_guest(
             "UPDATE audit SET holder_name = NULL WHERE holder_ref = ?1 AND holder_name IS NOT NULL",
         )?
         .execute([holder_ref])?;
-    let erased = keys + rows > 0;
+    // Every erasure's result waits for a WAL scrub that starts after this
+    // commit, also one that found no name left: an earlier erasure of the
+    // same guest may still be waiting for its scrub, or the name may live
+    // on only in WAL frames of rows rewritten since; "noop" must not be
+    // heard before "gone from every file".
     Ok(Verdict {
-        erased,
-        ..Verdict::changed(erased || remembered > 0)
+        erased: true,
+        ..Verdict::changed(keys + rows > 0 || remembered > 0)
     })
 }
 
