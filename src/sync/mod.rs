@@ -479,9 +479,14 @@ impl BrokerLink {
                 )
                 .await;
             }
-            Access::SubscribeRefused => {
+            Access::SubscribeRefused | Access::SubscribeDowngraded => {
                 self.denied_subscribe = true;
-                self.set(store, BrokerState::Denied).await;
+                if access == Access::SubscribeRefused {
+                    self.set(store, BrokerState::Denied).await;
+                } else {
+                    // Connected, and events flow (at QoS 0).
+                    self.set(store, BrokerState::Up).await;
+                }
                 denied_alert(
                     store,
                     AlertChange::Raise,

@@ -670,11 +670,14 @@ async fn read_packet(s: &mut tokio::net::TcpStream) -> Option<(u8, Vec<u8>)> {
     Some((first, body))
 }
 
-/// A broker that speaks just enough MQTT 3.1.1 to refuse the hub's first
-/// subscription with SUBACK 0x80, as brokers other than Mosquitto 2.0 do,
-/// and grant every later one. It acks every QoS 1 publish.
-async fn fake_broker_refusing_the_first_subscribe(
+/// A broker that speaks just enough MQTT 3.1.1 to answer the hub's first
+/// subscription with SUBACK `first_code` (0x80: refused, as brokers other than
+/// Mosquitto 2.0 do; 0x00: granted at QoS 0 only, as a broker with
+/// `max_qos 0` does), and grant every later one at QoS 1. It acks every
+/// QoS 1 publish.
+async fn fake_broker_answering_the_first_subscribe_with(
     seen: std::sync::Arc<std::sync::Mutex<FakeSeen>>,
+    first_code: u8,
 ) -> u16 {
     use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -695,7 +698,7 @@ async fn fake_broker_refusing_the_first_subscribe(
                                 g.subscribes += 1;
                                 g.subscribes
                             };
-                            let code = if n == 1 { 0x80 } else { 0x01 };
+                            let code = if n == 1 { first_code } else { 0x01 };
                             vec![0x90, 3, body[0], body[1], code]
                         }
                         3 => {
@@ -729,8 +732,19 @@ async fn fake_broker_refusing_the_first_subscribe(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscription_refused_with_0x80_raises_broker_denied_and_is_asked_for_again() {
+    subscription_answered_first_with(0x80, "subscription to the events topic refused").await;
+}
+
+/// Granted at QoS 0 only, events would be neither acked after their commit
+/// nor kept while the hub is away: never silent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_granted_at_qos_0_only_raises_broker_denied_and_is_asked_for_again() {
+    subscription_answered_first_with(0x00, "granted at QoS 0 only").await;
+}
+
+async fn subscription_answered_first_with(code: u8, logged: &str) {
     let seen = std::sync::Arc::new(std::sync::Mutex::new(FakeSeen::default()));
-    let port = fake_broker_refusing_the_first_subscribe(seen.clone()).await;
+    let port = fake_broker_answering_the_first_subscribe_with(seen.clone(), code).await;
     let mut hub = Daemon::start(
         &format!("mqtt://127.0.0.1:{port}"),
         DaemonOptions::default(),
@@ -770,12 +784,7 @@ async fn a_subscription_refused_with_0x80_raises_broker_denied_and_is_asked_for_
     };
     assert_eq!(connects, 1, "asked again on the same connection");
     assert!(subscribes >= 2);
-    assert!(
-        hub.log()
-            .contains("subscription to the events topic refused"),
-        "{}",
-        hub.log()
-    );
+    assert!(hub.log().contains(logged), "{}", hub.log());
     hub.wait_db("broker_denied cleared", |db| !broker_denied_raised(db))
         .await;
 }

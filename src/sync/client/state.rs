@@ -29,6 +29,11 @@ pub enum Access {
     CertificateRefused(AlertDescription),
     /// The broker refused the subscription to the events topic (SUBACK 0x80).
     SubscribeRefused,
+    /// The broker granted it at QoS 0 only (a broker capped with
+    /// `max_qos 0`): events still flow, but none is acked after its commit
+    /// or kept for the hub while it is away, so mqtt.md's delivery promise
+    /// is gone. Reported like a refusal (`broker_denied`), and asked again.
+    SubscribeDowngraded,
     /// The subscription to the events topic was granted.
     Granted,
 }
@@ -70,14 +75,19 @@ impl Access {
     /// What the SUBACK for the events topic (the only topic the hub
     /// subscribes to) says.
     pub fn of_suback(codes: &[SubscribeReasonCode]) -> Access {
-        if !codes.is_empty()
-            && codes
+        if codes.is_empty()
+            || codes
                 .iter()
-                .all(|c| matches!(c, SubscribeReasonCode::Success(_)))
+                .any(|c| !matches!(c, SubscribeReasonCode::Success(_)))
         {
-            Access::Granted
-        } else {
             Access::SubscribeRefused
+        } else if codes
+            .iter()
+            .any(|c| matches!(c, SubscribeReasonCode::Success(QoS::AtMostOnce)))
+        {
+            Access::SubscribeDowngraded
+        } else {
+            Access::Granted
         }
     }
 
@@ -97,6 +107,9 @@ impl Access {
                 )
             }
             Access::SubscribeRefused => "subscription to the events topic refused".to_owned(),
+            Access::SubscribeDowngraded => {
+                "subscription to the events topic granted at QoS 0 only: events are neither acked after their commit nor kept while the hub is away (the broker's max_qos must be 1 or more)".to_owned()
+            }
             Access::Granted => "subscription granted".to_owned(),
         }
     }
@@ -409,15 +422,19 @@ mod tests {
     }
 
     #[test]
-    fn a_suback_with_0x80_is_a_refusal_and_a_granted_qos_is_not() {
+    fn a_suback_with_0x80_is_a_refusal_qos_0_a_downgrade_and_qos_1_a_grant() {
         assert_eq!(
             Access::of_suback(&[SubscribeReasonCode::Success(QoS::AtLeastOnce)]),
             Access::Granted
         );
-        // Granted at a lower QoS is still granted (the broker's choice).
+        assert_eq!(
+            Access::of_suback(&[SubscribeReasonCode::Success(QoS::ExactlyOnce)]),
+            Access::Granted
+        );
+        // Granted at QoS 0: the delivery promise is gone, so it is reported.
         assert_eq!(
             Access::of_suback(&[SubscribeReasonCode::Success(QoS::AtMostOnce)]),
-            Access::Granted
+            Access::SubscribeDowngraded
         );
         assert_eq!(
             Access::of_suback(&[SubscribeReasonCode::Failure]),
