@@ -6,10 +6,10 @@ pub(super) fn read_serials(
     d: &mut Diag<'_>,
     root: &Table<'_, '_>,
     base: &Path,
+    ports: &mut Vec<(PathBuf, Range<usize>)>,
 ) -> (Option<Vec<SerialConfig>>, Option<Vec<String>>) {
     let tables = root.tables(d, "serial", "[[serial]]", &["name", "port", "baud"]);
     let mut names = Vec::new();
-    let mut ports = Vec::new();
     let mut serials = Vec::new();
     for s in &tables {
         let name = s.name(d, "name");
@@ -37,15 +37,7 @@ pub(super) fn read_serials(
         }
     }
     check_unique(d, "serial name", &names);
-    let port_names: Vec<(String, Range<usize>)> = ports
-        .iter()
-        .map(|(p, span)| (p.display().to_string(), span.clone()))
-        .collect();
-    let port_refs: Vec<(&str, Range<usize>)> = port_names
-        .iter()
-        .map(|(p, span)| (p.as_str(), span.clone()))
-        .collect();
-    check_unique(d, "serial port", &port_refs);
+    // Ports are checked for reuse with the OSDP buses' (`check_ports`).
     // Doors are checked against these names only when every [[serial]] was
     // readable with a name: otherwise "not configured" would be a cascade.
     let readable = match root.get("serial") {
@@ -55,6 +47,21 @@ pub(super) fn read_serials(
     let all_names = (readable && names.len() == tables.len())
         .then(|| names.iter().map(|(n, _)| (*n).to_owned()).collect());
     (serials.into_iter().collect(), all_names)
+}
+
+/// One device is driven by one driver: two `[[serial]]`, two `[[osdp]]`, or
+/// one of each on the same port would leave the second open failing for
+/// ever (ports are opened exclusively), its doors dark.
+pub(super) fn check_ports(d: &mut Diag<'_>, ports: &[(PathBuf, Range<usize>)]) {
+    let names: Vec<(String, Range<usize>)> = ports
+        .iter()
+        .map(|(p, span)| (p.display().to_string(), span.clone()))
+        .collect();
+    let refs: Vec<(&str, Range<usize>)> = names
+        .iter()
+        .map(|(p, span)| (p.as_str(), span.clone()))
+        .collect();
+    check_unique(d, "port (one [[serial]] or [[osdp]] per device)", &refs);
 }
 
 pub(super) fn read_doors(

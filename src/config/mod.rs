@@ -486,8 +486,10 @@ fn load_inner(path: &Path, errors: &mut Vec<ConfigError>) -> Option<Config> {
     let hub_id = hub.as_ref().map_or("", |h| h.hub_id.as_str());
     let mqtt = read_mqtt(&mut d, &root, &base, hub_id);
     let trust = read_trust(&mut d, &root);
-    let (serials, serial_names) = read_serials(&mut d, &root, &base);
-    let (buses, bus_names) = read_osdp_buses(&mut d, &root, &base);
+    let mut ports = Vec::new();
+    let (serials, serial_names) = read_serials(&mut d, &root, &base, &mut ports);
+    let (buses, bus_names) = read_osdp_buses(&mut d, &root, &base, &mut ports);
+    check_ports(&mut d, &ports);
     let (readers, reader_spans) = read_readers(&mut d, &root, &bus_names);
     let reader_names = readers
         .as_ref()

@@ -7,6 +7,7 @@ pub(super) fn read_osdp_buses(
     d: &mut Diag<'_>,
     root: &Table<'_, '_>,
     base: &Path,
+    ports: &mut Vec<(PathBuf, Range<usize>)>,
 ) -> (Option<Vec<OsdpBusConfig>>, Option<Vec<String>>) {
     let tables = root.tables(d, "osdp", "[[osdp]]", &["name", "port", "baud"]);
     let mut names = Vec::new();
@@ -35,10 +36,13 @@ pub(super) fn read_osdp_buses(
         buses.push((|| {
             Some(OsdpBusConfig {
                 name: name?.0.to_owned(),
-                port: port?.0,
+                port: port.clone()?.0,
                 baud: baud?,
             })
         })());
+        if let Some((p, span)) = port {
+            ports.push((p, span));
+        }
     }
     check_unique(d, "osdp bus name", &names);
     let readable = match root.get("osdp") {

@@ -702,6 +702,29 @@ fn a_reader_without_a_key_is_reported_beside_the_secrets_files_own_problems() {
 }
 
 #[test]
+fn one_device_driven_by_a_board_and_an_osdp_bus_or_by_two_buses_is_refused() {
+    // Line 26 is blank; 27 [[osdp]], 28 name, 29 port.
+    let fx = Fixture::new();
+    fx.write_hub(
+        &(testkit::files::hub_toml() + "\n[[osdp]]\nname = \"bus-a\"\nport = \"/dev/ttyAMA0\"\n"),
+    );
+    only_error(
+        &fx,
+        &fx.hub(),
+        29,
+        8,
+        "duplicate port (one [[serial]] or [[osdp]] per device) `/dev/ttyAMA0` (first on line 18)",
+    );
+    let fx = Fixture::new();
+    fx.write_hub(
+        &(testkit::files::hub_toml()
+            + "\n[[osdp]]\nname = \"bus-a\"\nport = \"/dev/ttyUSB1\"\n\
+               \n[[osdp]]\nname = \"bus-b\"\nport = \"/dev/ttyUSB1\"\n"),
+    );
+    only_error(&fx, &fx.hub(), 33, 8, "`/dev/ttyUSB1` (first on line 29)");
+}
+
+#[test]
 fn a_serial_with_baud_0_is_refused() {
     hub_error(
         &[("baud = 115200", "baud = 0")],
