@@ -219,10 +219,8 @@ async fn end_moot_alerts(
     }
 }
 
-/// Starts one task per bus. Identities recorded by `lockhub osdp install`
-/// are read here, once: install runs with the daemon stopped. So are the
-/// readers whose `reader_link_fault` is still raised from an earlier run,
-/// so a healthy channel ends it.
+/// Starts one task per bus. What earlier runs left ([`Earlier`]) is read
+/// here, once: install runs with the daemon stopped.
 pub fn spawn(
     settings: OsdpSettings,
     store: Store,
@@ -232,35 +230,7 @@ pub fn spawn(
     let (stop, stop_rx) = watch::channel(false);
     let mut tasks = Vec::new();
     let readers = || settings.buses.iter().flat_map(|b| b.readers.iter());
-    // What earlier runs recorded, read once through one connection.
-    let recorded = store.reader().inspect_err(|e| {
-        tracing::error!(error = %e, "cannot read what earlier runs recorded about the readers");
-    });
-    // A reader missing from `known` could not be read (`Recorded::Unread`).
-    let known: HashMap<String, Recorded> = recorded
-        .as_ref()
-        .map(|conn| {
-            readers()
-                .filter_map(|r| match Recorded::read(conn, &r.name) {
-                    Ok(id) => Some((r.name.clone(), id)),
-                    Err(e) => {
-                        tracing::error!(reader = %r.name, error = %e, "cannot read the reader's recorded identity");
-                        None
-                    }
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let faulty: Vec<String> = recorded
-        .as_ref()
-        .map(|conn| {
-            alerts::raised_subjects(conn, Condition::ReaderLinkFault).unwrap_or_else(|e| {
-                tracing::error!(error = %e, "cannot read the raised reader_link_fault alerts");
-                Vec::new()
-            })
-        })
-        .unwrap_or_default();
-    drop(recorded);
+    let earlier = Earlier::read(&store, readers().map(|r| r.name.as_str()));
     tasks.push(tokio::spawn(end_moot_alerts(
         store.clone(),
         readers()
@@ -285,10 +255,60 @@ pub fn spawn(
             rx,
             outbox_wake.clone(),
         )));
-        let task = BusTask::new(bus, &settings, &known, &faulty, ctx.clone(), tx);
+        let task = BusTask::new(bus, &settings, &earlier, ctx.clone(), tx);
         tasks.push(tokio::spawn(task.run(stop_rx.clone())));
     }
     OsdpHandle { stop, tasks }
+}
+
+/// What earlier runs left about the readers, read once at start through
+/// one connection (a read that fails leaves a reader `Unread`, so
+/// quarantined until it can be read).
+struct Earlier {
+    /// A reader missing here could not be read ([`Recorded::Unread`]).
+    known: HashMap<String, Recorded>,
+    /// Readers whose `reader_link_fault` is still raised: a healthy
+    /// channel ends it.
+    faulty: Vec<String>,
+    /// Readers whose `reader_replaced` is still raised: quarantined until
+    /// `lockhub osdp install`, whichever reader answers (osdp.md).
+    replaced: Vec<String>,
+}
+
+impl Earlier {
+    fn read<'a>(store: &Store, readers: impl Iterator<Item = &'a str>) -> Earlier {
+        let mut earlier = Earlier {
+            known: HashMap::new(),
+            faulty: Vec::new(),
+            replaced: Vec::new(),
+        };
+        let conn = match store.reader() {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read what earlier runs recorded about the readers");
+                return earlier;
+            }
+        };
+        for r in readers {
+            match Recorded::read(&conn, r) {
+                Ok(id) => {
+                    earlier.known.insert(r.to_owned(), id);
+                }
+                Err(e) => {
+                    tracing::error!(reader = %r, error = %e, "cannot read the reader's recorded identity");
+                }
+            }
+        }
+        let raised = |condition: Condition| {
+            alerts::raised_subjects(&conn, condition).unwrap_or_else(|e| {
+                tracing::error!(error = %e, ?condition, "cannot read the raised alerts");
+                Vec::new()
+            })
+        };
+        earlier.faulty = raised(Condition::ReaderLinkFault);
+        earlier.replaced = raised(Condition::ReaderReplaced);
+        earlier
+    }
 }
 
 /// What the database holds as a reader's identity, the reference its PDID
@@ -318,6 +338,9 @@ struct Slot {
     /// The identity to compare PDID with (recorded, or first seen).
     known: Recorded,
     quarantined: bool,
+    /// `reader_replaced` is raised: quarantined until install, even when
+    /// the recorded reader answers again.
+    replaced: bool,
     seen_serial: Option<u32>,
     online: bool,
     secure_since: Option<Instant>,
@@ -374,8 +397,7 @@ impl BusTask {
     fn new(
         bus: BusSettings,
         settings: &OsdpSettings,
-        known: &HashMap<String, Recorded>,
-        faulty: &[String],
+        earlier: &Earlier,
         ctx: Arc<DecideCtx>,
         records: mpsc::Sender<(String, Job)>,
     ) -> Self {
@@ -385,10 +407,16 @@ impl BusTask {
             .into_iter()
             .map(|r| Slot {
                 cp: Reader::new(r.address, r.security.clone(), settings.timing, 0),
-                known: known.get(&r.name).copied().unwrap_or(Recorded::Unread),
-                link_fault_raised: faulty.contains(&r.name),
+                known: earlier
+                    .known
+                    .get(&r.name)
+                    .copied()
+                    .unwrap_or(Recorded::Unread),
+                link_fault_raised: earlier.faulty.contains(&r.name),
+                replaced: earlier.replaced.contains(&r.name),
                 door: r.doors.first().cloned(),
-                quarantined: !known.contains_key(&r.name),
+                quarantined: !earlier.known.contains_key(&r.name)
+                    || earlier.replaced.contains(&r.name),
                 cfg: r,
                 seen_serial: None,
                 online: false,
@@ -1068,13 +1096,14 @@ impl BusTask {
                 );
             }
             Recorded::Identity(k) if k.serial != id.serial => {
+                s.replaced = true;
                 if !s.quarantined {
                     s.quarantined = true;
                     tracing::error!(bus = %self.name, reader = %name, "reader serial changed: quarantined until `lockhub osdp install`");
                 }
                 self.raise(Condition::ReaderReplaced, &name);
             }
-            Recorded::Identity(_) => s.quarantined = false,
+            Recorded::Identity(_) => s.quarantined = s.replaced,
         }
     }
 

@@ -659,6 +659,52 @@ async fn a_replaced_reader_is_quarantined_until_it_is_installed_again() {
         alert_open(db, "reader_replaced", "r-201") && link(db, "r-201") == Some((true, true, true))
     })
     .await;
+
+    // The recorded reader put back is still quarantined until install, in
+    // this run and the next: the alert and the quarantine never disagree.
+    let back = Peer::start(&[
+        "--key",
+        &key_hex(&KEY_1),
+        "--address",
+        "1",
+        "--serial",
+        "0x1111",
+    ]);
+    pty::point(&link_path, &back.port);
+    drop(second);
+    let seen = |db: &Connection| -> Option<i64> {
+        db.query_row(
+            "SELECT seen_serial FROM osdp_links WHERE reader = 'r-201'",
+            [],
+            |r| r.get(0),
+        )
+        .ok()
+        .flatten()
+    };
+    hub.wait_db("the recorded reader back, still quarantined", |db| {
+        seen(db) == Some(0x1111) && link(db, "r-201") == Some((true, true, true))
+    })
+    .await;
+    assert!(alert_open(&hub.db(), "reader_replaced", "r-201"));
+    hub.sigterm();
+    let before = hub.log().len();
+    hub.spawn();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let ready = loop {
+        let log = hub.log();
+        if let Some(line) = log[before.min(log.len())..]
+            .lines()
+            .find(|l| l.contains("reader ready"))
+        {
+            break line.to_owned();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no session after the restart"
+        );
+        idle(1).await;
+    };
+    assert!(ready.contains("quarantined=true"), "{ready}");
     hub.sigterm();
 
     let config = hub.dir.path().join("hub.toml");
