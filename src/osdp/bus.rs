@@ -564,11 +564,16 @@ impl BusTask {
                     }
                 }
             }
-            // Silence while the port is away still makes readers offline.
+            // Silence while the port is away still makes readers offline,
+            // and a grant decided meanwhile is on record unconfirmed now,
+            // not when the port comes back.
             let now = self.ms();
             for i in 0..self.slots.len() {
                 let ev = self.slots[i].cp.tick(now);
                 self.handle(i, ev);
+            }
+            while let Ok((i, answer)) = self.decided_rx.try_recv() {
+                self.on_decided(i, answer);
             }
             let delay = self.backoff.next_step();
             tokio::select! {
@@ -621,24 +626,27 @@ impl BusTask {
     /// record (a grant that can no longer reach the reader is recorded
     /// unconfirmed), and the flood counts are written.
     async fn finish(&mut self) {
+        // Grants decided but not yet taken in can no longer reach a
+        // reader: on record as unconfirmed. Closed first, so a decision
+        // that ends after this records itself (`start_decision`).
+        self.decided_rx.close();
+        while let Ok((i, answer)) = self.decided_rx.try_recv() {
+            if let (Answer::Unlock { key_id }, Some(door)) = (answer, self.slots[i].door.clone()) {
+                self.record_unlock(&door.name, key_id, false);
+            }
+        }
         let now = self.ms();
         for (key, count) in self.flood.drain(now) {
-            if let Some(door) = self
-                .slots
-                .get(usize::from(key))
-                .and_then(|s| s.door.clone())
-            {
-                self.flood_row(&door.name, count);
+            if usize::from(key) < self.slots.len() {
+                let (door, _) = self.target(usize::from(key));
+                self.flood_row(&door, count);
             }
         }
         for (key, waiting) in self.queue.take_waiting() {
-            let Some(door) = self
-                .slots
-                .get(usize::from(key))
-                .and_then(|s| s.door.clone())
-            else {
+            if usize::from(key) >= self.slots.len() {
                 continue;
-            };
+            }
+            let (door, known) = self.target(usize::from(key));
             for (entry, received) in waiting {
                 let pin: &[u8] = match &entry {
                     Submitted::Pin(p) => p,
@@ -650,8 +658,8 @@ impl BusTask {
                     self.ctx.policy,
                     entry::Entry {
                         driver: &self.name,
-                        door: &door.name,
-                        known: true,
+                        door: &door,
+                        known,
                         pin,
                         at: (self.now)(),
                         received,
@@ -660,7 +668,7 @@ impl BusTask {
                 )
                 .await;
                 if let Answer::Unlock { key_id } = answer {
-                    self.record_unlock(&door.name, key_id, false);
+                    self.record_unlock(&door, key_id, false);
                 }
             }
         }

@@ -900,6 +900,30 @@ async fn a_typed_pin_and_hash_open_the_door_with_its_output_and_timer() {
     assert!(!log.contains(PIN), "a PIN in the log");
 }
 
+/// The store is slow (another process holds the write lock) and the bus is
+/// lost while a grant is being committed: the grant can no longer reach
+/// the reader, and is on record unconfirmed at once, not when (or if) the
+/// bus comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_committed_while_the_bus_is_away_is_recorded_unconfirmed_at_once() {
+    let broker = Mosquitto::start_with(BrokerOptions::default());
+    let mut peer = Peer::start(&["--key", &key_hex(&KEY_1), "--address", "1"]);
+    let mut hub = secure_hub(&broker, &mut peer, "", "").await;
+    issue(&broker, &mut hub, "201", PIN).await;
+    let lock = rusqlite::Connection::open(hub.db_path()).unwrap();
+    lock.execute_batch("BEGIN IMMEDIATE").unwrap();
+    peer.keys(&typed(PIN));
+    // Well inside the 2 s a commit may take before the door is denied.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(peer);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    lock.execute_batch("COMMIT").unwrap();
+    hub.wait_db("the grant, then unconfirmed", |db| {
+        audit_rows(db, "201") == ["door.granted:k-1", "door.unlock_unconfirmed:k-1"]
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_pin_drives_no_output_shows_red_and_is_audited() {
     let broker = Mosquitto::start_with(BrokerOptions::default());
