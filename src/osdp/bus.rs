@@ -162,18 +162,18 @@ impl OsdpHandle {
     }
 }
 
-type Job = Box<dyn FnOnce(&rusqlite::Connection) -> Result<(), StoreError> + Send>;
+type Job = Box<dyn Fn(&rusqlite::Connection) -> Result<(), StoreError> + Send + Sync>;
 
-/// Writes a bus's records in order (alerts raised before they clear).
+/// Writes a bus's records in order (alerts raised before they clear), each
+/// tried again until it is written ([`Store::write_until_written`]).
 async fn recorder(store: Store, mut rx: mpsc::Receiver<(String, Job)>, wake: Option<Arc<Notify>>) {
     while let Some((what, job)) = rx.recv().await {
-        match store.write(Priority::Bulk, job).await {
-            Ok(()) => {
-                if let Some(w) = &wake {
-                    w.notify_one();
-                }
-            }
-            Err(e) => tracing::error!(record = %what, error = %e, "cannot record"),
+        if store
+            .write_until_written(&what, job, || rx.is_closed())
+            .await
+            && let Some(w) = &wake
+        {
+            w.notify_one();
         }
     }
 }

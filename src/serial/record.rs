@@ -240,6 +240,11 @@ impl RecordQueue {
         Ok(())
     }
 
+    /// Whether [`RecordQueue::close`] was called (the port is stopping).
+    fn closed(&self) -> bool {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).closed
+    }
+
     /// No more records will come: the recorder ends once it wrote the rest.
     pub(crate) fn close(&self) {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
@@ -263,17 +268,28 @@ impl RecordQueue {
     }
 }
 
-/// Writes records in order until the queue is closed and empty.
+/// Writes records in order until the queue is closed and empty. A record
+/// that is the only trace of something at a door is tried again until it
+/// is written ([`Store::write_until_written`]); link bookkeeping, which the
+/// next frame or change writes anyway, is tried once.
 pub(crate) async fn run(store: Store, queue: Arc<RecordQueue>, outbox_wake: Option<Arc<Notify>>) {
     while let Some(rec) = queue.pop().await {
         let what = rec.what();
-        match store.write(Priority::Bulk, move |c| rec.apply(c)).await {
-            Ok(()) => {
-                if let Some(w) = &outbox_wake {
-                    w.notify_one();
+        let written = if rec.droppable() {
+            match store.write(Priority::Bulk, move |c| rec.apply(c)).await {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::error!(record = %what, error = %e, "cannot record");
+                    false
                 }
             }
-            Err(e) => tracing::error!(record = %what, error = %e, "cannot record"),
+        } else {
+            store
+                .write_until_written(&what, move |c| rec.clone().apply(c), || queue.closed())
+                .await
+        };
+        if written && let Some(w) = &outbox_wake {
+            w.notify_one();
         }
     }
 }

@@ -1003,6 +1003,55 @@ impl Store {
         )
     }
 
+    /// Writes a record that is the only trace of something at a door (an
+    /// Unlock confirmed, a forced door, a flood count, a tamper): when the
+    /// write fails (disk full, I/O error) it is tried again, 100 ms doubling
+    /// to 5 s apart, until it is written, so it lands once storage takes
+    /// writes again; a driver's records queue behind it, in order. Once
+    /// `stopping()` holds, a failed try is the last, so a shutdown never
+    /// waits on a broken disk (each record left is tried once). Returns
+    /// whether it was written.
+    pub async fn write_until_written<F>(
+        &self,
+        what: &str,
+        f: F,
+        stopping: impl Fn() -> bool,
+    ) -> bool
+    where
+        F: Fn(&Connection) -> Result<(), StoreError> + Send + Sync + 'static,
+    {
+        let f = Arc::new(f);
+        let mut backoff =
+            crate::backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        let mut failures = 0u32;
+        loop {
+            let attempt = f.clone();
+            match self.write(Priority::Bulk, move |c| attempt(c)).await {
+                Ok(()) => {
+                    if failures > 0 {
+                        tracing::info!(record = %what, failures, "recorded once storage took writes again");
+                    }
+                    return true;
+                }
+                Err(StoreError::Closed) => {
+                    tracing::error!(record = %what, "cannot record: the store is closed");
+                    return false;
+                }
+                Err(e) => {
+                    failures += 1;
+                    if failures == 1 {
+                        tracing::error!(record = %what, error = %e, "cannot record; trying again until storage takes it");
+                    }
+                    if stopping() {
+                        tracing::error!(record = %what, error = %e, failures, "stopping: record given up");
+                        return false;
+                    }
+                    tokio::time::sleep(backoff.next_step()).await;
+                }
+            }
+        }
+    }
+
     /// Runs `f` on the writer thread inside the current group transaction and
     /// resolves once that transaction has committed (or with the job's own
     /// error, in which case everything `f` did was rolled back).

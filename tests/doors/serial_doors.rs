@@ -418,6 +418,37 @@ async fn a_forced_alert_left_for_an_unnamed_door_index_ends_when_the_port_starts
     hub.shutdown().await;
 }
 
+/// While storage refuses writes (here a trigger another process put in the
+/// way; a full disk does the same), a forced door is not forgotten: its row
+/// and alert land, in order before the door's closing, once writes go
+/// through again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_door_is_recorded_once_storage_takes_writes_again() {
+    let (db, hub, mut sim, _keep) = one_board(Policy::default()).await;
+    let other = rusqlite::Connection::open(db.store.path()).unwrap();
+    other
+        .execute_batch(
+            "CREATE TRIGGER refuse_audit BEFORE INSERT ON audit
+             BEGIN SELECT RAISE(ABORT, 'disk says no'); END;",
+        )
+        .unwrap();
+    sim.set_door(0, true);
+    sim.run_for(Duration::from_millis(300)).await.unwrap();
+    sim.set_door(0, false);
+    sim.run_for(Duration::from_millis(700)).await.unwrap();
+    assert!(db.audit().is_empty(), "nothing went through");
+    other.execute_batch("DROP TRIGGER refuse_audit").unwrap();
+    assert!(until_db(&mut sim, &db, |db| db.audit() == ["door.forced@101"]).await);
+    assert!(
+        until_db(&mut sim, &db, |db| db.count(
+            "SELECT count(*) FROM alerts WHERE condition = 'door_forced' AND subject = '101' AND state = 'cleared'"
+        ) == 1)
+        .await,
+        "raised, then cleared by the closing that queued behind it"
+    );
+    hub.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_door_opened_without_an_unlock_is_forced_and_closing_it_clears_the_alert() {
     let (db, hub, mut sim, _keep) = one_board(Policy::default()).await;
