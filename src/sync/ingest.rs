@@ -193,8 +193,9 @@ type Commit<C> = Pin<Box<dyn Future<Output = Result<CommitOutput<C>, StoreError>
 
 /// Where the pipeline reports.
 pub struct IngestSinks {
-    /// The sync planner: one entry per committed message, in order.
-    pub decided: mpsc::Sender<Decided>,
+    /// The sync planner: one entry per committed message, in order, with
+    /// the connection epoch it arrived on.
+    pub decided: mpsc::Sender<(u64, Decided)>,
     /// The publisher: new results are on the outbox.
     pub outbox: Arc<Notify>,
     /// The poll task: drop this connection and reconnect.
@@ -397,8 +398,8 @@ pub async fn run<D: Decide>(
                     sinks.outbox.notify_one();
                     decider.after_commit(&out.decided);
                 }
-                for d in out.decided {
-                    let _ = sinks.decided.send(d).await;
+                for (d, msg) in out.decided.into_iter().zip(&inbound) {
+                    let _ = sinks.decided.send((msg.epoch, d)).await;
                 }
                 if out.failed {
                     let epoch = inbound.get(committed).map_or(0, |m| m.epoch);

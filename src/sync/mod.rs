@@ -288,7 +288,7 @@ impl SyncHandle {
 /// What the control task listens to.
 struct ControlInputs {
     session: mpsc::Receiver<LinkEvent>,
-    decided: mpsc::Receiver<Decided>,
+    decided: mpsc::Receiver<(u64, Decided)>,
     access: mpsc::Receiver<Access>,
 }
 
@@ -352,9 +352,9 @@ async fn control(
         .unwrap_or(Duration::from_secs(3600));
         tokio::select! {
             ev = session_rx.recv(), if session_open => match ev {
-                Some(LinkEvent::Connected { session_present, .. }) => {
+                Some(LinkEvent::Connected { epoch, session_present }) => {
                     connected = true;
-                    planner.on_session(session_present, now());
+                    planner.on_session(session_present, epoch, now());
                     broker.connected(&store, &outbox_wake).await;
                 }
                 Some(LinkEvent::Lost { .. }) => {
@@ -369,10 +369,10 @@ async fn control(
                 None => access_open = false,
             },
             d = decided_rx.recv(), if decided_open => match d {
-                Some(d) => {
+                Some((epoch, d)) => {
                     if let Some(view) = d.seq {
                         match d.checkpoint_head {
-                            Some(head) => planner.on_checkpoint(head, view, now()),
+                            Some(head) => planner.on_checkpoint(head, epoch, view, now()),
                             None => planner.on_event(view, now()),
                         }
                     }

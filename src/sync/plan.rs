@@ -87,11 +87,15 @@ pub const SYNC_BACKOFF_MAX: Duration = Duration::from_secs(300);
 /// doubling to 5 min) until every condition has cleared:
 /// - gap: until no seq above W has been seen;
 /// - behind_checkpoint: until W reaches the checkpoint's head;
-/// - fresh_session: until a checkpoint shows `head_seq <= W`.
+/// - fresh_session: until a checkpoint that arrived on that session (or a
+///   later one) shows `head_seq <= W`: one from the connection before says
+///   nothing about what the new session lost.
 #[derive(Debug, Clone)]
 pub struct SyncPlanner {
     view: SeqView,
-    fresh: bool,
+    /// The connection epoch of a session that started fresh, while no
+    /// checkpoint from it has confirmed the hub is not behind.
+    fresh: Option<u64>,
     /// The highest checkpoint head above the watermark.
     behind: Option<u64>,
     /// The reason of the last request sent, while conditions hold.
@@ -114,7 +118,7 @@ impl SyncPlanner {
     pub fn with_jitter(view: SeqView, jitter: Duration, seed: u64) -> Self {
         SyncPlanner {
             view,
-            fresh: false,
+            fresh: None,
             behind: None,
             last_reason: None,
             next_at: None,
@@ -148,7 +152,7 @@ impl SyncPlanner {
             Some(SyncReason::Gap)
         } else if self.behind.is_some() {
             Some(SyncReason::BehindCheckpoint)
-        } else if self.fresh {
+        } else if self.fresh.is_some() {
             Some(SyncReason::FreshSession)
         } else {
             None
@@ -173,10 +177,11 @@ impl SyncPlanner {
         }
     }
 
-    /// A broker session started. `session_present = false` means it is new.
-    pub fn on_session(&mut self, session_present: bool, now: Duration) {
+    /// A broker session started on connection `epoch`. `session_present =
+    /// false` means it is new.
+    pub fn on_session(&mut self, session_present: bool, epoch: u64, now: Duration) {
         if !session_present {
-            self.fresh = true;
+            self.fresh = Some(epoch);
             // A new session is news even if a fresh_session request was
             // already repeating: ask again now.
             if self.last_reason == Some(SyncReason::FreshSession) {
@@ -195,13 +200,16 @@ impl SyncPlanner {
         self.reschedule(now);
     }
 
-    /// A checkpoint was committed: `head_seq` is the cloud's latest seq.
-    pub fn on_checkpoint(&mut self, head_seq: u64, view: SeqView, now: Duration) {
+    /// A checkpoint that arrived on connection `epoch` was committed:
+    /// `head_seq` is the cloud's latest seq.
+    pub fn on_checkpoint(&mut self, head_seq: u64, epoch: u64, view: SeqView, now: Duration) {
         self.view = view;
         if head_seq > view.watermark {
             self.behind = Some(self.behind.map_or(head_seq, |h| h.max(head_seq)));
         } else {
-            self.fresh = false;
+            if self.fresh.is_some_and(|fresh| epoch >= fresh) {
+                self.fresh = None;
+            }
             if self.behind.is_some_and(|head| head <= view.watermark) {
                 self.behind = None;
             }
@@ -585,7 +593,7 @@ mod tests {
     #[test]
     fn a_fresh_session_asks_from_the_watermark_plus_one_at_once() {
         let mut p = SyncPlanner::new(view(0, false));
-        p.on_session(false, s(0));
+        p.on_session(false, 1, s(0));
         assert_eq!(
             p.poll(s(0)),
             Some(SyncRequest {
@@ -599,7 +607,7 @@ mod tests {
     #[test]
     fn a_resumed_session_asks_for_nothing() {
         let mut p = SyncPlanner::new(view(7, false));
-        p.on_session(true, s(0));
+        p.on_session(true, 1, s(0));
         assert_eq!(p.poll(s(100)), None);
         assert_eq!(p.next_deadline(), None);
     }
@@ -607,7 +615,7 @@ mod tests {
     #[test]
     fn an_unanswered_request_repeats_with_doubling_backoff_capped_at_five_minutes() {
         let mut p = SyncPlanner::new(view(3, false));
-        p.on_session(false, s(0));
+        p.on_session(false, 1, s(0));
         let mut sent_at = vec![];
         let mut t = s(0);
         while t < s(2000) {
@@ -624,14 +632,31 @@ mod tests {
     #[test]
     fn a_fresh_session_request_stops_once_a_checkpoint_is_at_or_below_the_watermark() {
         let mut p = SyncPlanner::new(view(0, false));
-        p.on_session(false, s(0));
+        p.on_session(false, 1, s(0));
         assert!(p.poll(s(0)).is_some());
         // Events alone do not end it: the hub cannot know nothing else was lost.
         p.on_event(view(12, false), s(1));
         assert_eq!(p.poll(s(1)).map(|r| r.from_seq), Some(13));
-        p.on_checkpoint(12, view(12, false), s(2));
+        p.on_checkpoint(12, 1, view(12, false), s(2));
         assert_eq!(p.poll(s(1000)), None);
         assert_eq!(p.next_deadline(), None);
+    }
+
+    #[test]
+    fn a_checkpoint_that_came_on_the_connection_before_does_not_end_a_fresh_session() {
+        let mut p = SyncPlanner::new(view(12, false));
+        // Connection 3 starts fresh; a checkpoint taken in on connection 2
+        // commits after that.
+        p.on_session(false, 3, s(0));
+        assert!(p.poll(s(0)).is_some());
+        p.on_checkpoint(12, 2, view(12, false), s(1));
+        assert_eq!(
+            p.poll(s(1)).map(|r| r.reason),
+            Some(SyncReason::FreshSession),
+            "still asking"
+        );
+        p.on_checkpoint(12, 3, view(12, false), s(2));
+        assert_eq!(p.poll(s(1000)), None);
     }
 
     #[test]
@@ -654,7 +679,7 @@ mod tests {
     #[test]
     fn a_gap_during_a_fresh_session_request_is_sent_at_once_with_reason_gap() {
         let mut p = SyncPlanner::new(view(0, false));
-        p.on_session(false, s(0));
+        p.on_session(false, 1, s(0));
         assert!(p.poll(s(0)).is_some());
         p.on_event(view(0, true), s(0));
         assert_eq!(p.poll(s(0)).map(|r| r.reason), Some(SyncReason::Gap));
@@ -669,7 +694,7 @@ mod tests {
     #[test]
     fn a_checkpoint_above_the_watermark_asks_behind_checkpoint_until_caught_up() {
         let mut p = SyncPlanner::new(view(10, false));
-        p.on_checkpoint(11, view(10, false), s(0));
+        p.on_checkpoint(11, 1, view(10, false), s(0));
         assert_eq!(
             p.poll(s(0)),
             Some(SyncRequest {
@@ -689,7 +714,7 @@ mod tests {
         };
         let mut p = SyncPlanner::resume(start, s(0), Duration::ZERO, 0);
         // Nothing is sent before the session is up; then at once.
-        p.on_session(true, s(1));
+        p.on_session(true, 1, s(1));
         assert_eq!(
             p.poll(s(1)),
             Some(SyncRequest {
@@ -709,14 +734,14 @@ mod tests {
             checkpoint_head: 14,
         };
         let mut p = SyncPlanner::resume(caught_up, s(0), Duration::ZERO, 0);
-        p.on_session(true, s(0));
+        p.on_session(true, 1, s(0));
         assert_eq!(p.poll(s(0)), None);
     }
 
     #[test]
     fn a_checkpoint_at_the_watermark_asks_for_nothing() {
         let mut p = SyncPlanner::new(view(12, false));
-        p.on_checkpoint(12, view(12, false), s(0));
+        p.on_checkpoint(12, 1, view(12, false), s(0));
         assert_eq!(p.poll(s(0)), None);
     }
 
@@ -834,7 +859,7 @@ mod tests {
         let mut first = vec![];
         for seed in 0..200 {
             let mut p = SyncPlanner::with_jitter(view(4, false), SYNC_JITTER, seed);
-            p.on_checkpoint(9, view(4, false), s(10));
+            p.on_checkpoint(9, 1, view(4, false), s(10));
             let due = p.next_deadline().expect("a request is planned");
             assert!(due >= s(10) && due <= s(10) + SYNC_JITTER, "seed {seed}");
             assert_eq!(p.poll(due).map(|r| r.from_seq), Some(5));
@@ -853,7 +878,7 @@ mod tests {
     #[test]
     fn jitter_never_delays_a_request_that_was_already_due() {
         let mut p = SyncPlanner::with_jitter(view(0, false), SYNC_JITTER, 99);
-        p.on_session(false, s(0));
+        p.on_session(false, 1, s(0));
         let due = p.next_deadline().unwrap();
         // A more specific reason arrives before the first request went out.
         p.on_event(view(0, true), s(0));
