@@ -29,7 +29,7 @@ use tokio::task::JoinHandle;
 use super::cp::{self, Caps, Event, Fault, Identity, Outcome, Reader, Security, Timing};
 use super::door as cmds;
 use super::keypad::{Entry, Submitted};
-use super::packet::Deframer;
+use super::packet::{self, Deframer};
 use crate::backoff::Backoff;
 use crate::config::{Config, PinKey, Policy, ReaderDoorConfig};
 use crate::entry::{self, Answer, DecisionQueue, Queued};
@@ -710,7 +710,6 @@ impl BusTask {
                 }
                 continue;
             };
-            self.turn = (i + 1) % n;
             let addr = self.slots[i].cfg.address;
             let epoch = self.epoch;
             let ev = exchange(
@@ -720,9 +719,17 @@ impl BusTask {
                 &mut self.deframer,
                 &bytes,
                 epoch,
-                Duration::from_millis(self.timing.reply_timeout_ms),
+                Wire {
+                    baud: self.baud,
+                    reply_timeout: Duration::from_millis(self.timing.reply_timeout_ms),
+                },
             )
             .await?;
+            self.turn = if self.slots[i].cp.resend_due() {
+                i
+            } else {
+                (i + 1) % n
+            };
             self.handle(i, ev);
         }
     }
@@ -1148,10 +1155,33 @@ impl BusTask {
     }
 }
 
+/// The bus's speed and the reader's reply timeout, for [`exchange`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Wire {
+    pub baud: u32,
+    pub reply_timeout: Duration,
+}
+
+impl Wire {
+    /// One character on the wire (8N1: ten bits).
+    fn char_time(self) -> Duration {
+        Duration::from_micros(10_000_000 / u64::from(self.baud.max(1)))
+    }
+}
+
+/// Quiet on the line, after the last byte of a reply that is under way,
+/// before the reply counts as cut short.
+const INTER_BYTE_GAP: Duration = Duration::from_millis(20);
+
 /// One exchange with one reader: puts `bytes` on the wire and feeds what
 /// comes back to `reader` until it has its reply or the reply timeout
 /// passes. Packets from other addresses (or our own command, echoed by an
 /// RS-485 adapter) are not part of it. Times are ms since `epoch`.
+///
+/// The 200 ms are the reader's to start answering (osdp.md): they run from
+/// when the command has left the wire (the write only fills the tty's
+/// buffer: at 9600 baud a 30-byte command takes 31 ms more), and a reply
+/// that is arriving gets its bytes' own wire time, up to a packet's worth.
 pub(crate) async fn exchange(
     port: &mut tokio_serial::SerialStream,
     reader: &mut Reader,
@@ -1159,7 +1189,7 @@ pub(crate) async fn exchange(
     deframer: &mut Deframer,
     bytes: &[u8],
     epoch: Instant,
-    timeout: Duration,
+    wire: Wire,
 ) -> Result<Vec<Event>, std::io::Error> {
     let ms = || epoch.elapsed().as_millis() as u64;
     let mut buf = [0u8; READ_CHUNK];
@@ -1167,7 +1197,10 @@ pub(crate) async fn exchange(
     // A new exchange: whatever is half-received is noise.
     deframer.clear();
     port.write_all(bytes).await?;
-    let deadline = tokio::time::Instant::now() + timeout;
+    let sent = tokio::time::Instant::now()
+        + wire.char_time() * u32::try_from(bytes.len()).unwrap_or(u32::MAX);
+    let mut deadline = sent + wire.reply_timeout;
+    let latest = deadline + wire.char_time() * packet::MAX_PACKET as u32;
     loop {
         match tokio::time::timeout_at(deadline, port.read(&mut buf)).await {
             Err(_) => {
@@ -1190,7 +1223,31 @@ pub(crate) async fn exchange(
                 if !reader.awaiting_reply() {
                     return Ok(events);
                 }
+                // Bytes keep coming: let them finish, within a packet's time.
+                let more = tokio::time::Instant::now() + INTER_BYTE_GAP + wire.char_time() * 4;
+                deadline = deadline.max(more.min(latest));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_reply_timeout_starts_once_the_command_has_left_the_wire() {
+        let slow = Wire {
+            baud: 9600,
+            reply_timeout: Duration::from_millis(200),
+        };
+        // Ten bits a character: a 30-byte command takes 31 ms at 9600 baud.
+        assert_eq!(slow.char_time(), Duration::from_micros(1041));
+        assert_eq!((slow.char_time() * 30).as_millis(), 31);
+        let fast = Wire {
+            baud: 230_400,
+            ..slow
+        };
+        assert!(fast.char_time() < Duration::from_micros(50));
     }
 }

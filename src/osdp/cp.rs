@@ -426,6 +426,13 @@ impl Reader {
     }
 
     /// Whether a command is on the wire awaiting its reply.
+    /// A command of this reader timed out (or was BUSY) and goes again
+    /// next: the bus gives it the next turn, so an osdp_OUT fails within
+    /// about a second whatever the other readers do (osdp.md).
+    pub fn resend_due(&self) -> bool {
+        self.pending.as_ref().is_some_and(|p| p.resend)
+    }
+
     pub fn awaiting_reply(&self) -> bool {
         self.pending.as_ref().is_some_and(|p| !p.resend)
     }
@@ -1273,7 +1280,10 @@ mod tests {
         let mut ev = Vec::new();
         for k in 1..=3 {
             ev.extend(r.on_timeout(now + 200 * k));
+            // The bus gives a resend the next turn (`resend_due`).
+            assert_eq!(r.resend_due(), k < 3, "after timeout {k}");
             if let Some(b) = r.next(now + 200 * k, [9; 8]) {
+                assert!(!r.resend_due());
                 assert_eq!(b, first);
                 sends += 1;
             }

@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::bus::exchange;
+use super::bus::{Wire, exchange};
 use super::cp::{Command, Event, Identity, Outcome, Reader, Security, Timing};
 use super::packet::Deframer;
 use super::sc::Key;
@@ -67,6 +67,7 @@ struct Link {
     deframer: Deframer,
     epoch: Instant,
     addr: u8,
+    baud: u32,
 }
 
 enum SessionEnd {
@@ -123,7 +124,10 @@ impl Link {
             &mut self.deframer,
             bytes,
             self.epoch,
-            Duration::from_millis(Timing::CONTRACT.reply_timeout_ms),
+            Wire {
+                baud: self.baud,
+                reply_timeout: Duration::from_millis(Timing::CONTRACT.reply_timeout_ms),
+            },
         )
         .await?)
     }
@@ -186,6 +190,7 @@ pub async fn install(
         deframer: Deframer::new(),
         epoch: Instant::now(),
         addr: r.address,
+        baud: bus.baud,
     };
     let timing = Timing::CONTRACT;
     let own = |link: &Link| Reader::new(r.address, Security::Secure(key), timing, link.ms());
