@@ -30,22 +30,7 @@ pub fn adopt_identity(
     id: &ReaderIdentity,
     now: Timestamp,
 ) -> Result<bool, StoreError> {
-    let n = conn
-        .prepare_cached(
-            "INSERT INTO osdp_readers (reader, vendor, model, version, serial, firmware, recorded_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-             ON CONFLICT (reader) DO NOTHING",
-        )?
-        .execute(params![
-            reader,
-            id.vendor,
-            id.model,
-            id.version,
-            id.serial,
-            id.firmware,
-            now.0
-        ])?;
-    Ok(n == 1)
+    insert_identity(conn, reader, id, now, "DO NOTHING").map(|n| n == 1)
 }
 
 /// Records (or replaces) a reader's identity (`lockhub osdp install`).
@@ -55,24 +40,41 @@ pub fn record_identity(
     id: &ReaderIdentity,
     now: Timestamp,
 ) -> Result<(), StoreError> {
-    conn.prepare_cached(
-        "INSERT INTO osdp_readers (reader, vendor, model, version, serial, firmware, recorded_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-         ON CONFLICT (reader) DO UPDATE SET
-           vendor = excluded.vendor, model = excluded.model, version = excluded.version,
-           serial = excluded.serial, firmware = excluded.firmware,
-           recorded_at = excluded.recorded_at",
-    )?
-    .execute(params![
+    insert_identity(
+        conn,
         reader,
-        id.vendor,
-        id.model,
-        id.version,
-        id.serial,
-        id.firmware,
-        now.0
-    ])?;
-    Ok(())
+        id,
+        now,
+        "DO UPDATE SET vendor = excluded.vendor, model = excluded.model,
+           version = excluded.version, serial = excluded.serial,
+           firmware = excluded.firmware, recorded_at = excluded.recorded_at",
+    )
+    .map(drop)
+}
+
+/// The identity row, with `on_conflict` deciding what a recorded one gets.
+fn insert_identity(
+    conn: &Connection,
+    reader: &str,
+    id: &ReaderIdentity,
+    now: Timestamp,
+    on_conflict: &str,
+) -> Result<usize, StoreError> {
+    Ok(conn
+        .prepare_cached(&format!(
+            "INSERT INTO osdp_readers (reader, vendor, model, version, serial, firmware, recorded_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+             ON CONFLICT (reader) {on_conflict}"
+        ))?
+        .execute(params![
+            reader,
+            id.vendor,
+            id.model,
+            id.version,
+            id.serial,
+            id.firmware,
+            now.0
+        ])?)
 }
 
 /// The recorded identity of a reader, if any.

@@ -613,17 +613,24 @@ async fn garbage_and_truncated_packets_on_the_bus_are_counted_and_change_nothing
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replaced_reader_is_quarantined_until_it_is_installed_again() {
-    let broker = Mosquitto::start_with(BrokerOptions::default());
-    let first = Peer::start(&[
+/// A reader holding KEY_1 at address 1 with this PDID serial.
+fn keyed_peer(serial: &str) -> Peer {
+    Peer::start(&[
         "--key",
         &key_hex(&KEY_1),
         "--address",
         "1",
         "--serial",
-        "0x1111",
-    ]);
+        serial,
+    ])
+}
+
+/// A hub whose bus `bus-a` is a link that can be pointed at another peer,
+/// with reader r-201 (0x1111) trusted and recorded.
+async fn hub_with_a_recorded_reader(
+    broker: &Mosquitto,
+) -> (Daemon, Peer, tempfile::TempDir, std::path::PathBuf) {
+    let first = keyed_peer("0x1111");
     let dir = tempfile::tempdir().unwrap();
     let link_path = dir.path().join("bus-a");
     pty::point(&link_path, &first.port);
@@ -643,16 +650,16 @@ async fn a_replaced_reader_is_quarantined_until_it_is_installed_again() {
         trusted(db, "r-201") && reader_serial(db, "r-201") == Some(0x1111)
     })
     .await;
+    (hub, first, dir, link_path)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_reader_is_quarantined_until_it_is_installed_again() {
+    let broker = Mosquitto::start_with(BrokerOptions::default());
+    let (mut hub, first, _dir, link_path) = hub_with_a_recorded_reader(&broker).await;
 
     // Someone swaps the reader for another one that holds the same key.
-    let second = Peer::start(&[
-        "--key",
-        &key_hex(&KEY_1),
-        "--address",
-        "1",
-        "--serial",
-        "0x2222",
-    ]);
+    let second = keyed_peer("0x2222");
     pty::point(&link_path, &second.port);
     drop(first);
     hub.wait_db("reader_replaced and quarantine", |db| {
@@ -662,14 +669,7 @@ async fn a_replaced_reader_is_quarantined_until_it_is_installed_again() {
 
     // The recorded reader put back is still quarantined until install, in
     // this run and the next: the alert and the quarantine never disagree.
-    let back = Peer::start(&[
-        "--key",
-        &key_hex(&KEY_1),
-        "--address",
-        "1",
-        "--serial",
-        "0x1111",
-    ]);
+    let back = keyed_peer("0x1111");
     pty::point(&link_path, &back.port);
     drop(second);
     let seen = |db: &Connection| -> Option<i64> {
@@ -728,36 +728,7 @@ async fn a_replaced_reader_is_quarantined_until_it_is_installed_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_whose_recorded_identity_cannot_be_read_is_quarantined_not_adopted() {
     let broker = Mosquitto::start_with(BrokerOptions::default());
-    let peer = |serial: &str| {
-        Peer::start(&[
-            "--key",
-            &key_hex(&KEY_1),
-            "--address",
-            "1",
-            "--serial",
-            serial,
-        ])
-    };
-    let first = peer("0x1111");
-    let dir = tempfile::tempdir().unwrap();
-    let link_path = dir.path().join("bus-a");
-    pty::point(&link_path, &first.port);
-    let mut hub = Daemon::start(
-        &broker.url(),
-        DaemonOptions {
-            hub_extra: format!(
-                "{}{}",
-                bus("bus-a", &link_path, 9600),
-                reader("r-201", "bus-a", 1, "")
-            ),
-            secrets_extra: reader_key("r-201", &KEY_1),
-            ..DaemonOptions::default()
-        },
-    );
-    hub.wait_db("the first reader recorded", |db| {
-        trusted(db, "r-201") && reader_serial(db, "r-201") == Some(0x1111)
-    })
-    .await;
+    let (mut hub, first, _dir, link_path) = hub_with_a_recorded_reader(&broker).await;
     hub.sigterm();
 
     // The identities cannot be read at start, and the reader was swapped.
@@ -769,7 +740,7 @@ async fn a_reader_whose_recorded_identity_cannot_be_read_is_quarantined_not_adop
             .unwrap();
     };
     rename("osdp_readers", "osdp_readers_away");
-    let second = peer("0x2222");
+    let second = keyed_peer("0x2222");
     pty::point(&link_path, &second.port);
     drop(first);
     hub.spawn();
@@ -785,7 +756,7 @@ async fn a_reader_whose_recorded_identity_cannot_be_read_is_quarantined_not_adop
     // The table is back; the reader's next session reads it, and the swap
     // is seen. The reference was never overwritten.
     rename("osdp_readers_away", "osdp_readers");
-    let third = peer("0x2222");
+    let third = keyed_peer("0x2222");
     pty::point(&link_path, &third.port);
     drop(second);
     hub.wait_db("reader_replaced", |db| {
