@@ -190,6 +190,11 @@ pub enum StoreError {
     },
 }
 
+/// How long [`Store::write_until_written`] retries a record the schema
+/// refuses (a trigger another process put in the way, say) before it gives
+/// it up; a full disk or an I/O error is retried for as long as it lasts.
+pub const REFUSED_FOR: Duration = Duration::from_secs(30);
+
 impl StoreError {
     /// The message of a `RAISE(ABORT, ...)` or constraint that refused a write.
     pub fn constraint_message(&self) -> Option<&str> {
@@ -1007,10 +1012,12 @@ impl Store {
     /// Unlock confirmed, a forced door, a flood count, a tamper): when the
     /// write fails (disk full, I/O error) it is tried again, 100 ms doubling
     /// to 5 s apart, until it is written, so it lands once storage takes
-    /// writes again; a driver's records queue behind it, in order. Once
-    /// `stopping()` holds, a failed try is the last, so a shutdown never
-    /// waits on a broken disk (each record left is tried once). Returns
-    /// whether it was written.
+    /// writes again; a driver's records queue behind it, in order. A record
+    /// the schema itself refuses (a constraint or trigger) is given up after
+    /// [`REFUSED_FOR`], so one bad record cannot hold the rest back for
+    /// ever. Once `stopping()` holds, a failed try is the last, so a
+    /// shutdown never waits on a broken disk (each record left is tried
+    /// once). Returns whether it was written.
     pub async fn write_until_written<F>(
         &self,
         what: &str,
@@ -1024,6 +1031,7 @@ impl Store {
         let mut backoff =
             crate::backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         let mut failures = 0u32;
+        let mut refused_since: Option<tokio::time::Instant> = None;
         loop {
             let attempt = f.clone();
             match self.write(Priority::Bulk, move |c| attempt(c)).await {
@@ -1044,6 +1052,15 @@ impl Store {
                     }
                     if stopping() {
                         tracing::error!(record = %what, error = %e, failures, "stopping: record given up");
+                        return false;
+                    }
+                    if e.constraint_message().is_some()
+                        && refused_since
+                            .get_or_insert_with(tokio::time::Instant::now)
+                            .elapsed()
+                            >= REFUSED_FOR
+                    {
+                        tracing::error!(record = %what, error = %e, failures, "the schema keeps refusing it: record given up");
                         return false;
                     }
                     tokio::time::sleep(backoff.next_step()).await;
@@ -1525,6 +1542,49 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("lockhub.db"), &Policy::default()).unwrap();
         (dir, store)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_record_the_schema_keeps_refusing_is_given_up_and_the_next_one_goes_in() {
+        let (_dir, store) = open_temp();
+        store
+            .write(Priority::Bulk, |c| {
+                c.execute_batch(
+                    "CREATE TRIGGER refuse_floor BEFORE UPDATE ON time_floor
+                     BEGIN SELECT RAISE(ABORT, 'refused'); END;",
+                )?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+        let started = tokio::time::Instant::now();
+        let refused = store
+            .write_until_written(
+                "a floor",
+                |c| floor::raise_to(c, crate::time::Timestamp(5)).map(drop),
+                || false,
+            )
+            .await;
+        assert!(!refused, "given up");
+        assert!(started.elapsed() >= REFUSED_FOR);
+        assert!(started.elapsed() < REFUSED_FOR + Duration::from_secs(6));
+        let next = store
+            .write_until_written(
+                "an outbox row",
+                |c| {
+                    outbox::enqueue(
+                        c,
+                        outbox::Topic::Sync,
+                        b"{}",
+                        None,
+                        crate::time::Timestamp(1),
+                    )
+                    .map(drop)
+                },
+                || false,
+            )
+            .await;
+        assert!(next, "the next record is not held back");
     }
 
     #[test]
