@@ -287,12 +287,7 @@ pub fn health_key(
     for a in &open {
         *alerts.entry(a.condition.clone()).or_insert(0) += 1;
     }
-    let has_links: bool = conn.query_row(
-        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'links')",
-        [],
-        |r| r.get(0),
-    )?;
-    let mut links: BTreeMap<String, String> = if has_links {
+    let mut links: BTreeMap<String, String> = if has_table(conn, "links")? {
         links::all(conn)?
             .into_iter()
             .map(|l| (l.serial, l.state.as_str().to_owned()))
@@ -306,15 +301,36 @@ pub fn health_key(
         run.as_ref()
             .map_or("unknown".to_owned(), |r| r.broker.clone()),
     );
-    let clock_trusted = clock_at(conn, now)?.1 && !alerts.contains_key("clock_untrusted");
+    let clock_trusted = clock_at(conn, now)?.trusted && !alerts.contains_key("clock_untrusted");
     Ok((links, alerts, clock_trusted))
 }
 
-/// The durable floors, and whether a daemon starting from them now would
-/// trust the system clock reading `now` (crate::clock, 'Trust').
-fn clock_at(conn: &Connection, now: Timestamp) -> Result<(Floors, bool), crate::store::StoreError> {
+/// Whether the database has `table`: status reads a database of any
+/// schema, also one the daemon has not migrated yet.
+fn has_table(conn: &Connection, table: &str) -> rusqlite::Result<bool> {
+    conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1)",
+        [table],
+        |r| r.get(0),
+    )
+}
+
+/// The clock as a daemon starting from the durable floors now would see
+/// it, with the system clock reading `now` (crate::clock, 'Trust').
+struct ClockAt {
+    floors: Floors,
+    effective: Timestamp,
+    trusted: bool,
+}
+
+fn clock_at(conn: &Connection, now: Timestamp) -> Result<ClockAt, crate::store::StoreError> {
     let floors = floor::load_any_schema(conn)?;
-    Ok((floors, Clock::start(floors).trusted(now, Duration::ZERO)))
+    let clock = Clock::start(floors);
+    Ok(ClockAt {
+        floors,
+        effective: clock.peek(now, Duration::ZERO),
+        trusted: clock.trusted(now, Duration::ZERO),
+    })
 }
 
 /// Computes the health figures from `conn` (a reader of the database at
@@ -443,26 +459,12 @@ pub fn gather(target: &Target, now: Timestamp) -> Result<Status, StatusError> {
         .map(AlertStatus::from)
         .collect();
 
-    let has_links: bool = conn
-        .query_row(
-            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'links')",
-            [],
-            |r| r.get(0),
-        )
-        .map_err(db)?;
-    let rows: Vec<LinkRow> = if has_links {
+    let rows: Vec<LinkRow> = if has_table(&conn, "links").map_err(db)? {
         links::all(&conn).map_err(store)?
     } else {
         Vec::new()
     };
-    let has_counters: bool = conn
-        .query_row(
-            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'link_counters')",
-            [],
-            |r| r.get(0),
-        )
-        .map_err(db)?;
-    let counters = if has_counters {
+    let counters = if has_table(&conn, "link_counters").map_err(db)? {
         links::bad_frames(&conn).map_err(store)?
     } else {
         Vec::new()
@@ -497,13 +499,7 @@ pub fn gather(target: &Target, now: Timestamp) -> Result<Status, StatusError> {
         link_list.push(link_status(Some(row), &row.serial, None, false));
     }
 
-    let has_osdp: bool = conn
-        .query_row(
-            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'osdp_links')",
-            [],
-            |r| r.get(0),
-        )
-        .map_err(db)?;
+    let has_osdp = has_table(&conn, "osdp_links").map_err(db)?;
     let mut readers = Vec::new();
     let mut buses = Vec::new();
     if has_osdp || !target.readers.is_empty() {
@@ -546,16 +542,16 @@ pub fn gather(target: &Target, now: Timestamp) -> Result<Status, StatusError> {
         }
     }
 
-    let (floors, trusted) = clock_at(&conn, now).map_err(store)?;
+    let at = clock_at(&conn, now).map_err(store)?;
     let health = health(&conn, path, now).map_err(store)?;
     conn.execute_batch("COMMIT").map_err(db)?;
 
     let untrusted_alert = alerts.iter().any(|a| a.condition == "clock_untrusted");
     let clock = ClockStatus {
         system: now.to_rfc3339(),
-        floor: floors.effective.to_rfc3339(),
-        effective: Clock::start(floors).peek(now, Duration::ZERO).to_rfc3339(),
-        trusted: trusted && !untrusted_alert,
+        floor: at.floors.effective.to_rfc3339(),
+        effective: at.effective.to_rfc3339(),
+        trusted: at.trusted && !untrusted_alert,
     };
 
     Ok(Status {

@@ -405,27 +405,30 @@ impl BusTask {
         let slots = bus
             .readers
             .into_iter()
-            .map(|r| Slot {
-                cp: Reader::new(r.address, r.security.clone(), settings.timing, 0),
-                known: earlier
+            .map(|r| {
+                let known = earlier
                     .known
                     .get(&r.name)
                     .copied()
-                    .unwrap_or(Recorded::Unread),
-                link_fault_raised: earlier.faulty.contains(&r.name),
-                replaced: earlier.replaced.contains(&r.name),
-                door: r.doors.first().cloned(),
-                quarantined: !earlier.known.contains_key(&r.name)
-                    || earlier.replaced.contains(&r.name),
-                cfg: r,
-                seen_serial: None,
-                online: false,
-                secure_since: None,
-                tamper: None,
-                faults: 0,
-                entry: Entry::new(),
-                outputs: HashMap::new(),
-                watch: DoorWatch::new(),
+                    .unwrap_or(Recorded::Unread);
+                let replaced = earlier.replaced.contains(&r.name);
+                Slot {
+                    cp: Reader::new(r.address, r.security.clone(), settings.timing, 0),
+                    known,
+                    link_fault_raised: earlier.faulty.contains(&r.name),
+                    replaced,
+                    door: r.doors.first().cloned(),
+                    quarantined: replaced || matches!(known, Recorded::Unread),
+                    cfg: r,
+                    seen_serial: None,
+                    online: false,
+                    secure_since: None,
+                    tamper: None,
+                    faults: 0,
+                    entry: Entry::new(),
+                    outputs: HashMap::new(),
+                    watch: DoorWatch::new(),
+                }
             })
             .collect();
         BusTask {
