@@ -152,6 +152,17 @@ impl Db {
             .await
             .unwrap();
     }
+
+    /// Undoes [`Db::break_audit`]: audit inserts go through again.
+    pub async fn mend_audit(&self) {
+        self.store
+            .write(Priority::Bulk, |c| {
+                c.execute_batch("DROP TRIGGER test_disk_full")?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+    }
 }
 
 /// Whether the alert (condition, subject) is raised in the database `c`.

@@ -33,7 +33,12 @@ fn denies(sim: &Sim, door: u8, reason: DenyReason) -> usize {
 
 /// One board with doors 101 (index 0) and 102 (index 1), three doors wired.
 async fn one_board(policy: Policy) -> (Db, lockhub::serial::SerialHandle, Sim, PtyKeep) {
-    let db = Db::open_with(policy);
+    board_on(Db::open_with(policy)).await
+}
+
+/// [`one_board`] on a store prepared beforehand (as an earlier run left it).
+async fn board_on(db: Db) -> (Db, lockhub::serial::SerialHandle, Sim, PtyKeep) {
+    let policy = db.policy;
     let pty = Pty::open();
     let s = settings(
         vec![port(
@@ -398,18 +403,7 @@ async fn a_forced_alert_left_for_an_unnamed_door_index_ends_when_the_port_starts
         .await
         .unwrap();
     assert!(db.raised("door_forced", "board-a:2") && db.raised("door_held_open", "board-a:2"));
-    let pty = Pty::open();
-    let s = settings(
-        vec![port(
-            "board-a",
-            by_id(&db, "board-a", &pty),
-            vec![door("101", 0)],
-        )],
-        Policy::default(),
-    );
-    let hub = start(&db, s);
-    let (mut sim, _keep) = board(pty, 3);
-    until_linked(&mut sim).await;
+    let (db, hub, mut sim, _keep) = board_on(db).await;
     assert!(
         until_db(&mut sim, &db, |db| !db.raised("door_forced", "board-a:2")
             && !db.raised("door_held_open", "board-a:2"))
@@ -418,26 +412,20 @@ async fn a_forced_alert_left_for_an_unnamed_door_index_ends_when_the_port_starts
     hub.shutdown().await;
 }
 
-/// While storage refuses writes (here a trigger another process put in the
-/// way; a full disk does the same), a forced door is not forgotten: its row
+/// While storage refuses writes (here a trigger in the way, as a full disk
+/// would), a forced door is not forgotten: its row
 /// and alert land, in order before the door's closing, once writes go
 /// through again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forced_door_is_recorded_once_storage_takes_writes_again() {
     let (db, hub, mut sim, _keep) = one_board(Policy::default()).await;
-    let other = rusqlite::Connection::open(db.store.path()).unwrap();
-    other
-        .execute_batch(
-            "CREATE TRIGGER refuse_audit BEFORE INSERT ON audit
-             BEGIN SELECT RAISE(ABORT, 'disk says no'); END;",
-        )
-        .unwrap();
+    db.break_audit().await;
     sim.set_door(0, true);
     sim.run_for(Duration::from_millis(300)).await.unwrap();
     sim.set_door(0, false);
     sim.run_for(Duration::from_millis(700)).await.unwrap();
     assert!(db.audit().is_empty(), "nothing went through");
-    other.execute_batch("DROP TRIGGER refuse_audit").unwrap();
+    db.mend_audit().await;
     assert!(until_db(&mut sim, &db, |db| db.audit() == ["door.forced@101"]).await);
     assert!(
         until_db(&mut sim, &db, |db| db.count(
