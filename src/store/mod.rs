@@ -1193,16 +1193,13 @@ fn scrub_and_release(conn: &Connection) -> Result<(), StoreError> {
 }
 
 /// `PRAGMA wal_checkpoint(TRUNCATE)`; readers in the way make it a retryable
-/// error at once: with the busy timeout the checkpoint would wait for them
-/// on the writer thread, and every door job with it. The caller retries.
+/// error (the writer runs it with a busy handler that gives up at once).
+/// The caller retries. It must not touch `PRAGMA busy_timeout`: setting it
+/// replaces the writer's own busy handler ([`Patience`]) for good.
 fn checkpoint_truncate(conn: &Connection) -> Result<(), StoreError> {
-    let timeout_ms: i64 = conn.query_row("PRAGMA busy_timeout", [], |r| r.get(0))?;
-    conn.execute_batch("PRAGMA busy_timeout = 0")?;
     let busy = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
         r.get::<_, i64>(0)
-    });
-    conn.execute_batch(&format!("PRAGMA busy_timeout = {timeout_ms}"))?;
-    let busy = busy?;
+    })?;
     if busy != 0 {
         return Err(StoreError::CheckpointBlocked);
     }
@@ -1292,7 +1289,10 @@ fn writer_loop(conn: Connection, mut rx: mpsc::Receiver<Job>, patience: &Patienc
         }
         if pending.front().is_some_and(|j| j.outside) {
             if let Some(job) = pending.pop_front() {
-                patience.set(Instant::now() + BUSY_TIMEOUT, false);
+                // The scrub's TRUNCATE waits for readers through the busy
+                // handler, on the writer thread, with every door job behind
+                // it: it gives up at once and is tried again later.
+                patience.set(Instant::now(), false);
                 let (_, finish) = (job.run)(Ok(&conn));
                 finish(Ok(()));
             }
@@ -1608,33 +1608,54 @@ mod tests {
 
     #[test]
     fn a_truncate_checkpoint_behind_a_reader_says_so_at_once() {
-        let (dir, store) = open_temp();
-        store
-            .write_blocking(Priority::Bulk, |c| {
-                c.execute("UPDATE time_floor SET floor = 10 WHERE id = 1", [])?;
+        let (_dir, store) = open_temp();
+        let floor = |v: i64| {
+            move |c: &Connection| {
+                c.execute("UPDATE time_floor SET floor = ?1 WHERE id = 1", [v])?;
                 Ok(())
-            })
-            .unwrap();
+            }
+        };
+        store.write_blocking(Priority::Bulk, floor(10)).unwrap();
         let reader = store.reader().unwrap();
         reader.execute_batch("BEGIN").unwrap();
         let _: i64 = reader
             .query_row("SELECT floor FROM time_floor", [], |r| r.get(0))
             .unwrap();
-        let conn = connect(
-            &dir.path().join("lockhub.db"),
-            OpenFlags::SQLITE_OPEN_READ_WRITE,
-        )
-        .unwrap();
-        conn.execute("UPDATE time_floor SET floor = 11 WHERE id = 1", [])
-            .unwrap();
+        store.write_blocking(Priority::Bulk, floor(11)).unwrap();
         let started = Instant::now();
         assert!(matches!(
-            checkpoint_truncate(&conn),
+            store.scrub_wal_blocking(),
             Err(StoreError::CheckpointBlocked)
         ));
         assert!(started.elapsed() < Duration::from_secs(1));
         reader.execute_batch("COMMIT").unwrap();
-        checkpoint_truncate(&conn).unwrap();
+        store.scrub_wal_blocking().unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn after_a_wal_scrub_a_door_job_still_waits_for_another_process_s_write_lock() {
+        let (dir, store) = open_temp();
+        store.scrub_wal().await.unwrap();
+        let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+        let path = dir.path().join("lockhub.db");
+        let holder = std::thread::spawn(move || {
+            let other = rusqlite::Connection::open(&path).unwrap();
+            other.execute_batch("BEGIN IMMEDIATE").unwrap();
+            locked_tx.send(()).unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+            other.execute_batch("COMMIT").unwrap();
+        });
+        locked_rx.recv().unwrap();
+        let started = Instant::now();
+        let res = store
+            .write_door(Instant::now() + Duration::from_secs(2), |c| {
+                c.execute("UPDATE time_floor SET floor = 12 WHERE id = 1", [])?;
+                Ok(())
+            })
+            .await;
+        holder.join().unwrap();
+        assert!(res.is_ok(), "the door job gave up on a 300 ms lock: {res:?}");
+        assert!(started.elapsed() >= Duration::from_millis(250));
     }
 
     #[test]
