@@ -59,6 +59,7 @@ pub mod maintenance;
 pub mod notify;
 pub mod osdp;
 pub mod provision;
+pub(crate) mod recorder;
 pub mod serial;
 pub mod sim;
 pub mod status;

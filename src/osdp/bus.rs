@@ -41,15 +41,13 @@ use crate::store::door::{
     door_states, record_card_denied, record_flood, record_sensor, record_storage_failure,
     record_unlock,
 };
+use crate::recorder::{Recordable, Recorder};
 use crate::store::osdp::{self as db, ReaderIdentity, ReaderLink};
 use crate::store::{Priority, Store, StoreError};
 use crate::watch::{Admit, DoorAlarm, DoorState, DoorWatch, FloodLimit};
 
 /// How long [`OsdpHandle::shutdown`] waits for a bus task.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(3);
-/// Records waiting for the store, per bus (see `serial::record`: the bus
-/// loop never waits on the disk; past this, a record is dropped and logged).
-const RECORD_QUEUE: usize = 64;
 /// A Secure Channel that has held this long clears `reader_link_fault`
 /// (mqtt.md 'Alerts').
 const LINK_FAULT_CLEARS_AFTER: Duration = Duration::from_secs(60);
@@ -164,17 +162,25 @@ impl OsdpHandle {
 
 type Job = Box<dyn Fn(&rusqlite::Connection) -> Result<(), StoreError> + Send + Sync>;
 
-/// Writes a bus's records in order (alerts raised before they clear), each
-/// tried again until it is written ([`Store::write_until_written`]).
-async fn recorder(store: Store, mut rx: mpsc::Receiver<(String, Job)>, wake: Option<Arc<Notify>>) {
-    while let Some((what, job)) = rx.recv().await {
-        if store
-            .write_until_written(&what, job, || rx.is_closed())
-            .await
-            && let Some(w) = &wake
-        {
-            w.notify_one();
-        }
+/// A bus's record for its recorder ([`crate::recorder`]): written in
+/// order, and, unless it is bookkeeping, tried again until it is written.
+struct BusRecord {
+    what: String,
+    job: Job,
+    /// Link rows without an alert and counters: the next change writes
+    /// them again, so a full queue may drop them.
+    bookkeeping: bool,
+}
+
+impl Recordable for BusRecord {
+    fn apply(&self, conn: &rusqlite::Connection) -> Result<(), StoreError> {
+        (self.job)(conn)
+    }
+    fn what(&self) -> String {
+        self.what.clone()
+    }
+    fn droppable(&self) -> bool {
+        self.bookkeeping
     }
 }
 
@@ -249,13 +255,13 @@ pub fn spawn(
         wake: outbox_wake.clone(),
     });
     for bus in settings.buses.clone() {
-        let (tx, rx) = mpsc::channel(RECORD_QUEUE);
-        tasks.push(tokio::spawn(recorder(
+        let (recorder, queue) = Recorder::new();
+        tasks.push(tokio::spawn(crate::recorder::run(
             store.clone(),
-            rx,
+            queue,
             outbox_wake.clone(),
         )));
-        let task = BusTask::new(bus, &settings, &earlier, ctx.clone(), tx);
+        let task = BusTask::new(bus, &settings, &earlier, ctx.clone(), Arc::new(recorder));
         tasks.push(tokio::spawn(task.run(stop_rx.clone())));
     }
     OsdpHandle { stop, tasks }
@@ -373,7 +379,7 @@ struct BusTask {
     turn: usize,
     epoch: Instant,
     now: TimeSource,
-    records: mpsc::Sender<(String, Job)>,
+    records: Arc<Recorder<BusRecord>>,
     deframer: Deframer,
     counters_written: Option<(Instant, u64, u64)>,
     ctx: Arc<DecideCtx>,
@@ -399,7 +405,7 @@ impl BusTask {
         settings: &OsdpSettings,
         earlier: &Earlier,
         ctx: Arc<DecideCtx>,
-        records: mpsc::Sender<(String, Job)>,
+        records: Arc<Recorder<BusRecord>>,
     ) -> Self {
         let (decided_tx, decided_rx) = mpsc::channel(DECIDED_QUEUE);
         let slots = bus
@@ -456,13 +462,25 @@ impl BusTask {
         self.epoch.elapsed().as_millis() as u64
     }
 
+    /// Queues an audit row or an alert (see [`crate::recorder`] for when a
+    /// full queue drops one).
     fn record(&self, what: String, job: Job) {
-        if let Err(e) = self.records.try_send((what, job)) {
-            let what = match e {
-                mpsc::error::TrySendError::Full((w, _))
-                | mpsc::error::TrySendError::Closed((w, _)) => w,
-            };
-            tracing::error!(bus = %self.name, record = %what, "record queue full; dropped");
+        self.push(what, job, false);
+    }
+
+    /// Queues bookkeeping for `lockhub status`, which a full queue drops first.
+    fn bookkeeping(&self, what: String, job: Job) {
+        self.push(what, job, true);
+    }
+
+    fn push(&self, what: String, job: Job, bookkeeping: bool) {
+        let rec = BusRecord {
+            what,
+            job,
+            bookkeeping,
+        };
+        if let Err(rec) = self.records.push(rec) {
+            tracing::error!(bus = %self.name, record = %rec.what, "record queue full; dropped");
         }
     }
 
@@ -504,7 +522,7 @@ impl BusTask {
             since: (self.now)(),
         };
         let at = link.since;
-        self.record(
+        self.push(
             format!("link of reader {}", s.cfg.name),
             Box::new(move |c| {
                 if let Some((condition, alert)) = alert {
@@ -512,6 +530,7 @@ impl BusTask {
                 }
                 db::set_link(c, &link)
             }),
+            alert.is_none(),
         );
     }
 
@@ -527,7 +546,7 @@ impl BusTask {
         self.counters_written = Some((Instant::now(), bad, garbage));
         let bus = self.name.clone();
         let at = (self.now)();
-        self.record(
+        self.bookkeeping(
             format!("counters of bus {bus}"),
             Box::new(move |c| db::set_bus_counters(c, &bus, bad, garbage, at)),
         );
@@ -946,7 +965,14 @@ impl BusTask {
                 let at = (ctx.now)();
                 let job: Job =
                     Box::new(move |c| record_unlock(c, &door, &key_id, false, at).map(drop));
-                let _ = records.try_send(("door.unlock_unconfirmed".to_owned(), job));
+                let rec = BusRecord {
+                    what: "door.unlock_unconfirmed".to_owned(),
+                    job,
+                    bookkeeping: false,
+                };
+                if records.push(rec).is_err() {
+                    tracing::error!(%bus, "record queue full; door.unlock_unconfirmed dropped");
+                }
             }
         });
     }

@@ -36,7 +36,8 @@ use crate::config::{Config, PinKey, Policy};
 use crate::store::Store;
 use crate::time::Timestamp;
 use port::DoorTarget;
-use record::{Record, RecordQueue};
+use crate::recorder::Recorder;
+use record::Record;
 
 /// The effective time for audit rows and decisions (mqtt.md 'Time'): the
 /// daemon passes its clock here, tests a plain function.
@@ -136,7 +137,7 @@ pub(crate) struct PortShared {
     pub store: Store,
     now: TimeSource,
     outbox_wake: Option<Arc<Notify>>,
-    recorder: Arc<RecordQueue>,
+    recorder: Recorder<Record>,
 }
 
 impl PortShared {
@@ -160,14 +161,6 @@ impl PortShared {
         if let Some(w) = &self.outbox_wake {
             w.notify_one();
         }
-    }
-}
-
-impl Drop for PortShared {
-    /// The port task and every decision task are done: the recorder writes
-    /// what is queued, then ends.
-    fn drop(&mut self) {
-        self.recorder.close();
     }
 }
 
@@ -203,10 +196,10 @@ pub fn spawn(
     let mut ports = Vec::new();
     let mut others = Vec::new();
     for port in settings.ports {
-        let recorder = Arc::new(RecordQueue::default());
-        others.push(tokio::spawn(record::run(
+        let (recorder, queue) = Recorder::new();
+        others.push(tokio::spawn(crate::recorder::run(
             store.clone(),
-            recorder.clone(),
+            queue,
             outbox_wake.clone(),
         )));
         let shared = Arc::new(PortShared {

@@ -1,24 +1,7 @@
-//! The port's recorder: audit rows and alerts that nobody waits for.
-//!
-//! Why a queue and a task of its own: the port loop must never wait on the
-//! disk (acks, pings and other doors would stall behind an fsync), yet
-//! these records must land in the order they happened (an alert raised
-//! before it is cleared). One task per port drains a [`RecordQueue`] in
-//! order.
-//!
-//! Why the queue never turns away an audit row or an alert below
-//! [`KEEP_MAX`]: each is the only trace of something at a door (an Unlock
-//! the board confirmed, a forced door, a flood). Past [`RECORD_QUEUE`]
-//! records (the store has stopped answering for a while) only the link
-//! bookkeeping for `lockhub status` is dropped, which the next frame or
-//! state change writes again. [`KEEP_MAX`] bounds memory if the store never
-//! comes back: doors are rate-limited (serial.md's flood limit), so it holds
-//! minutes of a busy building's records.
-
-use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
-
-use tokio::sync::Notify;
+//! What a serial port records without waiting: the audit rows, alerts
+//! and link bookkeeping its tasks hand to the port's recorder
+//! ([`crate::recorder`]: in order, never turning away an audit row or an
+//! alert while there is room).
 
 use crate::store::alerts::{Change, Condition};
 use crate::store::door::{
@@ -26,16 +9,9 @@ use crate::store::door::{
     record_unlock,
 };
 use crate::store::links::{self, LinkState};
-use crate::store::{Priority, Store};
+use crate::recorder::Recordable;
 use crate::time::Timestamp;
 use crate::watch::{DoorAlarm, DoorState};
-
-/// Records waiting for the store, per port, past which link bookkeeping is
-/// dropped.
-pub(crate) const RECORD_QUEUE: usize = 64;
-/// Records waiting for the store, per port, past which even audit rows and
-/// alerts are dropped (logged as errors).
-pub(crate) const KEEP_MAX: usize = 4096;
 
 /// Something to write, in the order it happened.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,9 +80,9 @@ pub(crate) enum Record {
     },
 }
 
-impl Record {
-    fn apply(self, conn: &rusqlite::Connection) -> Result<(), crate::store::StoreError> {
-        match self {
+impl Recordable for Record {
+    fn apply(&self, conn: &rusqlite::Connection) -> Result<(), crate::store::StoreError> {
+        match self.clone() {
             Record::Unlock {
                 door,
                 key_id,
@@ -154,7 +130,6 @@ impl Record {
         }
     }
 
-    /// What to call it in a log line (no personal data, no secrets).
     fn what(&self) -> String {
         match self {
             Record::Unlock {
@@ -196,8 +171,8 @@ impl Record {
         }
     }
 
-    /// Link bookkeeping that the next frame or state change writes again;
-    /// a link row that carries an alert is kept for the alert's sake.
+    /// Link bookkeeping; a link row that carries an alert is kept for the
+    /// alert's sake.
     fn droppable(&self) -> bool {
         matches!(
             self,
@@ -211,92 +186,10 @@ impl Record {
     }
 }
 
-/// The port's records in order, between the port's tasks (many pushers)
-/// and its recorder (one popper). See the module docs for its bounds.
-#[derive(Default)]
-pub(crate) struct RecordQueue {
-    inner: Mutex<Inner>,
-    wake: Notify,
-}
-
-#[derive(Default)]
-struct Inner {
-    records: VecDeque<Record>,
-    closed: bool,
-}
-
-impl RecordQueue {
-    /// Queues `rec` without waiting; hands it back if it must be dropped.
-    pub(crate) fn push(&self, rec: Record) -> Result<(), Record> {
-        {
-            let mut q = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-            let len = q.records.len();
-            if len >= KEEP_MAX || (len >= RECORD_QUEUE && rec.droppable()) {
-                return Err(rec);
-            }
-            q.records.push_back(rec);
-        }
-        self.wake.notify_one();
-        Ok(())
-    }
-
-    /// Whether [`RecordQueue::close`] was called (the port is stopping).
-    fn closed(&self) -> bool {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).closed
-    }
-
-    /// No more records will come: the recorder ends once it wrote the rest.
-    pub(crate) fn close(&self) {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
-        self.wake.notify_one();
-    }
-
-    async fn pop(&self) -> Option<Record> {
-        loop {
-            {
-                let mut q = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(r) = q.records.pop_front() {
-                    return Some(r);
-                }
-                if q.closed {
-                    return None;
-                }
-            }
-            // A push between the unlock and here left a permit: no wake is lost.
-            self.wake.notified().await;
-        }
-    }
-}
-
-/// Writes records in order until the queue is closed and empty. A record
-/// that is the only trace of something at a door is tried again until it
-/// is written ([`Store::write_until_written`]); link bookkeeping, which the
-/// next frame or change writes anyway, is tried once.
-pub(crate) async fn run(store: Store, queue: Arc<RecordQueue>, outbox_wake: Option<Arc<Notify>>) {
-    while let Some(rec) = queue.pop().await {
-        let what = rec.what();
-        let written = if rec.droppable() {
-            match store.write(Priority::Bulk, move |c| rec.apply(c)).await {
-                Ok(()) => true,
-                Err(e) => {
-                    tracing::error!(record = %what, error = %e, "cannot record");
-                    false
-                }
-            }
-        } else {
-            store
-                .write_until_written(&what, move |c| rec.clone().apply(c), || queue.closed())
-                .await
-        };
-        if written && let Some(w) = &outbox_wake {
-            w.notify_one();
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::{Priority, Store};
 
     fn frame_seen() -> Record {
         Record::FrameSeen {
@@ -314,26 +207,6 @@ mod tests {
         }
     }
 
-    /// A queue holding as much droppable link bookkeeping as it takes.
-    fn full_of_bookkeeping() -> RecordQueue {
-        let q = RecordQueue::default();
-        for _ in 0..RECORD_QUEUE {
-            q.push(frame_seen()).unwrap();
-        }
-        q
-    }
-
-    #[test]
-    fn a_full_queue_drops_link_bookkeeping_but_keeps_audit_rows() {
-        let q = full_of_bookkeeping();
-        assert!(q.push(frame_seen()).is_err());
-        assert!(q.push(unlock()).is_ok());
-        for _ in RECORD_QUEUE + 1..KEEP_MAX {
-            q.push(unlock()).unwrap();
-        }
-        assert!(q.push(unlock()).is_err(), "memory stays bounded");
-    }
-
     fn link(state: LinkState, board_offline: Option<Change>) -> Record {
         Record::Link {
             serial: "a".into(),
@@ -344,11 +217,12 @@ mod tests {
     }
 
     #[test]
-    fn a_full_queue_drops_a_bare_link_row_but_keeps_one_that_carries_an_alert() {
-        let q = full_of_bookkeeping();
-        assert!(q.push(link(LinkState::Down, None)).is_err());
-        assert!(q.push(link(LinkState::Down, Some(Change::Raise))).is_ok());
-        assert!(q.push(link(LinkState::Up, Some(Change::Clear))).is_ok());
+    fn link_bookkeeping_may_be_dropped_but_not_an_audit_row_or_a_link_row_that_carries_an_alert() {
+        assert!(frame_seen().droppable());
+        assert!(link(LinkState::Down, None).droppable());
+        assert!(!unlock().droppable());
+        assert!(!link(LinkState::Down, Some(Change::Raise)).droppable());
+        assert!(!link(LinkState::Up, Some(Change::Clear)).droppable());
     }
 
     #[test]
@@ -379,16 +253,5 @@ mod tests {
         write(link(LinkState::Down, None));
         assert_eq!(seen(&store), (Some(LinkState::Down), vec![]));
         store.close();
-    }
-
-    #[tokio::test]
-    async fn records_come_out_in_order_and_the_end_after_the_last() {
-        let q = RecordQueue::default();
-        q.push(frame_seen()).unwrap();
-        q.push(unlock()).unwrap();
-        q.close();
-        assert_eq!(q.pop().await, Some(frame_seen()));
-        assert_eq!(q.pop().await, Some(unlock()));
-        assert_eq!(q.pop().await, None);
     }
 }

@@ -895,6 +895,39 @@ async fn a_grant_committed_while_the_bus_is_away_is_recorded_unconfirmed_at_once
     .await;
 }
 
+/// The store stops taking writes (another process holds the write lock)
+/// while a reader reports more than the bus's 64 queued records: every
+/// audit row is kept and lands once storage takes writes again (only
+/// status bookkeeping may be dropped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_past_the_first_64_waiting_for_storage_are_kept_not_dropped() {
+    let broker = Mosquitto::start_with(BrokerOptions::default());
+    let mut peer = Peer::start(&["--key", &key_hex(&KEY_1), "--address", "1"]);
+    let mut hub = secure_hub(&broker, &mut peer, "", "").await;
+    let lock = rusqlite::Connection::open(hub.db_path()).unwrap();
+    lock.execute_batch("BEGIN IMMEDIATE").unwrap();
+    const CARDS: usize = 80;
+    for _ in 0..CARDS {
+        peer.send(serde_json::json!({"card": true}));
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while hub.log().matches("card read: denied").count() < CARDS {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cards were not all read: {}",
+            hub.log_tail(20)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    lock.execute_batch("COMMIT").unwrap();
+    drop(lock);
+    hub.wait_db("every card on record", |db| {
+        audit_rows(db, "201").len() == CARDS
+    })
+    .await;
+    assert!(!hub.log().contains("dropped"), "a record was dropped");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_pin_drives_no_output_shows_red_and_is_audited() {
     let broker = Mosquitto::start_with(BrokerOptions::default());

@@ -1,0 +1,209 @@
+//! A door driver's recorder: the audit rows and alerts that nobody waits
+//! for, written in the order they happened. Both drivers (serial ports,
+//! OSDP buses) hand their records to one of these per port or bus.
+//!
+//! Why a queue and a task of its own: a driver's loop must never wait on
+//! the disk (acks, polls and other doors would stall behind an fsync), yet
+//! its records must land in order (an alert raised before it is cleared).
+//!
+//! Why the queue never turns away an audit row or an alert below
+//! [`KEEP_MAX`]: each is the only trace of something at a door (an unlock
+//! confirmed, a forced door, a flood, an alert that ends). Past
+//! [`RECORD_QUEUE`] records (the store has stopped answering for a while)
+//! only bookkeeping for `lockhub status` is dropped, which the next frame
+//! or state change writes again. [`KEEP_MAX`] bounds memory if the store
+//! never comes back: doors are rate-limited (the flood limit), so it holds
+//! minutes of a busy building's records.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
+
+use crate::store::{Priority, Store, StoreError};
+
+/// Records waiting for the store, per port or bus, past which bookkeeping
+/// is dropped.
+pub(crate) const RECORD_QUEUE: usize = 64;
+/// Records waiting for the store, per port or bus, past which even audit
+/// rows and alerts are dropped (logged as errors).
+pub(crate) const KEEP_MAX: usize = 4096;
+
+/// What a recorder writes.
+pub(crate) trait Recordable: Send + Sync + 'static {
+    /// Writes it, inside the writer's transaction. Called again after a
+    /// failure, so it must not consume anything.
+    fn apply(&self, conn: &rusqlite::Connection) -> Result<(), StoreError>;
+    /// What to call it in a log line (no personal data, no secrets).
+    fn what(&self) -> String;
+    /// Bookkeeping that the next frame or state change writes again.
+    fn droppable(&self) -> bool;
+}
+
+/// A driver's records in order, between its tasks (many pushers) and its
+/// recorder (one popper). See the module docs for its bounds.
+pub(crate) struct RecordQueue<R> {
+    inner: Mutex<Inner<R>>,
+    wake: Notify,
+}
+
+struct Inner<R> {
+    records: VecDeque<R>,
+    closed: bool,
+}
+
+impl<R> Default for RecordQueue<R> {
+    fn default() -> Self {
+        RecordQueue {
+            inner: Mutex::new(Inner {
+                records: VecDeque::new(),
+                closed: false,
+            }),
+            wake: Notify::new(),
+        }
+    }
+}
+
+impl<R: Recordable> RecordQueue<R> {
+    /// Queues `rec` without waiting; hands it back if it must be dropped.
+    pub(crate) fn push(&self, rec: R) -> Result<(), R> {
+        {
+            let mut q = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let len = q.records.len();
+            if len >= KEEP_MAX || (len >= RECORD_QUEUE && rec.droppable()) {
+                return Err(rec);
+            }
+            q.records.push_back(rec);
+        }
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    /// Whether the last [`Recorder`] is gone (the driver is stopping).
+    fn closed(&self) -> bool {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).closed
+    }
+
+    async fn pop(&self) -> Option<R> {
+        loop {
+            {
+                let mut q = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(r) = q.records.pop_front() {
+                    return Some(r);
+                }
+                if q.closed {
+                    return None;
+                }
+            }
+            // A push between the unlock and here left a permit: no wake is lost.
+            self.wake.notified().await;
+        }
+    }
+}
+
+/// The pushing end of a [`RecordQueue`], shared by a driver's tasks: when
+/// the last of them drops it, the queue is closed, so the recorder writes
+/// what is left and ends.
+pub(crate) struct Recorder<R>(Arc<RecordQueue<R>>);
+
+impl<R: Recordable> Recorder<R> {
+    /// A recorder and the queue that [`run`] drains.
+    pub(crate) fn new() -> (Self, Arc<RecordQueue<R>>) {
+        let queue = Arc::new(RecordQueue::default());
+        (Recorder(queue.clone()), queue)
+    }
+
+    /// Queues `rec` without waiting; hands it back if it must be dropped.
+    pub(crate) fn push(&self, rec: R) -> Result<(), R> {
+        self.0.push(rec)
+    }
+}
+
+impl<R> Drop for Recorder<R> {
+    fn drop(&mut self) {
+        self.0.inner.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
+        self.0.wake.notify_one();
+    }
+}
+
+/// Writes records in order until the queue is closed and empty. A record
+/// that is the only trace of something at a door is tried again until it
+/// is written ([`Store::write_until_written`]); bookkeeping, which the
+/// next frame or change writes anyway, is tried once.
+pub(crate) async fn run<R: Recordable>(
+    store: Store,
+    queue: Arc<RecordQueue<R>>,
+    outbox_wake: Option<Arc<Notify>>,
+) {
+    while let Some(rec) = queue.pop().await {
+        let what = rec.what();
+        let rec = Arc::new(rec);
+        let written = if rec.droppable() {
+            match store.write(Priority::Bulk, move |c| rec.apply(c)).await {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::error!(record = %what, error = %e, "cannot record");
+                    false
+                }
+            }
+        } else {
+            store
+                .write_until_written(&what, move |c| rec.apply(c), || queue.closed())
+                .await
+        };
+        if written && let Some(w) = &outbox_wake {
+            w.notify_one();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, PartialEq)]
+    struct Rec(&'static str, bool);
+
+    impl Recordable for Rec {
+        fn apply(&self, _: &rusqlite::Connection) -> Result<(), StoreError> {
+            Ok(())
+        }
+        fn what(&self) -> String {
+            self.0.to_owned()
+        }
+        fn droppable(&self) -> bool {
+            self.1
+        }
+    }
+
+    /// A queue holding as much droppable bookkeeping as it takes.
+    fn full_of_bookkeeping() -> RecordQueue<Rec> {
+        let q = RecordQueue::default();
+        for _ in 0..RECORD_QUEUE {
+            q.push(Rec("seen", true)).unwrap();
+        }
+        q
+    }
+
+    #[test]
+    fn a_full_queue_drops_bookkeeping_but_keeps_audit_rows_up_to_its_bound() {
+        let q = full_of_bookkeeping();
+        assert!(q.push(Rec("seen", true)).is_err());
+        assert!(q.push(Rec("unlock", false)).is_ok());
+        for _ in RECORD_QUEUE + 1..KEEP_MAX {
+            q.push(Rec("unlock", false)).unwrap();
+        }
+        assert!(q.push(Rec("unlock", false)).is_err(), "memory stays bounded");
+    }
+
+    #[tokio::test]
+    async fn records_come_out_in_order_and_the_end_after_the_last() {
+        let (rec, q) = Recorder::new();
+        rec.push(Rec("a", true)).unwrap();
+        rec.push(Rec("b", false)).unwrap();
+        drop(rec);
+        assert_eq!(q.pop().await, Some(Rec("a", true)));
+        assert_eq!(q.pop().await, Some(Rec("b", false)));
+        assert_eq!(q.pop().await, None);
+    }
+}
