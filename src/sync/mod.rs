@@ -338,12 +338,16 @@ async fn control(
                 }
             }
         }
-        if let Some(change) = stale.poll(now()) {
-            stale_alert(&store, change, &outbox_wake, clock.now()).await;
+        if let Some(change) = stale.poll(now())
+            && !stale_alert(&store, change, &outbox_wake, clock.now()).await
+        {
+            stale.write_failed(change, now());
         }
+        broker.clear_again(&store, &outbox_wake, now()).await;
         let deadline = [
             connected.then(|| planner.next_deadline()).flatten(),
             stale.next_deadline(),
+            broker.next_deadline(),
         ]
         .into_iter()
         .flatten()
@@ -378,8 +382,9 @@ async fn control(
                     }
                     if d.sign_of_life
                         && let Some(change) = stale.on_life(now())
+                        && !stale_alert(&store, change, &outbox_wake, clock.now()).await
                     {
-                        stale_alert(&store, change, &outbox_wake, clock.now()).await;
+                        stale.write_failed(change, now());
                     }
                 }
                 None => decided_open = false,
@@ -401,6 +406,11 @@ struct BrokerLink {
     state: BrokerState,
     denied_connect: bool,
     denied_subscribe: bool,
+    /// Clears whose write failed, said again at this time (on the control
+    /// task's clock) until written: the broker lets the hub in, so nothing
+    /// else would end the alert.
+    clear_again: Vec<&'static str>,
+    clear_again_at: Option<Duration>,
 }
 
 impl BrokerLink {
@@ -431,7 +441,47 @@ impl BrokerLink {
             state: BrokerState::Connecting,
             denied_connect,
             denied_subscribe,
+            clear_again: Vec::new(),
+            clear_again_at: None,
         }
+    }
+
+    /// Clears `subject`'s alert, or keeps it to say again after
+    /// [`plan::HOLDS_AGAIN`] if the write fails.
+    async fn clear(&mut self, store: &Store, subject: &'static str, outbox_wake: &Notify) {
+        let now = self.clock.now();
+        if !denied_alert(store, AlertChange::Clear, subject, outbox_wake, now).await
+            && !self.clear_again.contains(&subject)
+        {
+            self.clear_again.push(subject);
+        }
+    }
+
+    /// Says the failed clears again, when due ([`BrokerLink::next_deadline`]).
+    async fn clear_again(&mut self, store: &Store, outbox_wake: &Notify, now: Duration) {
+        if self.clear_again.is_empty() {
+            self.clear_again_at = None;
+            return;
+        }
+        let due = *self.clear_again_at.get_or_insert(now + plan::HOLDS_AGAIN);
+        if now < due {
+            return;
+        }
+        self.clear_again_at = None;
+        for subject in std::mem::take(&mut self.clear_again) {
+            // A refusal since then raised it again: nothing to clear.
+            let denied = match subject {
+                DENIED_CONNECT => self.denied_connect,
+                _ => self.denied_subscribe,
+            };
+            if !denied {
+                self.clear(store, subject, outbox_wake).await;
+            }
+        }
+    }
+
+    fn next_deadline(&self) -> Option<Duration> {
+        self.clear_again_at
     }
 
     async fn set(&mut self, store: &Store, state: BrokerState) {
@@ -454,14 +504,7 @@ impl BrokerLink {
         self.set(store, BrokerState::Up).await;
         if self.denied_connect {
             self.denied_connect = false;
-            denied_alert(
-                store,
-                AlertChange::Clear,
-                DENIED_CONNECT,
-                outbox_wake,
-                self.clock.now(),
-            )
-            .await;
+            self.clear(store, DENIED_CONNECT, outbox_wake).await;
         }
     }
 
@@ -500,14 +543,7 @@ impl BrokerLink {
                 self.set(store, BrokerState::Up).await;
                 if self.denied_subscribe {
                     self.denied_subscribe = false;
-                    denied_alert(
-                        store,
-                        AlertChange::Clear,
-                        DENIED_SUBSCRIBE,
-                        outbox_wake,
-                        self.clock.now(),
-                    )
-                    .await;
+                    self.clear(store, DENIED_SUBSCRIBE, outbox_wake).await;
                 }
             }
         }
@@ -533,20 +569,33 @@ async fn write_alert(
         .await
 }
 
+/// Writes a `broker_denied` change; returns whether it was written.
 async fn denied_alert(
     store: &Store,
     change: AlertChange,
     subject: &'static str,
     wake: &Notify,
     now: Timestamp,
-) {
+) -> bool {
     match write_alert(store, Condition::BrokerDenied, subject, change, now).await {
-        Ok(()) => wake.notify_one(),
-        Err(e) => tracing::error!(error = %e, "cannot record the broker_denied alert"),
+        Ok(()) => {
+            wake.notify_one();
+            true
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "cannot record the broker_denied alert");
+            false
+        }
     }
 }
 
-async fn stale_alert(store: &Store, change: AlertChange, outbox_wake: &Notify, now: Timestamp) {
+/// Writes a `cloud_stale` change; returns whether it was written.
+async fn stale_alert(
+    store: &Store,
+    change: AlertChange,
+    outbox_wake: &Notify,
+    now: Timestamp,
+) -> bool {
     tracing::warn!(?change, "cloud_stale");
     match write_alert(
         store,
@@ -557,7 +606,13 @@ async fn stale_alert(store: &Store, change: AlertChange, outbox_wake: &Notify, n
     )
     .await
     {
-        Ok(()) => outbox_wake.notify_one(),
-        Err(e) => tracing::error!(error = %e, "cannot record the cloud_stale alert"),
+        Ok(()) => {
+            outbox_wake.notify_one();
+            true
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "cannot record the cloud_stale alert");
+            false
+        }
     }
 }

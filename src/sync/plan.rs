@@ -264,8 +264,11 @@ pub struct StaleTracker {
     /// Silence already heard before `last_life` (from before a restart).
     carried: Duration,
     raised: bool,
-    /// When to say [`AlertChange::Holds`] next while raised.
+    /// When to say [`AlertChange::Holds`] next while raised, or the clear
+    /// again after its write failed.
     holds_at: Duration,
+    /// The last clear was not written ([`StaleTracker::write_failed`]).
+    clear_unwritten: bool,
 }
 
 impl StaleTracker {
@@ -277,6 +280,7 @@ impl StaleTracker {
             carried: Duration::ZERO,
             raised,
             holds_at: now,
+            clear_unwritten: false,
         }
     }
 
@@ -306,12 +310,28 @@ impl StaleTracker {
         }
     }
 
+    /// The write of `change` failed. A failed raise is mended by the next
+    /// [`AlertChange::Holds`]; a failed clear is said again after
+    /// [`HOLDS_AGAIN`] while the cloud stays alive, so the alert cannot
+    /// stay raised for good behind one failed write.
+    pub fn write_failed(&mut self, change: AlertChange, now: Duration) {
+        if change == AlertChange::Clear {
+            self.clear_unwritten = true;
+            self.holds_at = now + HOLDS_AGAIN;
+        }
+    }
+
     /// Whether the alert must be raised now, or said again to hold (every
-    /// [`HOLDS_AGAIN`] while the silence lasts).
+    /// [`HOLDS_AGAIN`] while the silence lasts), or cleared again.
     pub fn poll(&mut self, now: Duration) -> Option<AlertChange> {
         if now.saturating_sub(self.last_life) + self.carried < self.stale_after {
+            if self.clear_unwritten && now >= self.holds_at {
+                self.clear_unwritten = false;
+                return Some(AlertChange::Clear);
+            }
             return None;
         }
+        self.clear_unwritten = false;
         let change = if !self.raised {
             AlertChange::Raise
         } else if now >= self.holds_at {
@@ -326,7 +346,7 @@ impl StaleTracker {
 
     /// When [`StaleTracker::poll`] may next raise or hold.
     pub fn next_deadline(&self) -> Option<Duration> {
-        Some(if self.raised {
+        Some(if self.raised || self.clear_unwritten {
             self.holds_at
         } else {
             self.last_life + self.stale_after.saturating_sub(self.carried)
@@ -378,6 +398,15 @@ impl BacklogMonitor {
                 Some(AlertChange::Clear)
             }
             _ => None,
+        }
+    }
+
+    /// The write of `change` failed: a clear is said again at the next
+    /// look under the limits (a failed raise is mended by the next
+    /// [`AlertChange::Holds`]).
+    pub fn write_failed(&mut self, change: AlertChange) {
+        if change == AlertChange::Clear {
+            self.raised = true;
         }
     }
 }
@@ -811,6 +840,37 @@ mod tests {
         assert_eq!(m.observe(5, Some(s(10))), Some(AlertChange::Clear));
         assert_eq!(m.observe(5, Some(s(3601))), Some(AlertChange::Raise));
         assert_eq!(m.observe(0, None), Some(AlertChange::Clear));
+    }
+
+    #[test]
+    fn a_cloud_stale_clear_whose_write_failed_is_said_again_while_the_cloud_stays_alive() {
+        let mut t = StaleTracker::new(s(900), s(0), true);
+        assert_eq!(t.on_life(s(10)), Some(AlertChange::Clear));
+        t.write_failed(AlertChange::Clear, s(10));
+        assert_eq!(t.next_deadline(), Some(s(20)));
+        assert_eq!(t.poll(s(19)), None);
+        assert_eq!(t.poll(s(20)), Some(AlertChange::Clear), "said again");
+        t.write_failed(AlertChange::Clear, s(20));
+        assert_eq!(t.poll(s(30)), Some(AlertChange::Clear), "and again");
+        assert_eq!(t.poll(s(40)), None, "written: nothing more to say");
+        assert_eq!(t.next_deadline(), Some(s(910)));
+        // A silence that comes back first raises it as usual.
+        t.write_failed(AlertChange::Clear, s(40));
+        assert_eq!(t.poll(s(910)), Some(AlertChange::Raise));
+        assert_eq!(t.poll(s(911)), None, "no clear left over");
+    }
+
+    #[test]
+    fn a_backlog_clear_whose_write_failed_is_said_again_at_the_next_look() {
+        let mut m = BacklogMonitor::new(BacklogLimits::default(), true);
+        assert_eq!(m.observe(5, None), Some(AlertChange::Clear));
+        m.write_failed(AlertChange::Clear);
+        assert_eq!(m.observe(5, None), Some(AlertChange::Clear), "said again");
+        assert_eq!(m.observe(5, None), None, "written");
+        // A failed raise is mended by the next look's Holds.
+        assert_eq!(m.observe(10_001, None), Some(AlertChange::Raise));
+        m.write_failed(AlertChange::Raise);
+        assert_eq!(m.observe(10_001, None), Some(AlertChange::Holds));
     }
 
     #[test]

@@ -507,6 +507,7 @@ impl Publisher {
         .await;
         if let Err(e) = res {
             tracing::error!(error = %e, "cannot record the outbox_backlog alert");
+            self.backlog.write_failed(change);
         }
     }
 

@@ -416,6 +416,45 @@ async fn a_refused_hub_raises_broker_denied_and_gets_back_in_once_the_broker_is_
     cc.wait_online().await;
 }
 
+/// The broker lets the hub in again while storage refuses the clear (an
+/// alert row cannot be written): the alert does not stay raised for good
+/// behind that one failed write; it is cleared once storage takes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_denied_clear_that_storage_refused_is_written_once_storage_takes_it() {
+    let b = AclBroker::start(HUB_PASS);
+    b.set_hub_a_password("rotated-but-not-on-the-hub");
+    let mut hub = Daemon::start(
+        &b.broker.url(),
+        DaemonOptions {
+            mqtt_extra: b.hub_a_mqtt(),
+            ..Default::default()
+        },
+    );
+    hub.wait_db("broker_denied raised", broker_denied_raised)
+        .await;
+    let fault = rusqlite::Connection::open(hub.db_path()).unwrap();
+    fault
+        .execute_batch(
+            "CREATE TRIGGER test_refuse_clear BEFORE UPDATE ON alerts
+             WHEN NEW.state = 'cleared' BEGIN SELECT RAISE(ABORT, 'disk full'); END;",
+        )
+        .unwrap();
+    b.set_hub_a_password(HUB_PASS);
+    let mut cc = b.cloud().await;
+    cc.wait_online().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !hub.log().contains("cannot record the broker_denied alert") {
+        assert!(std::time::Instant::now() < deadline, "{}", hub.log_tail(20));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(broker_denied_raised(&hub.db()), "the clear was refused");
+    fault
+        .execute_batch("DROP TRIGGER test_refuse_clear")
+        .unwrap();
+    hub.wait_db("broker_denied cleared", |db| !broker_denied_raised(db))
+        .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hubs_with_the_same_hub_id_at_two_sites_share_a_broker_without_clashing() {
     // Default client ids (lockhub's is hub_id): the same at both sites.
