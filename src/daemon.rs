@@ -85,6 +85,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             policy: config.policy,
             trust_ring: config.trust.clone(),
             outbox_wake: sync.outbox_notify(),
+            configured: Arc::new(crate::maintenance::Configured::of(&config)),
         }
         .run(stop_rx),
     );

@@ -10,15 +10,17 @@
 //! | quiet alerts | 10 s | `bad_signature`, `malformed_event`, `event_id_conflict`, `keypad_flood` end after `policy.cloud_stale_s` without a new occurrence |
 //! | retention prune | 1 h | dedupe, final keys, tombstones, sent outbox, acked audit |
 //! | `signer_expiring` | 1 h | 30 days' warning before a trust-ring key stops verifying |
+//! | alerts about what the config no longer has | at start, 10 s until done | a door, board or reader removed or renamed between runs: nothing watches it any more, so nothing else would end them |
 //!
 //! Every job is one short writer transaction (the sweeps work in batches),
 //! so a door entry never waits behind housekeeping for long.
 
 use crate::clock::{SharedClock, Trust};
-use crate::config::{Policy, Signer};
+use crate::config::{Config, Policy, Signer};
 use crate::store::alerts::{self, Condition};
 use crate::store::{Priority, Store, StoreError, door, floor, sweep};
 use crate::verify;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Notify, watch};
@@ -33,6 +35,7 @@ const LOCKOUT_EVERY: Duration = Duration::from_secs(5);
 const QUIET_EVERY: Duration = Duration::from_secs(10);
 const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 const SIGNERS_EVERY: Duration = Duration::from_secs(3600);
+const CONFIGURED_EVERY: Duration = Duration::from_secs(10);
 /// One job never loops more than this many batches in a row.
 const MAX_BATCHES: usize = 50;
 
@@ -45,6 +48,59 @@ pub struct Maintenance {
     pub trust_ring: Vec<Signer>,
     /// Woken after a job queued outbox rows, so they go out at once.
     pub outbox_wake: Arc<Notify>,
+    pub configured: Arc<Configured>,
+}
+
+/// What the config names, for each alert whose subject is a piece of it
+/// (mqtt.md: every alert ends). An alert about a door, board or reader
+/// that the config no longer has, or no longer has that way, can never end
+/// by its cause: nothing watches it any more. So it ends at start:
+/// - `door_forced`, `door_held_open`: doors (their last reported state is
+///   forgotten too);
+/// - `board_offline`: serial boards and readers; `board_mismatch`: doors
+///   (a serial board's) and readers; `reader_replaced`: readers;
+/// - `link_insecure`: readers configured `insecure_plaintext` (the others
+///   have a key now, or are gone); `reader_link_fault`: readers with a
+///   Secure Channel (a reader still configured so clears its own once its
+///   Secure Channel holds).
+///
+/// `tamper` is not among them: it is evidence, and ends by an operator's
+/// `lockhub alert clear` whatever the config says.
+#[derive(Debug, Clone, Default)]
+pub struct Configured {
+    doors: BTreeSet<String>,
+    kept: Vec<(Condition, BTreeSet<String>)>,
+}
+
+impl Configured {
+    pub fn of(config: &Config) -> Self {
+        let doors: BTreeSet<String> = config
+            .doors
+            .iter()
+            .map(|d| d.name.clone())
+            .chain(config.reader_doors.iter().map(|d| d.name.clone()))
+            .collect();
+        let readers = |keep: fn(&crate::config::ReaderConfig) -> bool| -> BTreeSet<String> {
+            config
+                .readers
+                .iter()
+                .filter(|r| keep(r))
+                .map(|r| r.name.clone())
+                .collect()
+        };
+        let all_readers = readers(|_| true);
+        let boards: BTreeSet<String> = config.serials.iter().map(|s| s.name.clone()).collect();
+        let kept = vec![
+            (Condition::DoorForced, doors.clone()),
+            (Condition::DoorHeldOpen, doors.clone()),
+            (Condition::BoardOffline, &boards | &all_readers),
+            (Condition::BoardMismatch, &doors | &all_readers),
+            (Condition::ReaderReplaced, all_readers.clone()),
+            (Condition::LinkInsecure, readers(|r| r.insecure_plaintext)),
+            (Condition::ReaderLinkFault, readers(|r| !r.insecure_plaintext)),
+        ];
+        Configured { doors, kept }
+    }
 }
 
 impl Maintenance {
@@ -187,6 +243,34 @@ impl Maintenance {
         Ok(())
     }
 
+    /// Ends the alerts about what the config no longer has ([`Configured`]),
+    /// and forgets the doors it no longer has. Returns how many alerts it ended.
+    pub async fn end_unconfigured(&self) -> Result<usize, StoreError> {
+        let now = self.clock.now();
+        let configured = self.configured.clone();
+        let (ended, doors) = self
+            .store
+            .write(Priority::Bulk, move |c| {
+                let mut ended = 0;
+                for (condition, keep) in &configured.kept {
+                    ended += alerts::clear_unless(c, *condition, keep, now)?;
+                }
+                Ok((ended, door::forget_doors_except(c, &configured.doors)?))
+            })
+            .await?;
+        if ended + doors > 0 {
+            tracing::info!(
+                alerts = ended,
+                doors,
+                "alerts and door states of what the config no longer has ended"
+            );
+        }
+        if ended > 0 {
+            self.outbox_wake.notify_one();
+        }
+        Ok(ended)
+    }
+
     /// Runs every job on its schedule until `stop` turns true.
     pub async fn run(self, mut stop: watch::Receiver<bool>) {
         let mut trust = tokio::time::interval(TRUST_EVERY);
@@ -196,7 +280,11 @@ impl Maintenance {
         let mut quiet = tokio::time::interval(QUIET_EVERY);
         let mut prune = tokio::time::interval(PRUNE_EVERY);
         let mut signers = tokio::time::interval(SIGNERS_EVERY);
+        let mut configured = tokio::time::interval(CONFIGURED_EVERY);
+        // The config does not change while the daemon runs: once done, done.
+        let mut configured_done = false;
         for i in [
+            &mut configured,
             &mut trust,
             &mut floor,
             &mut expire,
@@ -217,6 +305,11 @@ impl Maintenance {
                 _ = quiet.tick() => self.clear_quiet_alerts().await.map(|_| ()),
                 _ = prune.tick() => self.prune().await,
                 _ = signers.tick() => self.check_signers().await,
+                _ = configured.tick(), if !configured_done => {
+                    let done = self.end_unconfigured().await.map(|_| ());
+                    configured_done = done.is_ok();
+                    done
+                }
             };
             if let Err(e) = result {
                 if matches!(e, StoreError::Closed) {
@@ -246,6 +339,7 @@ mod tests {
             policy: Policy::default(),
             trust_ring: Vec::new(),
             outbox_wake: Arc::new(Notify::new()),
+            configured: Arc::new(Configured::default()),
         };
         (dir, m)
     }

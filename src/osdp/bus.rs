@@ -43,7 +43,7 @@ use crate::store::door::{
 };
 use crate::recorder::{Recordable, Recorder};
 use crate::store::osdp::{self as db, ReaderIdentity, ReaderLink};
-use crate::store::{Priority, Store, StoreError};
+use crate::store::{Store, StoreError};
 use crate::watch::{Admit, DoorAlarm, DoorState, DoorWatch, FloodLimit};
 
 /// How long [`OsdpHandle::shutdown`] waits for a bus task.
@@ -184,47 +184,6 @@ impl Recordable for BusRecord {
     }
 }
 
-/// Ends the alerts about readers that a previous run raised and this
-/// config has made moot: `link_insecure` for a reader that now has a key
-/// or is gone, `reader_link_fault` for a reader that is gone (mqtt.md:
-/// every alert ends). A reader still configured clears its own fault once
-/// its Secure Channel holds ([`LINK_FAULT_CLEARS_AFTER`]).
-async fn end_moot_alerts(
-    store: Store,
-    insecure: Vec<String>,
-    configured: Vec<String>,
-    now: TimeSource,
-    wake: Option<Arc<Notify>>,
-) {
-    let at = now();
-    let res = store
-        .write(Priority::Bulk, move |c| {
-            let mut ended = 0;
-            for (condition, keep) in [
-                (Condition::LinkInsecure, &insecure),
-                (Condition::ReaderLinkFault, &configured),
-            ] {
-                for subject in alerts::raised_subjects(c, condition)? {
-                    if !keep.contains(&subject) {
-                        ended += usize::from(alerts::clear(c, condition, &subject, at)?);
-                    }
-                }
-            }
-            Ok(ended)
-        })
-        .await;
-    match res {
-        Ok(0) => {}
-        Ok(ended) => {
-            tracing::info!(ended, "reader alerts from an earlier config ended");
-            if let Some(w) = &wake {
-                w.notify_one();
-            }
-        }
-        Err(e) => tracing::error!(error = %e, "cannot end the reader alerts of an earlier config"),
-    }
-}
-
 /// Starts one task per bus. What earlier runs left ([`Earlier`]) is read
 /// here, once: install runs with the daemon stopped.
 pub fn spawn(
@@ -237,16 +196,6 @@ pub fn spawn(
     let mut tasks = Vec::new();
     let readers = || settings.buses.iter().flat_map(|b| b.readers.iter());
     let earlier = Earlier::read(&store, readers().map(|r| r.name.as_str()));
-    tasks.push(tokio::spawn(end_moot_alerts(
-        store.clone(),
-        readers()
-            .filter(|r| matches!(r.security, Security::Plaintext))
-            .map(|r| r.name.clone())
-            .collect(),
-        readers().map(|r| r.name.clone()).collect(),
-        now.clone(),
-        outbox_wake.clone(),
-    )));
     let ctx = Arc::new(DecideCtx {
         store: store.clone(),
         pin_keys: settings.pin_keys.clone(),

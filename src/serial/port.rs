@@ -271,20 +271,11 @@ impl PortDoors {
                     else {
                         continue;
                     };
+                    // A state left for an index no door names (an older
+                    // run watched them) is housekeeping's to forget, with
+                    // its alerts (`maintenance::Configured`).
                     if shared.door(i).known {
                         doors.watches.insert(i, DoorWatch::restore(state, 0, now));
-                    } else if state != DoorState::default() {
-                        // Left by a run that watched unnamed indexes: no
-                        // door, so its alerts end.
-                        shared.record(Record::Sensor {
-                            door: name,
-                            state: DoorState::default(),
-                            alarm: Some(DoorAlarm::Closed {
-                                forced: state.forced,
-                                held_open: state.held_open,
-                            }),
-                            at: now,
-                        });
                     }
                 }
             }

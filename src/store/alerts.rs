@@ -327,6 +327,23 @@ pub fn clear_all(
     Ok(subjects.len())
 }
 
+/// Clears every raised alert of `condition` whose subject `keep` does not
+/// hold. Returns how many it cleared.
+pub fn clear_unless(
+    conn: &Connection,
+    condition: Condition,
+    keep: &std::collections::BTreeSet<String>,
+    now: Timestamp,
+) -> Result<usize, StoreError> {
+    let mut cleared = 0;
+    for subject in raised_subjects(conn, condition)? {
+        if !keep.contains(&subject) {
+            cleared += usize::from(clear(conn, condition, &subject, now)?);
+        }
+    }
+    Ok(cleared)
+}
+
 /// The subjects of every raised alert of `condition`.
 pub fn raised_subjects(conn: &Connection, condition: Condition) -> Result<Vec<String>, StoreError> {
     Ok(conn

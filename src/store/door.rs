@@ -424,6 +424,26 @@ pub fn door_states(
     Ok(out)
 }
 
+/// Forgets the last reported state of every door `keep` does not name (a
+/// door removed or renamed in the config): nothing reports it any more,
+/// and a door added later under that name must start unknown, not open.
+/// Returns how many it forgot.
+pub fn forget_doors_except(
+    conn: &Connection,
+    keep: &std::collections::BTreeSet<String>,
+) -> Result<usize, StoreError> {
+    let doors: Vec<String> = conn
+        .prepare_cached("SELECT door FROM door_state")?
+        .query_map([], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    let mut delete = conn.prepare_cached("DELETE FROM door_state WHERE door = ?1")?;
+    let mut forgotten = 0;
+    for door in doors.iter().filter(|d| !keep.contains(*d)) {
+        forgotten += delete.execute([door])?;
+    }
+    Ok(forgotten)
+}
+
 /// Keypad entries past the flood limit at `door` (serial.md): one
 /// `door.flood` row with their `count`, and `keypad_flood` raised (bumped)
 /// by as many.

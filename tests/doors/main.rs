@@ -4,6 +4,7 @@
 //! One test binary, so the suite links once.
 
 mod alert_clear;
+mod config_change;
 mod door_storage;
 mod osdp;
 mod serial_doors;

@@ -372,46 +372,6 @@ async fn the_contact_of_an_unnamed_door_index_raises_nothing() {
     hub.shutdown().await;
 }
 
-/// An earlier lockhub watched unnamed indexes too: the `door_forced` it
-/// raised for one ends when the port starts, since there is no such door.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_forced_alert_left_for_an_unnamed_door_index_ends_when_the_port_starts() {
-    let db = Db::open_with(Policy::default());
-    let at = lockhub::time::Timestamp::now_system();
-    db.store
-        .write(lockhub::store::Priority::Bulk, move |c| {
-            let open = lockhub::watch::DoorState {
-                opened_at: Some(at),
-                forced: true,
-                held_open: true,
-            };
-            lockhub::store::door::record_sensor(
-                c,
-                "board-a:2",
-                &open,
-                Some(lockhub::watch::DoorAlarm::Forced),
-                at,
-            )?;
-            lockhub::store::door::record_sensor(
-                c,
-                "board-a:2",
-                &open,
-                Some(lockhub::watch::DoorAlarm::HeldOpen),
-                at,
-            )
-        })
-        .await
-        .unwrap();
-    assert!(db.raised("door_forced", "board-a:2") && db.raised("door_held_open", "board-a:2"));
-    let (db, hub, mut sim, _keep) = board_on(db).await;
-    assert!(
-        until_db(&mut sim, &db, |db| !db.raised("door_forced", "board-a:2")
-            && !db.raised("door_held_open", "board-a:2"))
-        .await
-    );
-    hub.shutdown().await;
-}
-
 /// While storage refuses writes (here a trigger in the way, as a full disk
 /// would), a forced door is not forgotten: its row
 /// and alert land, in order before the door's closing, once writes go
