@@ -97,7 +97,10 @@ impl Configured {
             (Condition::BoardMismatch, &doors | &all_readers),
             (Condition::ReaderReplaced, all_readers.clone()),
             (Condition::LinkInsecure, readers(|r| r.insecure_plaintext)),
-            (Condition::ReaderLinkFault, readers(|r| !r.insecure_plaintext)),
+            (
+                Condition::ReaderLinkFault,
+                readers(|r| !r.insecure_plaintext),
+            ),
         ];
         Configured { doors, kept }
     }

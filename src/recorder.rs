@@ -121,7 +121,11 @@ impl<R: Recordable> Recorder<R> {
 
 impl<R> Drop for Recorder<R> {
     fn drop(&mut self) {
-        self.0.inner.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
+        self.0
+            .inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .closed = true;
         self.0.wake.notify_one();
     }
 }
@@ -193,7 +197,10 @@ mod tests {
         for _ in RECORD_QUEUE + 1..KEEP_MAX {
             q.push(Rec("unlock", false)).unwrap();
         }
-        assert!(q.push(Rec("unlock", false)).is_err(), "memory stays bounded");
+        assert!(
+            q.push(Rec("unlock", false)).is_err(),
+            "memory stays bounded"
+        );
     }
 
     #[tokio::test]

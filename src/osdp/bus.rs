@@ -33,6 +33,7 @@ use super::packet::{self, Deframer};
 use crate::backoff::Backoff;
 use crate::config::{Config, PinKey, Policy, ReaderDoorConfig};
 use crate::entry::{self, Answer, DecisionQueue, Queued};
+use crate::recorder::{Recordable, Recorder};
 use crate::serial::TimeSource;
 use crate::serial::port::open;
 use crate::store::alerts::{self, Change, Condition};
@@ -41,7 +42,6 @@ use crate::store::door::{
     door_states, record_card_denied, record_flood, record_sensor, record_storage_failure,
     record_unlock,
 };
-use crate::recorder::{Recordable, Recorder};
 use crate::store::osdp::{self as db, ReaderIdentity, ReaderLink};
 use crate::store::{Store, StoreError};
 use crate::watch::{Admit, DoorAlarm, DoorState, DoorWatch, FloodLimit};

@@ -33,10 +33,10 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 use crate::config::{Config, PinKey, Policy};
+use crate::recorder::Recorder;
 use crate::store::Store;
 use crate::time::Timestamp;
 use port::DoorTarget;
-use crate::recorder::Recorder;
 use record::Record;
 
 /// The effective time for audit rows and decisions (mqtt.md 'Time'): the

@@ -3,13 +3,13 @@
 //! ([`crate::recorder`]: in order, never turning away an audit row or an
 //! alert while there is room).
 
+use crate::recorder::Recordable;
 use crate::store::alerts::{Change, Condition};
 use crate::store::door::{
     DoorEvent, record_door_event, record_flood, record_sensor, record_storage_failure,
     record_unlock,
 };
 use crate::store::links::{self, LinkState};
-use crate::recorder::Recordable;
 use crate::time::Timestamp;
 use crate::watch::{DoorAlarm, DoorState};
 

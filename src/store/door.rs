@@ -594,8 +594,15 @@ fn write_missed(conn: &Connection, missed: &Missed) -> Result<(), StoreError> {
 /// On any error the caller answers Deny (reason 1): the entry is kept as a
 /// missed denial and written, with its alert, as soon as the store takes
 /// writes ([`StorageFailures`]); nothing of the failed decision was or will
-/// be committed (a commit already stuck inside fsync past
-/// [`ANSWER_WITHIN`] aside: no software can take that back).
+/// be committed.
+///
+/// The one exception is a commit already under way at [`ANSWER_WITHIN`]
+/// (a slow fsync: a commit that has begun cannot be stopped). The person
+/// is answered Deny then, and the job's fate is settled when the writer
+/// answers ([`settle_late`]): a grant that did commit is followed by
+/// `door.unlock_unconfirmed` (the door never opened), a denial that did
+/// is on record already, and one that did not is kept as a missed denial.
+/// So every entry is on record once, as what happened at the door.
 pub async fn decide_entry(
     store: &Store,
     entry: DoorEntry,
@@ -606,21 +613,67 @@ pub async fn decide_entry(
     let (door, at) = (entry.door.clone(), entry.at);
     let missed = failures.take();
     let job_missed = missed.clone();
-    let write = store.write_door(received + COMMIT_WITHIN, move |c| {
-        write_missed(c, &job_missed)?;
-        let outcome = door_entry(c, &entry, &policy)?;
-        alerts::clear_all(c, Condition::StorageFailure, entry.at)?;
-        Ok(outcome)
+    let writer = store.clone();
+    let mut write = tokio::spawn(async move {
+        writer
+            .write_door(received + COMMIT_WITHIN, move |c| {
+                write_missed(c, &job_missed)?;
+                let outcome = door_entry(c, &entry, &policy)?;
+                alerts::clear_all(c, Condition::StorageFailure, entry.at)?;
+                Ok(outcome)
+            })
+            .await
     });
-    let result = tokio::time::timeout_at((received + ANSWER_WITHIN).into(), write)
-        .await
-        .unwrap_or(Err(StoreError::Deadline));
+    let result = match tokio::time::timeout_at((received + ANSWER_WITHIN).into(), &mut write).await
+    {
+        Ok(joined) => joined.unwrap_or(Err(StoreError::Closed)),
+        Err(_) => {
+            tokio::spawn(settle_late(store.clone(), write, missed, door, at));
+            return Err(StoreError::Deadline);
+        }
+    };
     if result.is_err() {
         failures.restore(missed);
         failures.note(&door, at);
         retry_missed(store);
     }
     result
+}
+
+/// A door job still in the writer's hands when its entry was answered
+/// Deny: waits for the writer's answer and makes the record match what
+/// happened at the door (see [`decide_entry`]).
+async fn settle_late(
+    store: Store,
+    write: tokio::task::JoinHandle<Result<DoorOutcome, StoreError>>,
+    missed: Missed,
+    door: String,
+    at: Timestamp,
+) {
+    match write.await.unwrap_or(Err(StoreError::Closed)) {
+        Ok(DoorOutcome {
+            decision: Decision::Unlock(key),
+            ..
+        }) => {
+            tracing::error!(door = %door, key_id = %key.key_id, "the grant committed after its entry was denied; recorded unconfirmed");
+            let key_id = key.key_id;
+            store
+                .write_until_written(
+                    "door.unlock_unconfirmed",
+                    move |c| record_unlock(c, &door, &key_id, false, at).map(drop),
+                    || false,
+                )
+                .await;
+        }
+        // A denial committed late is on record as it was answered.
+        Ok(_) => {}
+        Err(_) => {
+            let failures = store.storage_failures();
+            failures.restore(missed);
+            failures.note(&door, at);
+            retry_missed(&store);
+        }
+    }
 }
 
 /// Tries the missed denials again every [`RETRY_EVERY`] until they are

@@ -1654,7 +1654,10 @@ mod tests {
             })
             .await;
         holder.join().unwrap();
-        assert!(res.is_ok(), "the door job gave up on a 300 ms lock: {res:?}");
+        assert!(
+            res.is_ok(),
+            "the door job gave up on a 300 ms lock: {res:?}"
+        );
         assert!(started.elapsed() >= Duration::from_millis(250));
     }
 

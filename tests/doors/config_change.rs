@@ -99,7 +99,11 @@ async fn alerts_about_doors_boards_and_readers_the_config_no_longer_has_end_at_s
     })
     .await;
     let db = hub.db();
-    assert_eq!(door_state_rows(&db, "old-door"), 0, "its state is forgotten");
+    assert_eq!(
+        door_state_rows(&db, "old-door"),
+        0,
+        "its state is forgotten"
+    );
     assert_eq!(door_state_rows(&db, "board-a:2"), 0);
     // What the config still has, and a tamper, stay as they were.
     for (condition, subject) in [
@@ -108,7 +112,10 @@ async fn alerts_about_doors_boards_and_readers_the_config_no_longer_has_end_at_s
         ("tamper", "board-old"),
         ("link_insecure", "r-1"),
     ] {
-        assert!(raised(&db, condition, subject), "{condition} {subject} ended");
+        assert!(
+            raised(&db, condition, subject),
+            "{condition} {subject} ended"
+        );
     }
     hub.assert_running();
 }

@@ -240,3 +240,77 @@ fn a_door_job_that_fails_in_a_bulk_group_loses_none_of_the_bulk_work() {
     assert!(seen(&db.reader(), 5));
     assert_eq!(db.count("SELECT count(*) FROM audit"), 0);
 }
+
+/// A grant whose commit is still under way when the person must be
+/// answered (another door job in its group runs long, as a slow fsync
+/// would): the entry is answered Deny, and since the grant did commit, the
+/// record says so and that the door never opened (`door.unlock_unconfirmed`),
+/// not a second, contradicting `storage_failure` denial.
+#[test]
+fn a_grant_that_commits_after_its_entry_was_answered_deny_is_recorded_unconfirmed() {
+    let db = open_with_key();
+    let (release, hold) = mpsc::channel::<()>();
+    let blocker = {
+        let store = db.store.clone();
+        std::thread::spawn(move || {
+            store.write_blocking(Priority::Bulk, move |_| {
+                let _ = hold.recv_timeout(Duration::from_secs(5));
+                Ok(())
+            })
+        })
+    };
+    std::thread::sleep(QUEUED);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap();
+    let (store, policy) = (db.store.clone(), db.policy);
+    let decided = rt.spawn(async move {
+        lockhub::store::door::decide_entry(
+            &store,
+            entry(),
+            policy,
+            tokio::time::Instant::now().into_std(),
+        )
+        .await
+    });
+    std::thread::sleep(QUEUED);
+    // A second door job behind it joins its group and holds the commit
+    // past the first one's answer.
+    let long = {
+        let store = db.store.clone();
+        rt.spawn(async move {
+            store
+                .write_door(Instant::now() + Duration::from_secs(10), |_| {
+                    std::thread::sleep(Duration::from_secs(3));
+                    Ok(())
+                })
+                .await
+        })
+    };
+    std::thread::sleep(QUEUED);
+    release.send(()).unwrap();
+    blocker.join().unwrap().unwrap();
+    let answered = rt.block_on(decided).unwrap();
+    assert!(
+        matches!(answered, Err(StoreError::Deadline)),
+        "answered within the bound: {answered:?}"
+    );
+    rt.block_on(long).unwrap().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !db
+        .audit()
+        .iter()
+        .any(|a| a.starts_with("door.unlock_unconfirmed"))
+    {
+        assert!(Instant::now() < deadline, "{:?}", db.audit());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Past the missed denials' retry: nothing else is written for it.
+    std::thread::sleep(Duration::from_millis(1200));
+    let audit = db.audit();
+    assert_eq!(audit.len(), 2, "{audit:?}");
+    assert!(audit[0].starts_with("door.granted"), "{audit:?}");
+    assert!(!db.raised("storage_failure", "101"));
+}
