@@ -310,8 +310,14 @@ impl Bundle {
 
     /// Parses bundle JSON. The error names the line and column, never a value.
     pub fn parse(text: &str) -> Result<Bundle, String> {
-        let b: Bundle = serde_json::from_str(text)
-            .map_err(|e| format!("{e} (line {}, column {})", e.line(), e.column()))?;
+        let b: Bundle = serde_json::from_str(text).map_err(|e| {
+            format!(
+                "{} (line {}, column {})",
+                without_values(&e),
+                e.line(),
+                e.column()
+            )
+        })?;
         if b.v != BUNDLE_VERSION {
             return Err(format!(
                 "bundle version {} is not supported (this lockhub reads version {BUNDLE_VERSION})",
@@ -923,6 +929,36 @@ pub fn summary(p: &Provisioned) -> String {
     s
 }
 
+/// serde_json's message for `e` without the values it quotes: a string
+/// found where something else was expected is echoed whole, and a
+/// bundle's strings are PIN-key and reader secrets. Every double-quoted
+/// part becomes `"…"`; the position is left to the caller.
+fn without_values(e: &serde_json::Error) -> String {
+    let full = e.to_string();
+    let message = match full.rfind(" at line ") {
+        Some(i) if e.line() > 0 => &full[..i],
+        _ => full.as_str(),
+    };
+    let mut out = String::with_capacity(message.len());
+    let mut chars = message.chars();
+    while let Some(c) = chars.next() {
+        out.push(c);
+        if c == '"' {
+            out.push('…');
+            let mut escaped = false;
+            for q in chars.by_ref() {
+                match (escaped, q) {
+                    (false, '\\') => escaped = true,
+                    (false, '"') => break,
+                    _ => escaped = false,
+                }
+            }
+            out.push('"');
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1086,5 +1122,19 @@ mod tests {
         assert!(Bundle::parse(&ok).is_ok());
         assert!(Bundle::parse(&ok.replace("\"v\":1", "\"v\":2")).is_err());
         assert!(Bundle::parse(&ok.replace("\"hub_id\"", "\"hubid\"")).is_err());
+    }
+
+    #[test]
+    fn a_bundle_error_names_the_place_but_never_a_value_it_holds() {
+        let secret = "vpDAfBqmiMog0GAAR6GMchsmx2iCa19aGlMs\\\"764g2M0";
+        let text = format!(
+            r#"{{"v":1,"site_id":"6f1c1c0e-8a51-4d39-9d2e-6a3c5a7d9e10","hub_id":"h",
+                "mqtt":{{"url":"mqtt://b"}},"trust":[{{"id":"c","public_key":"{KEY}"}}],
+                "pin_keys":["k1={secret}"]}}"#
+        );
+        let err = Bundle::parse(&text).unwrap_err();
+        assert!(!err.contains("vpDAf") && !err.contains("764g2M0"), "{err}");
+        assert!(err.contains("invalid type: string \"…\""), "{err}");
+        assert!(err.ends_with("(line 3, column 78)"), "{err}");
     }
 }

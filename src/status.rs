@@ -34,8 +34,13 @@ pub enum StatusError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("config {path}: {message}")]
-    Config { path: PathBuf, message: String },
+    /// Where in the file, as check-config says it (`FILE:LINE:COLUMN`).
+    #[error("config {}: {message}", located(path, *at))]
+    Config {
+        path: PathBuf,
+        at: Option<(usize, usize)>,
+        message: String,
+    },
     #[error("no database at {0} (has the daemon run yet?)")]
     NoDatabase(PathBuf),
     #[error("database {path}: {source}")]
@@ -57,6 +62,13 @@ impl StatusError {
             self,
             StatusError::ConfigRead { .. } | StatusError::Config { .. }
         )
+    }
+}
+
+fn located(path: &Path, at: Option<(usize, usize)>) -> String {
+    match at {
+        Some((line, column)) => format!("{}:{line}:{column}", path.display()),
+        None => path.display().to_string(),
     }
 }
 
@@ -110,6 +122,9 @@ impl Target {
         })?;
         let c: PartialConfig = toml::from_str(&text).map_err(|e| StatusError::Config {
             path: path.to_owned(),
+            at: e
+                .span()
+                .map(|span| crate::config::line_col(&text, span.start)),
             message: e.message().to_owned(),
         })?;
         let base = path.parent().unwrap_or(Path::new("."));

@@ -802,7 +802,7 @@ impl BusTask {
                     return;
                 }
                 let now = self.ms();
-                let submitted = self.slots[i].entry.keys(&keys, now);
+                let submitted = self.slots[i].entry.keys(&keys.0, now);
                 for s in submitted {
                     self.submit(i, s);
                 }

@@ -179,7 +179,17 @@ pub enum Command {
         count: u8,
     },
     /// osdp_KEYSET: a new SCBK (install only).
-    Keyset(Key),
+    Keyset(NewKey),
+}
+
+/// The SCBK an osdp_KEYSET carries; its `Debug` never shows it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct NewKey(pub Key);
+
+impl std::fmt::Debug for NewKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NewKey(redacted)")
+    }
 }
 
 /// The temporary part of an osdp_LED (the permanent part is left as is).
@@ -240,7 +250,7 @@ impl Command {
                 off,
                 count,
             } => (cmd::BUZ, vec![0, *tone, *on, *off, *count]),
-            Command::Keyset(k) => {
+            Command::Keyset(NewKey(k)) => {
                 let mut d = vec![0x01, 16];
                 d.extend_from_slice(k);
                 (cmd::KEYSET, d)
@@ -295,7 +305,7 @@ pub enum Event {
     /// osdp_ISTATR: one entry per input, true = active.
     Inputs(Vec<bool>),
     /// Key presses (osdp_KEYPAD), raw codes.
-    Keys(Vec<u8>),
+    Keys(KeyPresses),
     /// A card read (osdp_RAW or osdp_FMT); its data is not kept.
     Card,
     /// A queued command finished.
@@ -303,6 +313,17 @@ pub enum Event {
         token: u64,
         outcome: Outcome,
     },
+}
+
+/// Key presses as the reader sent them: PIN digits, so their `Debug`
+/// shows only how many.
+#[derive(Clone, PartialEq, Eq)]
+pub struct KeyPresses(pub Vec<u8>);
+
+impl std::fmt::Debug for KeyPresses {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "KeyPresses({} keys)", self.0.len())
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -883,7 +904,7 @@ impl Reader {
             reply::ISTATR => ev.push(Event::Inputs(data.iter().map(|&b| b != 0).collect())),
             reply::KEYPAD if data.len() >= 2 => {
                 let n = usize::from(data[1]).min(data.len() - 2);
-                ev.push(Event::Keys(data[2..2 + n].to_vec()));
+                ev.push(Event::Keys(KeyPresses(data[2..2 + n].to_vec())));
             }
             reply::RAW | reply::FMT => ev.push(Event::Card),
             _ => {}
@@ -927,6 +948,18 @@ mod tests {
 
     const KEY: Key = [0x42; 16];
     const T: Timing = Timing::CONTRACT;
+
+    #[test]
+    fn key_presses_and_a_new_key_never_show_in_debug_output() {
+        let keys = format!("{:?}", Event::Keys(KeyPresses(b"4829".to_vec())));
+        assert!(!keys.contains("52") && !keys.contains("4829"), "{keys}");
+        assert!(keys.contains("4 keys"), "{keys}");
+        let keyset = format!("{:?}", Command::Keyset(NewKey([0xAB; 16])));
+        assert!(
+            !keyset.contains("171") && !keyset.contains("AB"),
+            "{keyset}"
+        );
+    }
 
     /// A reader's side, just enough to answer the CP: the handshake, MACs,
     /// encryption, and canned replies.
@@ -1203,7 +1236,7 @@ mod tests {
             }),
             "{ev:?}"
         );
-        assert!(ev.contains(&Event::Keys(vec![0x31])), "{ev:?}");
+        assert!(ev.contains(&Event::Keys(KeyPresses(vec![0x31]))), "{ev:?}");
     }
 
     #[test]

@@ -200,7 +200,10 @@ pub async fn install(
         .await?
     {
         SessionEnd::Ready(mut fresh, _) => {
-            match link.command(&mut fresh, Command::Keyset(key)).await? {
+            match link
+                .command(&mut fresh, Command::Keyset(crate::osdp::cp::NewKey(key)))
+                .await?
+            {
                 Outcome::Ack => {}
                 other => return Err(InstallError::KeysetRefused(other)),
             }

@@ -294,6 +294,30 @@ fn missing_files_are_clear_errors() {
 }
 
 #[test]
+fn a_bad_config_is_reported_at_its_line_and_column_by_status_and_alert_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("hub.toml");
+    std::fs::write(
+        &config,
+        "[hub]\nsite_id = \"x\"\nhub_id = \"H\"\ndata_dir = 5\n",
+    )
+    .unwrap();
+    let out = status(&config, false);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("hub.toml:4:12: "), "{err}");
+    let out = Command::new(BIN)
+        .args(["alert", "clear", "tamper", "board-a", "--reason", "checked"])
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("hub.toml:4:12: "), "{err}");
+}
+
+#[test]
 fn global_log_flags_are_accepted_anywhere_and_a_bad_filter_is_exit_2() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path());
