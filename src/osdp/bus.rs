@@ -1147,6 +1147,9 @@ impl Wire {
     }
 }
 
+/// A command that has not reached the port's buffer by then (the longest
+/// packet takes 0.3 s at 9600 baud) means a wedged adapter.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Quiet on the line, after the last byte of a reply that is under way,
 /// before the reply counts as cut short.
 const INTER_BYTE_GAP: Duration = Duration::from_millis(20);
@@ -1174,7 +1177,11 @@ pub(crate) async fn exchange(
     let mut events = Vec::new();
     // A new exchange: whatever is half-received is noise.
     deframer.clear();
-    port.write_all(bytes).await?;
+    // A wedged adapter must not wedge the bus: the session ends, readers
+    // go offline on their own clocks, the port is opened again.
+    tokio::time::timeout(WRITE_TIMEOUT, port.write_all(bytes))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "write timed out"))??;
     let sent = tokio::time::Instant::now()
         + wire.char_time() * u32::try_from(bytes.len()).unwrap_or(u32::MAX);
     let mut deadline = sent + wire.reply_timeout;

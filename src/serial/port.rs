@@ -55,11 +55,13 @@ use crate::watch::{Admit, DoorAlarm, DoorState, DoorWatch, FloodLimit};
 const TICK: Duration = Duration::from_millis(20);
 /// A write that takes longer than this means the port is wedged.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(1);
-/// A decided Unlock or Deny that the link cannot take yet (no Hello answer,
-/// or eight messages already awaiting acks) waits this long at most. After
-/// that the person has walked away, and an Unlock is recorded unconfirmed.
-const DEFER_MAX_MS: u64 = 1_000;
-/// Bound on decided commands waiting for the link (see [`DEFER_MAX_MS`]).
+/// serial.md: the person at the door gets the answer within 3 s of the
+/// Keypad. A decided Unlock or Deny that the link cannot take yet (no Hello
+/// answer, or eight messages already awaiting acks) waits until then at
+/// most: after that the person has walked away, and an Unlock is recorded
+/// unconfirmed.
+const ANSWER_BY: Duration = Duration::from_secs(3);
+/// Bound on decided commands waiting for the link (see [`ANSWER_BY`]).
 const DEFER_QUEUE_MAX: usize = 32;
 /// Finished decisions waiting for the loop; decision tasks wait past it.
 const DECIDED_QUEUE: usize = 32;
@@ -306,6 +308,8 @@ struct Deferred {
 pub(crate) struct Decided {
     pub door: u8,
     pub reply: super::doors::Reply,
+    /// When the Keypad arrived: the answer is due [`ANSWER_BY`] after it.
+    pub received: std::time::Instant,
 }
 
 /// One opening of the port: a fresh link and decoder; the doors carried
@@ -559,6 +563,7 @@ impl Session {
                         reason: firmware_bridge::DenyReason::DENIED,
                     },
                     None,
+                    std::time::Instant::now(),
                 );
             }
         }
@@ -607,7 +612,14 @@ impl Session {
                 Reply::Unlock { key_id } => Some(key_id.clone()),
                 Reply::Deny { .. } => None,
             };
-            if tx.send(Decided { door, reply }).await.is_err()
+            if tx
+                .send(Decided {
+                    door,
+                    reply,
+                    received,
+                })
+                .await
+                .is_err()
                 && let Some(key_id) = unlocked
             {
                 // The port went away while deciding: the grant is on record
@@ -632,7 +644,7 @@ impl Session {
                     door: d.door,
                     ms: target.unlock_ms,
                 };
-                self.command(msg, Some((target.name.clone(), key_id)));
+                self.command(msg, Some((target.name.clone(), key_id)), d.received);
             }
             Reply::Deny { reason } => {
                 self.command(
@@ -642,6 +654,7 @@ impl Session {
                         reason,
                     },
                     None,
+                    d.received,
                 );
             }
         }
@@ -651,9 +664,14 @@ impl Session {
         }
     }
 
-    /// Hands a decided command to the link, or keeps it for a moment if the
-    /// link cannot take it yet.
-    fn command(&mut self, msg: Downlink, unlock: Option<(String, String)>) {
+    /// Hands a decided command to the link, or keeps it until [`ANSWER_BY`]
+    /// after the Keypad (`received`) if the link cannot take it yet.
+    fn command(
+        &mut self,
+        msg: Downlink,
+        unlock: Option<(String, String)>,
+        received: std::time::Instant,
+    ) {
         let now = self.now_ms();
         match self.link.send(msg.clone(), now) {
             Ok(seq) => self.sent(msg, seq, unlock, now),
@@ -667,7 +685,11 @@ impl Session {
                 self.deferred.push_back(Deferred {
                     msg,
                     unlock,
-                    until_ms: now.saturating_add(DEFER_MAX_MS),
+                    until_ms: now.saturating_add(
+                        (received + ANSWER_BY)
+                            .saturating_duration_since(std::time::Instant::now())
+                            .as_millis() as u64,
+                    ),
                 });
             }
         }
