@@ -11,7 +11,7 @@ use crate::maintenance::Maintenance;
 use crate::notify;
 use crate::osdp::{self, bus::OsdpSettings};
 use crate::serial::{self, SerialSettings};
-use crate::store::{Store, StoreError, floor};
+use crate::store::{Priority, Store, StoreError, floor};
 use crate::sync::{self, SyncError, SyncSettings, decide};
 use std::future::Future;
 use std::sync::Arc;
@@ -89,6 +89,25 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         }
         .run(stop_rx),
     );
+    // A crash between a grant's commit and the board's answer left the
+    // grant with no outcome: settled before any door is served.
+    let at = clock.now();
+    match store
+        .write(Priority::Bulk, move |c| {
+            crate::store::door::settle_open_grants(c, at)
+        })
+        .await
+    {
+        Ok(0) => {}
+        Ok(n) => {
+            tracing::warn!(
+                grants = n,
+                "grants left without an outcome by the last run recorded unconfirmed"
+            );
+            sync.outbox_notify().notify_one();
+        }
+        Err(e) => tracing::error!(error = %e, "cannot settle the grants the last run left open"),
+    }
     // The doors decide by the same effective clock (mqtt.md 'Time').
     let now: serial::TimeSource = {
         let clock = clock.clone();

@@ -904,13 +904,17 @@ impl Session {
         let mut decided_rx = self.decided_rx;
         drop(self.decided_tx);
         let rest = tokio::spawn(async move {
+            // Closed first: a decision finishing now records its own grant
+            // unconfirmed (its send fails) instead of waiting for room in a
+            // queue nobody reads any more (more doors may be deciding than
+            // it holds).
+            decided_rx.close();
             for (_, task) in inflight {
                 let _ = task.await;
             }
             while doors.join_next().await.is_some() {}
             // Decided, but the loop never took them: the grants are on
             // record, their Unlocks never went out.
-            decided_rx.close();
             while let Ok(d) = decided_rx.try_recv() {
                 if let Reply::Unlock { key_id } = d.reply {
                     let door = shared.door(d.door).name;

@@ -285,6 +285,49 @@ pub fn clear_expired_lockouts(conn: &Connection, now: Timestamp) -> Result<usize
     Ok(doors.len())
 }
 
+/// How far back [`settle_open_grants`] looks, in audit rows.
+const OPEN_GRANTS_LOOKBACK: i64 = 10_000;
+
+/// At start, before any door is served: a `door.granted` with no outcome
+/// after it (no `door.unlocked`, no `door.unlock_unconfirmed` for that door
+/// and key) was left by a run that stopped between the grant's commit and
+/// the board's answer: a crash or a power cut, since a clean stop records
+/// every outcome. Nobody can say now whether the door opened, so each is
+/// recorded `door.unlock_unconfirmed` (mqtt.md: no acknowledgement came).
+/// Looks at the last [`OPEN_GRANTS_LOOKBACK`] audit rows. Returns how many
+/// it recorded.
+pub fn settle_open_grants(conn: &Connection, now: Timestamp) -> Result<usize, StoreError> {
+    let rows: Vec<(String, String, String)> = conn
+        .prepare(
+            "SELECT kind, door, key_id FROM audit
+             WHERE seqno > (SELECT coalesce(max(seqno), 0) FROM audit) - ?1
+               AND kind IN ('door.granted', 'door.unlocked', 'door.unlock_unconfirmed')
+               AND door IS NOT NULL AND key_id IS NOT NULL
+             ORDER BY seqno",
+        )?
+        .query_map([OPEN_GRANTS_LOOKBACK], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })?
+        .collect::<Result<_, _>>()?;
+    let mut open: std::collections::BTreeMap<(String, String), usize> = Default::default();
+    for (kind, door, key_id) in rows {
+        let n = open.entry((door, key_id)).or_default();
+        if kind == AuditKind::DoorGranted.as_str() {
+            *n += 1;
+        } else {
+            *n = n.saturating_sub(1);
+        }
+    }
+    let mut settled = 0;
+    for ((door, key_id), n) in open {
+        for _ in 0..n {
+            record_unlock(conn, &door, &key_id, false, now)?;
+            settled += 1;
+        }
+    }
+    Ok(settled)
+}
+
 /// Records whether the board acknowledged an Unlock: `door.unlocked`, or
 /// `door.unlock_unconfirmed` after every resend went unanswered. The key's
 /// check-in and holder reference are copied from the mirror when it still

@@ -355,3 +355,41 @@ async fn on_a_full_disk_doors_deny_fast_nothing_committed_is_lost_and_the_hub_re
     drop(db);
     drop(mount);
 }
+
+/// A run that crashed between a grant's commit and the board's answer
+/// left `door.granted` with no outcome: the next start records it
+/// unconfirmed, before it serves a door, and the cloud hears of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_left_open_by_a_crash_is_recorded_unconfirmed_at_the_next_start() {
+    use lockhub::store::audit::{AuditKind, AuditRecord, record};
+    let broker = testkit::broker::Mosquitto::start();
+    let mut hub =
+        testkit::daemon::Daemon::prepare(&broker.url(), testkit::daemon::DaemonOptions::default());
+    std::fs::create_dir_all(hub.db_path().parent().unwrap()).unwrap();
+    let store = Store::open(&hub.db_path(), &Policy::default()).unwrap();
+    store
+        .write(lockhub::store::Priority::Bulk, |c| {
+            let mut rec = AuditRecord::new(
+                AuditKind::DoorGranted,
+                lockhub::time::Timestamp::now_system(),
+            );
+            rec.door = Some("101".into());
+            rec.key_id = Some("k-1".into());
+            record(c, &rec).map(drop)
+        })
+        .await
+        .unwrap();
+    store.close();
+    hub.spawn();
+    hub.wait_db("the open grant settled", |db| {
+        db.query_row(
+            "SELECT count(*) FROM audit WHERE kind = 'door.unlock_unconfirmed' AND door = '101' AND key_id = 'k-1'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .unwrap()
+            == 1
+    })
+    .await;
+    assert!(hub.log().contains("grants left without an outcome"));
+}

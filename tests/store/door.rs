@@ -482,3 +482,36 @@ fn pin_ambiguous_ends_when_one_of_its_keys_expires_and_the_cleared_message_match
     assert!(!raised(&db, "pin_ambiguous", "101"));
     assert_eq!(pin_ambiguous_messages(&db)[3]["state"], "cleared");
 }
+
+#[test]
+fn a_grant_a_crash_left_without_an_outcome_is_recorded_unconfirmed_once_at_start() {
+    let db = Db::open();
+    insert(
+        &db,
+        &[
+            K::active("k-1", "482913", &["101", "102"]),
+            K::active("k-2", "551234", &["101"]),
+        ],
+    );
+    // 101/k-1 twice, the first answered; 102/k-1 answered unconfirmed;
+    // 101/k-2 never answered.
+    assert!(is_unlock(&db.enter("101", "482913", t(10))));
+    db.write(|c| record_unlock(c, "101", "k-1", true, t(11)).map(drop));
+    assert!(is_unlock(&db.enter("101", "482913", t(20))));
+    assert!(is_unlock(&db.enter("102", "482913", t(21))));
+    db.write(|c| record_unlock(c, "102", "k-1", false, t(22)).map(drop));
+    assert!(is_unlock(&db.enter("101", "551234", t(23))));
+    let settled = db.write(|c| lockhub::store::door::settle_open_grants(c, t(30)));
+    assert_eq!(settled, 2, "{:?}", db.audit());
+    let unconfirmed = |key: &str| {
+        db.count(&format!(
+            "SELECT count(*) FROM audit WHERE kind = 'door.unlock_unconfirmed' AND door = '101' AND key_id = '{key}'"
+        ))
+    };
+    assert_eq!((unconfirmed("k-1"), unconfirmed("k-2")), (1, 1));
+    // Settled: a second start finds nothing left open.
+    assert_eq!(
+        db.write(|c| lockhub::store::door::settle_open_grants(c, t(40))),
+        0
+    );
+}
