@@ -645,7 +645,9 @@ fn write_missed(conn: &Connection, missed: &Missed) -> Result<(), StoreError> {
 /// answers ([`settle_late`]): a grant that did commit is followed by
 /// `door.unlock_unconfirmed` (the door never opened), a denial that did
 /// is on record already, and one that did not is kept as a missed denial.
-/// So every entry is on record once, as what happened at the door.
+/// So every entry is on record once, as what happened at the door; and
+/// either way `storage_failure` is raised (serial.md: a decision not
+/// committed within 2 s is answered Deny and raises it).
 pub async fn decide_entry(
     store: &Store,
     entry: DoorEntry,
@@ -703,13 +705,24 @@ async fn settle_late(
             store
                 .write_until_written(
                     "door.unlock_unconfirmed",
-                    move |c| record_unlock(c, &door, &key_id, false, at).map(drop),
+                    move |c| {
+                        record_unlock(c, &door, &key_id, false, at)?;
+                        alerts::raise(c, Condition::StorageFailure, &door, 1, at).map(drop)
+                    },
                     || false,
                 )
                 .await;
         }
         // A denial committed late is on record as it was answered.
-        Ok(_) => {}
+        Ok(_) => {
+            store
+                .write_until_written(
+                    "storage_failure",
+                    move |c| alerts::raise(c, Condition::StorageFailure, &door, 1, at).map(drop),
+                    || false,
+                )
+                .await;
+        }
         Err(_) => {
             let failures = store.storage_failures();
             failures.restore(missed);
