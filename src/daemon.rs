@@ -78,17 +78,24 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     };
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let housekeeping = tokio::spawn(
-        Maintenance {
-            store: store.clone(),
-            clock: clock.clone(),
-            policy: config.policy,
-            trust_ring: config.trust.clone(),
-            outbox_wake: sync.outbox_notify(),
-            configured: Arc::new(crate::maintenance::Configured::of(&config)),
+    let maintenance = Maintenance {
+        store: store.clone(),
+        clock: clock.clone(),
+        policy: config.policy,
+        trust_ring: config.trust.clone(),
+        outbox_wake: sync.outbox_notify(),
+        configured: Arc::new(crate::maintenance::Configured::of(&config)),
+    };
+    // Before the doors start: what an earlier config left raised ends
+    // first, so no driver's alert of this run can be taken for it.
+    let configured_done = match maintenance.end_unconfigured().await {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot end the alerts of an earlier config yet; housekeeping tries again");
+            false
         }
-        .run(stop_rx),
-    );
+    };
+    let housekeeping = tokio::spawn(maintenance.run(stop_rx, configured_done));
     // A crash between a grant's commit and the board's answer left the
     // grant with no outcome: settled before any door is served.
     let at = clock.now();

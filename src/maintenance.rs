@@ -59,10 +59,13 @@ pub struct Maintenance {
 ///   forgotten too);
 /// - `board_offline`: serial boards and readers; `board_mismatch`: doors
 ///   (a serial board's) and readers; `reader_replaced`: readers;
-/// - `link_insecure`: readers configured `insecure_plaintext` (the others
-///   have a key now, or are gone); `reader_link_fault`: readers with a
-///   Secure Channel (a reader still configured so clears its own once its
-///   Secure Channel holds).
+/// - `link_insecure`: readers without a key (the others use their key, or
+///   are gone); `reader_link_fault`: readers with a key (one still
+///   configured so clears its own once its Secure Channel holds).
+///
+/// The daemon runs it once before it starts the doors (so it cannot race
+/// a driver raising one of these for something still configured), and
+/// housekeeping again every 10 s until it has been written once.
 ///
 /// `tamper` is not among them: it is evidence, and ends by an operator's
 /// `lockhub alert clear` whatever the config says.
@@ -80,15 +83,17 @@ impl Configured {
             .map(|d| d.name.clone())
             .chain(config.reader_doors.iter().map(|d| d.name.clone()))
             .collect();
-        let readers = |keep: fn(&crate::config::ReaderConfig) -> bool| -> BTreeSet<String> {
+        // A reader with a key always uses it (`osdp::bus`), whatever
+        // `insecure_plaintext` says; one without a key talks plain text.
+        let readers = |keyed: Option<bool>| -> BTreeSet<String> {
             config
                 .readers
                 .iter()
-                .filter(|r| keep(r))
+                .filter(|r| keyed.is_none_or(|k| config.reader_key(&r.name).is_some() == k))
                 .map(|r| r.name.clone())
                 .collect()
         };
-        let all_readers = readers(|_| true);
+        let all_readers = readers(None);
         let boards: BTreeSet<String> = config.serials.iter().map(|s| s.name.clone()).collect();
         let kept = vec![
             (Condition::DoorForced, doors.clone()),
@@ -96,11 +101,8 @@ impl Configured {
             (Condition::BoardOffline, &boards | &all_readers),
             (Condition::BoardMismatch, &doors | &all_readers),
             (Condition::ReaderReplaced, all_readers.clone()),
-            (Condition::LinkInsecure, readers(|r| r.insecure_plaintext)),
-            (
-                Condition::ReaderLinkFault,
-                readers(|r| !r.insecure_plaintext),
-            ),
+            (Condition::LinkInsecure, readers(Some(false))),
+            (Condition::ReaderLinkFault, readers(Some(true))),
         ];
         Configured { doors, kept }
     }
@@ -275,7 +277,9 @@ impl Maintenance {
     }
 
     /// Runs every job on its schedule until `stop` turns true.
-    pub async fn run(self, mut stop: watch::Receiver<bool>) {
+    /// `configured_done`: [`Maintenance::end_unconfigured`] has been written
+    /// in this run already.
+    pub async fn run(self, mut stop: watch::Receiver<bool>, configured_done: bool) {
         let mut trust = tokio::time::interval(TRUST_EVERY);
         let mut floor = tokio::time::interval(FLOOR_EVERY);
         let mut expire = tokio::time::interval(EXPIRE_EVERY);
@@ -285,7 +289,7 @@ impl Maintenance {
         let mut signers = tokio::time::interval(SIGNERS_EVERY);
         let mut configured = tokio::time::interval(CONFIGURED_EVERY);
         // The config does not change while the daemon runs: once done, done.
-        let mut configured_done = false;
+        let mut configured_done = configured_done;
         for i in [
             &mut configured,
             &mut trust,

@@ -34,13 +34,19 @@ fn door_state_rows(db: &Connection, door: &str) -> i64 {
 async fn alerts_about_doors_boards_and_readers_the_config_no_longer_has_end_at_start() {
     let broker = Mosquitto::start();
     // This run's config: board-a with door 101 (the fixture's), and a bus
-    // whose one reader, r-1, is now on the secured side without a key.
+    // whose reader r-1 is now on the secured side without a key, and whose
+    // reader r-3 has a key now (its `insecure_plaintext` left on: a key is
+    // always used).
     let mut hub = Daemon::prepare(
         &broker.url(),
         DaemonOptions {
             hub_extra: "[[osdp]]\nname = \"bus-a\"\nport = \"/nonexistent/osdp-bus-a\"\n\n\
                         [[reader]]\nname = \"r-1\"\nbus = \"bus-a\"\naddress = 1\n\
+                        insecure_plaintext = true\n\n\
+                        [[reader]]\nname = \"r-3\"\nbus = \"bus-a\"\naddress = 3\n\
                         insecure_plaintext = true\n"
+                .to_owned(),
+            secrets_extra: "[[reader_key]]\nreader = \"r-3\"\nscbk = \"QkJCQkJCQkJCQkJCQkJCQg\"\n"
                 .to_owned(),
             ..DaemonOptions::default()
         },
@@ -72,6 +78,8 @@ async fn alerts_about_doors_boards_and_readers_the_config_no_longer_has_end_at_s
                 (Condition::ReaderLinkFault, "r-1"),
                 (Condition::LinkInsecure, "r-2"),
                 (Condition::LinkInsecure, "r-1"),
+                (Condition::LinkInsecure, "r-3"),
+                (Condition::ReaderLinkFault, "r-3"),
             ] {
                 alerts::raise(c, condition, subject, 1, at)?;
             }
@@ -93,6 +101,7 @@ async fn alerts_about_doors_boards_and_readers_the_config_no_longer_has_end_at_s
         ("reader_replaced", "r-9"),
         ("reader_link_fault", "r-1"),
         ("link_insecure", "r-2"),
+        ("link_insecure", "r-3"),
     ];
     hub.wait_db("the alerts of what the config no longer has ended", |db| {
         ended.iter().all(|(c, s)| !raised(db, c, s))
@@ -111,6 +120,7 @@ async fn alerts_about_doors_boards_and_readers_the_config_no_longer_has_end_at_s
         ("board_offline", "board-a"),
         ("tamper", "board-old"),
         ("link_insecure", "r-1"),
+        ("reader_link_fault", "r-3"),
     ] {
         assert!(
             raised(&db, condition, subject),
