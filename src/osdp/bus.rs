@@ -147,14 +147,17 @@ impl OsdpSettings {
 /// The running driver.
 pub struct OsdpHandle {
     stop: watch::Sender<bool>,
-    tasks: Vec<JoinHandle<()>>,
+    buses: Vec<JoinHandle<()>>,
+    recorders: Vec<JoinHandle<()>>,
 }
 
 impl OsdpHandle {
-    /// Stops every bus and waits for them, bounded.
+    /// Stops every bus and waits for them, bounded; then for their
+    /// recorders, which end once a bus and its decisions are done and what
+    /// they recorded is written.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
-        for task in self.tasks {
+        for task in self.buses.into_iter().chain(self.recorders) {
             crate::task::join_or_abort(task, SHUTDOWN_TIMEOUT).await;
         }
     }
@@ -193,7 +196,7 @@ pub fn spawn(
     outbox_wake: Option<Arc<Notify>>,
 ) -> OsdpHandle {
     let (stop, stop_rx) = watch::channel(false);
-    let mut tasks = Vec::new();
+    let (mut buses, mut recorders) = (Vec::new(), Vec::new());
     let readers = || settings.buses.iter().flat_map(|b| b.readers.iter());
     let earlier = Earlier::read(&store, readers().map(|r| r.name.as_str()));
     let ctx = Arc::new(DecideCtx {
@@ -205,15 +208,19 @@ pub fn spawn(
     });
     for bus in settings.buses.clone() {
         let (recorder, queue) = Recorder::new();
-        tasks.push(tokio::spawn(crate::recorder::run(
+        recorders.push(tokio::spawn(crate::recorder::run(
             store.clone(),
             queue,
             outbox_wake.clone(),
         )));
         let task = BusTask::new(bus, &settings, &earlier, ctx.clone(), Arc::new(recorder));
-        tasks.push(tokio::spawn(task.run(stop_rx.clone())));
+        buses.push(tokio::spawn(task.run(stop_rx.clone())));
     }
-    OsdpHandle { stop, tasks }
+    OsdpHandle {
+        stop,
+        buses,
+        recorders,
+    }
 }
 
 /// What earlier runs left about the readers, read once at start through

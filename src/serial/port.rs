@@ -677,9 +677,20 @@ impl Session {
             Ok(seq) => self.sent(msg, seq, unlock, now),
             Err(e @ (LinkError::NotReady | LinkError::PendingFull | LinkError::OutboxFull)) => {
                 if self.deferred.len() >= DEFER_QUEUE_MAX {
-                    tracing::error!(serial = %self.serial(), error = %e, "command queue full; dropped");
-                    self.give_up(unlock);
-                    return;
+                    // Room for an Unlock at the expense of the oldest Deny
+                    // (its entry is on record; only its red light is lost).
+                    let deny = self.deferred.iter().position(|d| d.unlock.is_none());
+                    match deny {
+                        Some(i) if unlock.is_some() => {
+                            self.deferred.remove(i);
+                            tracing::warn!(serial = %self.serial(), "command queue full; the oldest deferred Deny dropped for an Unlock");
+                        }
+                        _ => {
+                            tracing::error!(serial = %self.serial(), error = %e, "command queue full; dropped");
+                            self.give_up(unlock);
+                            return;
+                        }
+                    }
                 }
                 tracing::debug!(serial = %self.serial(), error = %e, "command deferred");
                 self.deferred.push_back(Deferred {

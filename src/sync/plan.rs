@@ -346,10 +346,13 @@ impl StaleTracker {
 
     /// When [`StaleTracker::poll`] may next raise or hold.
     pub fn next_deadline(&self) -> Option<Duration> {
-        Some(if self.raised || self.clear_unwritten {
+        let stale_at = self.last_life + self.stale_after.saturating_sub(self.carried);
+        Some(if self.raised {
             self.holds_at
+        } else if self.clear_unwritten {
+            self.holds_at.min(stale_at)
         } else {
-            self.last_life + self.stale_after.saturating_sub(self.carried)
+            stale_at
         })
     }
 }
