@@ -228,7 +228,9 @@ pub fn raise(
     now: Timestamp,
 ) -> Result<bool, StoreError> {
     let by = by.max(1);
-    match load(conn, condition, subject)? {
+    let loaded = load(conn, condition, subject)?;
+    let exists = loaded.is_some();
+    match loaded {
         Some((mut row, published_at)) if row.raised => {
             row.count += by;
             row.last_at = row.last_at.max(now);
@@ -258,14 +260,23 @@ pub fn raise(
                 first_at: now,
                 last_at: now,
             };
-            conn.prepare_cached(
+            // A cleared row opens again as a new alert; the schema refuses
+            // an insert over an existing row (`alerts_no_overwrite`).
+            let sql = if exists {
+                "UPDATE alerts SET alert_id = ?3, state = 'raised', count = ?4,
+                   first_at = ?5, last_at = ?5, published_at = ?5
+                 WHERE condition = ?1 AND subject = ?2"
+            } else {
                 "INSERT INTO alerts (condition, subject, alert_id, state, count, first_at, last_at, published_at)
-                 VALUES (?1, ?2, ?3, 'raised', ?4, ?5, ?5, ?5)
-                 ON CONFLICT (condition, subject) DO UPDATE SET
-                   alert_id = excluded.alert_id, state = 'raised', count = excluded.count,
-                   first_at = excluded.first_at, last_at = excluded.last_at, published_at = excluded.published_at",
-            )?
-            .execute(params![condition.as_str(), subject, row.alert_id, row.count, now.0])?;
+                 VALUES (?1, ?2, ?3, 'raised', ?4, ?5, ?5, ?5)"
+            };
+            conn.prepare_cached(sql)?.execute(params![
+                condition.as_str(),
+                subject,
+                row.alert_id,
+                row.count,
+                now.0
+            ])?;
             publish(conn, &row, condition, now)?;
             Ok(true)
         }

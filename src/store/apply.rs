@@ -1042,12 +1042,22 @@ fn erase_guest(
     holder_ref: &str,
     now: Timestamp,
 ) -> Result<Verdict, StoreError> {
-    let remembered = conn
+    // A later erasure renews the memory: it must last as long as a grant
+    // from before this erasure can still be re-sent.
+    let renewed = conn
         .prepare_cached(
-            "INSERT OR IGNORE INTO erased_holders (holder_ref, event_id, created_at)
-             VALUES (?1, ?2, ?3)",
+            "UPDATE erased_holders SET event_id = ?2, created_at = max(created_at, ?3)
+             WHERE holder_ref = ?1",
         )?
         .execute(params![holder_ref, event_id, now.0])?;
+    let remembered = if renewed == 0 {
+        conn.prepare_cached(
+            "INSERT INTO erased_holders (holder_ref, event_id, created_at) VALUES (?1, ?2, ?3)",
+        )?
+        .execute(params![holder_ref, event_id, now.0])?
+    } else {
+        0
+    };
     let keys = conn
         .prepare_cached(
             "UPDATE keys SET holder_name = NULL WHERE holder_ref = ?1 AND holder_name IS NOT NULL",

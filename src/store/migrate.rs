@@ -53,6 +53,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0011_link_counters",
         include_str!("../../migrations/0011_link_counters.sql"),
     ),
+    (
+        "0012_more_guards",
+        include_str!("../../migrations/0012_more_guards.sql"),
+    ),
 ];
 
 /// The schema version a database is at.

@@ -158,3 +158,27 @@ fn an_erasure_result_waits_until_a_wal_scrub_succeeds_and_no_file_holds_the_name
         Vec::<PathBuf>::new()
     );
 }
+
+/// A later erasure of the same guest renews the hub's memory of it: the
+/// memory must outlast every grant from before the latest erasure that the
+/// cloud could still re-send, not only those from before the first one.
+#[test]
+fn a_second_erasure_of_a_guest_renews_the_memory_of_it() {
+    let hub = Hub::new();
+    let first = now();
+    let later = now().saturating_add_days(1);
+    let kind = |c| Ok(lockhub::event::EventKind::Change(c));
+    hub.apply_at(1, Some(1), kind(erase("g-1")), "body-1", first, first);
+    let again = hub.apply_at(2, Some(2), kind(erase("g-1")), "body-2", later, later);
+    assert_eq!(again.result.outcome, Outcome::Noop, "no name was left");
+    let (event_id, created_at): (String, i64) = hub
+        .reader()
+        .query_row(
+            "SELECT event_id, created_at FROM erased_holders WHERE holder_ref = 'g-1'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!(created_at, later.0, "remembered from the latest erasure");
+    assert!(event_id.ends_with('2'), "{event_id}");
+}

@@ -422,11 +422,19 @@ fn audit_rows_are_never_rewritten_or_deleted_early_but_names_can_be_erased() {
     accepted(&c, "UPDATE audit SET holder_name = NULL");
     accepted(&c, "UPDATE audit SET acked_at = 10");
     refused(&c, "UPDATE audit SET acked_at = 11");
+    // Never written acknowledged: only the broker's PUBACK acknowledges.
+    refused(
+        &c,
+        &format!(
+            "INSERT INTO audit (audit_id, at, kind, acked_at) VALUES ('00000000-0000-7000-8000-000000000004', {FAR}, 'key.expired', 1)"
+        ),
+    );
     // Acked but young (the row is from 1970 by `at`, so make a young one).
     accepted(
         &c,
         &format!(
-            "INSERT INTO audit (audit_id, at, kind, acked_at) VALUES ('00000000-0000-7000-8000-000000000003', {FAR}, 'key.expired', 1)"
+            "INSERT INTO audit (audit_id, at, kind) VALUES ('00000000-0000-7000-8000-000000000003', {FAR}, 'key.expired');
+             UPDATE audit SET acked_at = 1 WHERE audit_id = '00000000-0000-7000-8000-000000000003'"
         ),
     );
     refused(
@@ -572,6 +580,114 @@ fn lockouts_are_never_overwritten() {
 }
 
 #[test]
+fn a_running_lockout_is_never_deleted_and_an_ended_one_may_be() {
+    let (_d, c) = db();
+    accepted(
+        &c,
+        &format!(
+            "INSERT INTO lockouts (door, started_at, until, level) VALUES ('101', 1, {FAR}, 0);
+             INSERT INTO lockouts (door, started_at, until, level) VALUES ('102', 1, 100, 0)"
+        ),
+    );
+    refused(&c, "DELETE FROM lockouts WHERE door = '101'");
+    accepted(&c, "DELETE FROM lockouts WHERE door = '102'");
+}
+
+#[test]
+fn a_raised_alert_keeps_its_identity_is_never_deleted_or_replaced_and_ends_by_being_cleared() {
+    let (_d, c) = db();
+    accepted(
+        &c,
+        "INSERT INTO alerts VALUES ('tamper', 'b', '00000000-0000-7000-8000-000000000001', 'raised', 3, 1, 1, 1)",
+    );
+    for e in [
+        "alert_id = '00000000-0000-7000-8000-000000000002'",
+        "first_at = 0",
+        "count = 2",
+        "subject = 'c'",
+    ] {
+        refused(&c, &format!("UPDATE alerts SET {e}"));
+    }
+    refused(&c, "DELETE FROM alerts");
+    refused(
+        &c,
+        "INSERT OR REPLACE INTO alerts VALUES ('tamper', 'b', '00000000-0000-7000-8000-000000000003', 'raised', 1, 1, 1, 1)",
+    );
+    accepted(&c, "UPDATE alerts SET count = 4, last_at = 2");
+    accepted(&c, "UPDATE alerts SET state = 'cleared', last_at = 3");
+    // Cleared, it may open again as a new alert.
+    accepted(
+        &c,
+        "UPDATE alerts SET alert_id = '00000000-0000-7000-8000-000000000004', state = 'raised', count = 1, first_at = 4, last_at = 4",
+    );
+}
+
+#[test]
+fn an_erasure_is_renewed_by_a_later_one_never_forgotten_early_or_replaced() {
+    let (_d, c) = db();
+    let now = lockhub::time::Timestamp::now_system().0;
+    accepted(
+        &c,
+        &format!("INSERT INTO erased_holders VALUES ('g-1', 'e-1', {now})"),
+    );
+    // Renewed by a later erasure: its time rises.
+    accepted(
+        &c,
+        &format!(
+            "UPDATE erased_holders SET event_id = 'e-2', created_at = {} WHERE holder_ref = 'g-1'",
+            now + 1
+        ),
+    );
+    refused(&c, "UPDATE erased_holders SET created_at = 0");
+    refused(&c, "UPDATE erased_holders SET holder_ref = 'g-2'");
+    refused(
+        &c,
+        "INSERT OR REPLACE INTO erased_holders VALUES ('g-1', 'e-3', 0)",
+    );
+    refused(&c, "DELETE FROM erased_holders");
+}
+
+#[test]
+fn a_key_ends_as_it_was_granted() {
+    let (_d, c) = db();
+    key(&c, "k-1", KeyState::Active, "c-1", 1);
+    for e in [
+        "valid_until = 2",
+        "pin_tag = x'2222222222222222222222222222222222222222222222222222222222222222'",
+        "holder_ref = 'g-9'",
+        "check_in_id = 'c-7'",
+        "version = 99",
+        "holder_name = 'Someone Else'",
+    ] {
+        refused(
+            &c,
+            &format!(
+                "UPDATE keys SET state = 'revoked', revoke_reason = 'x', {e} WHERE key_id = 'k-1'"
+            ),
+        );
+    }
+    accepted(
+        &c,
+        "UPDATE keys SET state = 'revoked', revoke_reason = 'checkout', event_id = 'e-9', updated_at = 5, holder_name = NULL WHERE key_id = 'k-1'",
+    );
+}
+
+#[test]
+fn a_reservation_is_not_tombstoned_while_one_of_its_pre_issued_keys_is_live() {
+    let (_d, c) = db();
+    key(&c, "k-1", KeyState::PreIssued, "c-1", 1);
+    refused(
+        &c,
+        "INSERT INTO reservation_tombstones VALUES ('r-1', 'c-5', 'e', 1)",
+    );
+    accepted(
+        &c,
+        "UPDATE keys SET state = 'revoked', revoke_reason = 'checked_in' WHERE key_id = 'k-1';
+         INSERT INTO reservation_tombstones VALUES ('r-1', 'c-5', 'e', 1)",
+    );
+}
+
+#[test]
 fn an_alert_cleared_audit_row_always_names_its_condition_subject_and_reason_and_keeps_them() {
     let (_dir, c) = db();
     let row = |n: u8, cols: &str, vals: &str| {
@@ -684,6 +800,12 @@ fn every_denial_reason_fits_the_audit_table_and_nothing_else_does() {
         &c,
         "INSERT INTO audit (audit_id, at, kind, door, reason)
          VALUES ('00000000-0000-7000-8000-000000000199', 0, 'door.denied', '201', 'card_ok')",
+    );
+    // A denial always says why.
+    refused(
+        &c,
+        "INSERT INTO audit (audit_id, at, kind, door, reason)
+         VALUES ('00000000-0000-7000-8000-000000000198', 0, 'door.denied', '201', NULL)",
     );
     // The rebuild in 0006 kept 0005's guard on `count` and 0003's on `condition`.
     refused(&c, "UPDATE audit SET count = 2");
