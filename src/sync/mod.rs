@@ -449,12 +449,33 @@ impl BrokerLink {
     /// Clears `subject`'s alert, or keeps it to say again after
     /// [`plan::HOLDS_AGAIN`] if the write fails.
     async fn clear(&mut self, store: &Store, subject: &'static str, outbox_wake: &Notify) {
-        let now = self.clock.now();
-        if !denied_alert(store, AlertChange::Clear, subject, outbox_wake, now).await
+        if !self
+            .alert(store, AlertChange::Clear, subject, outbox_wake)
+            .await
             && !self.clear_again.contains(&subject)
         {
             self.clear_again.push(subject);
         }
+    }
+
+    /// Writes a `broker_denied` change; returns whether it was written.
+    async fn alert(
+        &self,
+        store: &Store,
+        change: AlertChange,
+        subject: &'static str,
+        wake: &Notify,
+    ) -> bool {
+        let now = self.clock.now();
+        write_alert(
+            store,
+            Condition::BrokerDenied,
+            subject,
+            change,
+            Some(wake),
+            now,
+        )
+        .await
     }
 
     /// Says the failed clears again, when due ([`BrokerLink::next_deadline`]).
@@ -513,14 +534,8 @@ impl BrokerLink {
             Access::ConnectRefused(_) | Access::CertificateRefused(_) => {
                 self.denied_connect = true;
                 self.set(store, BrokerState::Denied).await;
-                denied_alert(
-                    store,
-                    AlertChange::Raise,
-                    DENIED_CONNECT,
-                    outbox_wake,
-                    self.clock.now(),
-                )
-                .await;
+                self.alert(store, AlertChange::Raise, DENIED_CONNECT, outbox_wake)
+                    .await;
             }
             Access::SubscribeRefused | Access::SubscribeDowngraded => {
                 self.denied_subscribe = true;
@@ -530,14 +545,8 @@ impl BrokerLink {
                     // Connected, and events flow (at QoS 0).
                     self.set(store, BrokerState::Up).await;
                 }
-                denied_alert(
-                    store,
-                    AlertChange::Raise,
-                    DENIED_SUBSCRIBE,
-                    outbox_wake,
-                    self.clock.now(),
-                )
-                .await;
+                self.alert(store, AlertChange::Raise, DENIED_SUBSCRIBE, outbox_wake)
+                    .await;
             }
             Access::Granted => {
                 self.set(store, BrokerState::Up).await;
@@ -550,69 +559,50 @@ impl BrokerLink {
     }
 }
 
-/// Raises or clears one alert of the sync layer, at `now` (the hub's
-/// effective time), for the three conditions it watches (`cloud_stale`,
-/// `broker_denied`, `outbox_backlog`).
+/// Raises, holds or clears one alert of the sync layer, at `now` (the
+/// hub's effective time), for the three conditions it watches
+/// (`cloud_stale`, `broker_denied`, `outbox_backlog`); wakes the publisher
+/// when it is written. Returns whether it was: the caller says a failed
+/// change again.
 async fn write_alert(
     store: &Store,
     condition: Condition,
     subject: &'static str,
     change: AlertChange,
+    wake: Option<&Notify>,
     now: Timestamp,
-) -> Result<(), StoreError> {
-    store
+) -> bool {
+    let written = store
         .write(Priority::Bulk, move |c| match change {
             AlertChange::Raise => alerts::raise(c, condition, subject, 1, now).map(|_| ()),
             AlertChange::Holds => alerts::hold(c, condition, subject, now).map(|_| ()),
             AlertChange::Clear => alerts::clear(c, condition, subject, now).map(|_| ()),
         })
-        .await
-}
-
-/// Writes a `broker_denied` change; returns whether it was written.
-async fn denied_alert(
-    store: &Store,
-    change: AlertChange,
-    subject: &'static str,
-    wake: &Notify,
-    now: Timestamp,
-) -> bool {
-    match write_alert(store, Condition::BrokerDenied, subject, change, now).await {
+        .await;
+    match written {
         Ok(()) => {
-            wake.notify_one();
+            if let Some(w) = wake {
+                w.notify_one();
+            }
             true
         }
         Err(e) => {
-            tracing::error!(error = %e, "cannot record the broker_denied alert");
+            tracing::error!(condition = condition.as_str(), error = %e, "cannot record the alert");
             false
         }
     }
 }
 
-/// Writes a `cloud_stale` change; returns whether it was written.
-async fn stale_alert(
-    store: &Store,
-    change: AlertChange,
-    outbox_wake: &Notify,
-    now: Timestamp,
-) -> bool {
+/// A `cloud_stale` change, said in the log too.
+async fn stale_alert(store: &Store, change: AlertChange, wake: &Notify, now: Timestamp) -> bool {
     tracing::warn!(?change, "cloud_stale");
-    match write_alert(
+    write_alert(
         store,
         Condition::CloudStale,
         CLOUD_STALE_SUBJECT,
         change,
+        Some(wake),
         now,
     )
     .await
-    {
-        Ok(()) => {
-            outbox_wake.notify_one();
-            true
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "cannot record the cloud_stale alert");
-            false
-        }
-    }
 }

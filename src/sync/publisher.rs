@@ -497,16 +497,16 @@ impl Publisher {
         let change = self.backlog.observe(depth, age);
         let Some(change) = change else { return };
         tracing::warn!(depth, ?change, "outbox backlog");
-        let res = super::write_alert(
+        let written = super::write_alert(
             &self.store,
             Condition::OutboxBacklog,
             BACKLOG_SUBJECT,
             change,
+            None,
             now,
         )
         .await;
-        if let Err(e) = res {
-            tracing::error!(error = %e, "cannot record the outbox_backlog alert");
+        if !written {
             self.backlog.write_failed(change);
         }
     }

@@ -93,6 +93,20 @@ fn door_job(db: &Db, deadline: Instant, seq: i64, linger: Duration) -> DoorRun {
     }
 }
 
+/// A bulk job that holds the writer until the sender is used (or 5 s), so
+/// jobs sent meanwhile queue behind it and start the next group together.
+fn hold_the_writer(db: &Db) -> (mpsc::Sender<()>, JoinHandle<Result<(), StoreError>>) {
+    let (release, hold) = mpsc::channel::<()>();
+    let store = db.store.clone();
+    let blocker = std::thread::spawn(move || {
+        store.write_blocking(Priority::Bulk, move |_| {
+            let _ = hold.recv_timeout(Duration::from_secs(5));
+            Ok(())
+        })
+    });
+    (release, blocker)
+}
+
 fn granted(db: &Db) -> i64 {
     db.count("SELECT count(*) FROM audit WHERE kind = 'door.granted' AND key_id = 'k-1'")
 }
@@ -123,16 +137,7 @@ fn a_bulk_job_that_fails_in_the_doors_group_rolls_back_alone_and_the_grant_commi
     let db = open_with_key();
     // A blocker holds the writer while the two bulk jobs queue behind it,
     // so both start the next group together.
-    let (release, hold) = mpsc::channel::<()>();
-    let blocker = {
-        let store = db.store.clone();
-        std::thread::spawn(move || {
-            store.write_blocking(Priority::Bulk, move |_| {
-                let _ = hold.recv_timeout(Duration::from_secs(5));
-                Ok(())
-            })
-        })
-    };
+    let (release, blocker) = hold_the_writer(&db);
     std::thread::sleep(QUEUED);
     // The group's first job succeeds...
     let first = {
@@ -250,16 +255,7 @@ fn a_door_job_that_fails_in_a_bulk_group_loses_none_of_the_bulk_work() {
 #[test]
 fn a_grant_that_commits_after_its_entry_was_answered_deny_is_recorded_unconfirmed() {
     let db = open_with_key();
-    let (release, hold) = mpsc::channel::<()>();
-    let blocker = {
-        let store = db.store.clone();
-        std::thread::spawn(move || {
-            store.write_blocking(Priority::Bulk, move |_| {
-                let _ = hold.recv_timeout(Duration::from_secs(5));
-                Ok(())
-            })
-        })
-    };
+    let (release, blocker) = hold_the_writer(&db);
     std::thread::sleep(QUEUED);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
