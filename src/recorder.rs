@@ -104,29 +104,41 @@ impl<R: Recordable> RecordQueue<R> {
 /// The pushing end of a [`RecordQueue`], shared by a driver's tasks: when
 /// the last of them drops it, the queue is closed, so the recorder writes
 /// what is left and ends.
-pub(crate) struct Recorder<R>(Arc<RecordQueue<R>>);
+pub(crate) struct Recorder<R> {
+    queue: Arc<RecordQueue<R>>,
+    /// The port or bus, for the log line of a dropped record.
+    driver: String,
+}
 
 impl<R: Recordable> Recorder<R> {
-    /// A recorder and the queue that [`run`] drains.
-    pub(crate) fn new() -> (Self, Arc<RecordQueue<R>>) {
+    /// A recorder for `driver` (a port or bus name) and the queue that
+    /// [`run`] drains.
+    pub(crate) fn new(driver: &str) -> (Self, Arc<RecordQueue<R>>) {
         let queue = Arc::new(RecordQueue::default());
-        (Recorder(queue.clone()), queue)
+        let recorder = Recorder {
+            queue: queue.clone(),
+            driver: driver.to_owned(),
+        };
+        (recorder, queue)
     }
 
-    /// Queues `rec` without waiting; hands it back if it must be dropped.
-    pub(crate) fn push(&self, rec: R) -> Result<(), R> {
-        self.0.push(rec)
+    /// Queues `rec` without waiting; a record the queue must drop (see the
+    /// module docs) is logged as an error.
+    pub(crate) fn push(&self, rec: R) {
+        if let Err(rec) = self.queue.push(rec) {
+            tracing::error!(driver = %self.driver, record = %rec.what(), "record queue full; dropped");
+        }
     }
 }
 
 impl<R> Drop for Recorder<R> {
     fn drop(&mut self) {
-        self.0
+        self.queue
             .inner
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .closed = true;
-        self.0.wake.notify_one();
+        self.queue.wake.notify_one();
     }
 }
 
@@ -205,9 +217,9 @@ mod tests {
 
     #[tokio::test]
     async fn records_come_out_in_order_and_the_end_after_the_last() {
-        let (rec, q) = Recorder::new();
-        rec.push(Rec("a", true)).unwrap();
-        rec.push(Rec("b", false)).unwrap();
+        let (rec, q) = Recorder::new("a port");
+        rec.push(Rec("a", true));
+        rec.push(Rec("b", false));
         drop(rec);
         assert_eq!(q.pop().await, Some(Rec("a", true)));
         assert_eq!(q.pop().await, Some(Rec("b", false)));

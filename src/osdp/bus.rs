@@ -42,6 +42,7 @@ use crate::store::door::{
     door_states, record_card_denied, record_flood, record_sensor, record_storage_failure,
     record_unlock,
 };
+use crate::store::links::CounterWrites;
 use crate::store::osdp::{self as db, ReaderIdentity, ReaderLink};
 use crate::store::{Store, StoreError};
 use crate::watch::{Admit, DoorAlarm, DoorState, DoorWatch, FloodLimit};
@@ -51,8 +52,6 @@ const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(3);
 /// A Secure Channel that has held this long clears `reader_link_fault`
 /// (mqtt.md 'Alerts').
 const LINK_FAULT_CLEARS_AFTER: Duration = Duration::from_secs(60);
-/// The bus counters in `osdp_buses` are written at most this often.
-const COUNTERS_EVERY: Duration = Duration::from_secs(5);
 /// Nothing to send (every reader waiting): look again after this.
 const IDLE_TICK: Duration = Duration::from_millis(20);
 /// Bytes read from the port at once.
@@ -207,7 +206,7 @@ pub fn spawn(
         wake: outbox_wake.clone(),
     });
     for bus in settings.buses.clone() {
-        let (recorder, queue) = Recorder::new();
+        let (recorder, queue) = Recorder::new(&bus.name);
         recorders.push(tokio::spawn(crate::recorder::run(
             store.clone(),
             queue,
@@ -337,7 +336,7 @@ struct BusTask {
     now: TimeSource,
     records: Arc<Recorder<BusRecord>>,
     deframer: Deframer,
-    counters_written: Option<(Instant, u64, u64)>,
+    counters: CounterWrites<(u64, u64)>,
     ctx: Arc<DecideCtx>,
     decided_tx: mpsc::Sender<(usize, Answer)>,
     decided_rx: mpsc::Receiver<(usize, Answer)>,
@@ -405,7 +404,7 @@ impl BusTask {
             now: ctx.now.clone(),
             records,
             deframer: Deframer::new(),
-            counters_written: None,
+            counters: CounterWrites::default(),
             ctx,
             decided_tx,
             decided_rx,
@@ -430,14 +429,11 @@ impl BusTask {
     }
 
     fn push(&self, what: String, job: Job, bookkeeping: bool) {
-        let rec = BusRecord {
+        self.records.push(BusRecord {
             what,
             job,
             bookkeeping,
-        };
-        if let Err(rec) = self.records.push(rec) {
-            tracing::error!(bus = %self.name, record = %rec.what, "record queue full; dropped");
-        }
+        });
     }
 
     fn raise(&self, condition: Condition, subject: &str) {
@@ -492,14 +488,9 @@ impl BusTask {
 
     fn write_counters(&mut self, force: bool) {
         let (bad, garbage) = (self.deframer.bad_packets, self.deframer.garbage_bytes);
-        let due = match self.counters_written {
-            None => true,
-            Some((t, b, g)) => (b, g) != (bad, garbage) && (force || t.elapsed() >= COUNTERS_EVERY),
-        };
-        if !due {
+        if !self.counters.due((bad, garbage), force) {
             return;
         }
-        self.counters_written = Some((Instant::now(), bad, garbage));
         let bus = self.name.clone();
         let at = (self.now)();
         self.bookkeeping(
@@ -921,14 +912,11 @@ impl BusTask {
                 let at = (ctx.now)();
                 let job: Job =
                     Box::new(move |c| record_unlock(c, &door, &key_id, false, at).map(drop));
-                let rec = BusRecord {
+                records.push(BusRecord {
                     what: "door.unlock_unconfirmed".to_owned(),
                     job,
                     bookkeeping: false,
-                };
-                if records.push(rec).is_err() {
-                    tracing::error!(%bus, "record queue full; door.unlock_unconfirmed dropped");
-                }
+                });
             }
         });
     }

@@ -152,9 +152,7 @@ impl PortShared {
     /// Queues a record without waiting (see `record` for what a full queue
     /// drops).
     pub fn record(&self, rec: Record) {
-        if let Err(rec) = self.recorder.push(rec) {
-            tracing::error!(serial = %self.port.name, record = ?rec, "record queue full; dropped");
-        }
+        self.recorder.push(rec);
     }
 
     pub fn wake_outbox(&self) {
@@ -196,7 +194,7 @@ pub fn spawn(
     let mut ports = Vec::new();
     let mut others = Vec::new();
     for port in settings.ports {
-        let (recorder, queue) = Recorder::new();
+        let (recorder, queue) = Recorder::new(&port.name);
         others.push(tokio::spawn(crate::recorder::run(
             store.clone(),
             queue,

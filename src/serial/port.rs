@@ -47,7 +47,7 @@ use super::{DoorSettings, PortShared, SerialError};
 use crate::entry::{DecisionQueue, Queued};
 use crate::store::alerts::{Change, Condition};
 use crate::store::door::DoorEvent;
-use crate::store::links::LinkState;
+use crate::store::links::{CounterWrites, LinkState};
 use crate::watch::{Admit, DoorAlarm, DoorState, DoorWatch, FloodLimit};
 
 /// How often the loop advances timers when the line is quiet. Well under
@@ -98,10 +98,9 @@ struct Presence {
     /// `FRAME_SEEN_EVERY_S`, since each write costs an fsync.
     last_frame_recorded: Option<Instant>,
     /// Bad frames dropped since the daemon started (serial.md: "dropped
-    /// and counted"), and when and at what count `link_counters` was last
-    /// written.
+    /// and counted"), and when `link_counters` is due to be written.
     bad_frames: u64,
-    bad_frames_recorded: Option<(Instant, u64)>,
+    bad_frames_recorded: CounterWrites<u64>,
 }
 
 impl Presence {
@@ -111,21 +110,14 @@ impl Presence {
             last_frame: Instant::now(),
             last_frame_recorded: None,
             bad_frames: 0,
-            bad_frames_recorded: None,
+            bad_frames_recorded: CounterWrites::default(),
         }
     }
 
-    /// Writes the bad-frame count: at start, then while it changes at most
-    /// every `COUNTERS_EVERY_S` (each write costs an fsync), and at stop
-    /// (`force`).
+    /// Writes the bad-frame count when [`CounterWrites`] says it is due
+    /// (`force`: at stop).
     fn write_bad_frames(&mut self, shared: &PortShared, force: bool) {
-        let every = Duration::from_secs(crate::store::links::COUNTERS_EVERY_S as u64);
-        let due = match self.bad_frames_recorded {
-            None => true,
-            Some((t, n)) => n != self.bad_frames && (force || t.elapsed() >= every),
-        };
-        if due {
-            self.bad_frames_recorded = Some((Instant::now(), self.bad_frames));
+        if self.bad_frames_recorded.due(self.bad_frames, force) {
             shared.record(Record::BadFrames {
                 serial: shared.port.name.clone(),
                 count: self.bad_frames,

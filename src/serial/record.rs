@@ -82,30 +82,30 @@ pub(crate) enum Record {
 
 impl Recordable for Record {
     fn apply(&self, conn: &rusqlite::Connection) -> Result<(), crate::store::StoreError> {
-        match self.clone() {
+        match self {
             Record::Unlock {
                 door,
                 key_id,
                 confirmed,
                 at,
-            } => record_unlock(conn, &door, &key_id, confirmed, at).map(drop),
+            } => record_unlock(conn, door, key_id, *confirmed, *at).map(drop),
             Record::Sensor {
                 door,
                 state,
                 alarm,
                 at,
-            } => record_sensor(conn, &door, &state, alarm, at),
-            Record::Flood { door, count, at } => record_flood(conn, &door, count, at).map(drop),
-            Record::Undecided { door, at } => record_storage_failure(conn, &door, at).map(drop),
+            } => record_sensor(conn, door, state, *alarm, *at),
+            Record::Flood { door, count, at } => record_flood(conn, door, *count, *at).map(drop),
+            Record::Undecided { door, at } => record_storage_failure(conn, door, *at).map(drop),
             Record::DoorEvent { kind, door, at } => {
-                record_door_event(conn, kind, &door, at).map(drop)
+                record_door_event(conn, *kind, door, *at).map(drop)
             }
             Record::Alert {
                 change,
                 condition,
                 subject,
                 at,
-            } => change.write(conn, condition, &subject, at),
+            } => change.write(conn, *condition, subject, *at),
             Record::Link {
                 serial,
                 state,
@@ -113,19 +113,19 @@ impl Recordable for Record {
                 at,
             } => {
                 if let Some(change) = board_offline {
-                    change.write(conn, Condition::BoardOffline, &serial, at)?;
+                    change.write(conn, Condition::BoardOffline, serial, *at)?;
                 }
-                links::set_state(conn, &serial, state, at)
+                links::set_state(conn, serial, *state, *at)
             }
             Record::Hello {
                 serial,
                 board_id,
                 fw,
                 at,
-            } => links::hello(conn, &serial, board_id, fw.0, fw.1, at),
-            Record::FrameSeen { serial, at } => links::frame_seen(conn, &serial, at),
+            } => links::hello(conn, serial, *board_id, fw.0, fw.1, *at),
+            Record::FrameSeen { serial, at } => links::frame_seen(conn, serial, *at),
             Record::BadFrames { serial, count, at } => {
-                links::set_bad_frames(conn, &serial, count, at)
+                links::set_bad_frames(conn, serial, *count, *at)
             }
         }
     }

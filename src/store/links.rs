@@ -19,6 +19,36 @@ pub const FRAME_SEEN_EVERY_S: i64 = 30;
 /// How stale `link_counters` may be while bad frames keep coming.
 pub const COUNTERS_EVERY_S: i64 = 5;
 
+/// When a driver's counters for `lockhub status` (a serial link's bad
+/// frames, an OSDP bus's bad packets) are due to be written: the first
+/// time, then while they change at most every [`COUNTERS_EVERY_S`], and at
+/// once when `force`d (at stop), since each write costs an fsync.
+#[derive(Debug, Clone, Copy)]
+pub struct CounterWrites<T> {
+    last: Option<(std::time::Instant, T)>,
+}
+
+impl<T> Default for CounterWrites<T> {
+    fn default() -> Self {
+        CounterWrites { last: None }
+    }
+}
+
+impl<T: PartialEq + Copy> CounterWrites<T> {
+    /// Whether `value` is to be written now; if so, it counts as written.
+    pub fn due(&mut self, value: T, force: bool) -> bool {
+        let every = std::time::Duration::from_secs(COUNTERS_EVERY_S as u64);
+        let due = match self.last {
+            None => true,
+            Some((t, v)) => v != value && (force || t.elapsed() >= every),
+        };
+        if due {
+            self.last = Some((std::time::Instant::now(), value));
+        }
+        due
+    }
+}
+
 /// A link's state (the `state` column).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LinkState {
@@ -199,5 +229,15 @@ mod tests {
             (rows[1].state, rows[1].last_frame_at),
             (LinkState::Down, None)
         );
+    }
+
+    #[test]
+    fn counters_are_written_first_then_at_most_every_5_s_while_they_change_and_at_once_at_stop() {
+        let mut w = CounterWrites::default();
+        assert!(w.due(0u64, false), "the first value");
+        assert!(!w.due(0, false), "unchanged");
+        assert!(!w.due(3, false), "changed, but written moments ago");
+        assert!(w.due(3, true), "changed, at stop");
+        assert!(!w.due(3, true), "unchanged, even at stop");
     }
 }
