@@ -284,6 +284,20 @@ impl Daemon {
         }
     }
 
+    /// Polls the daemon's log until `f` holds, for at most `within`.
+    pub async fn wait_log(&mut self, what: &str, within: Duration, f: impl Fn(&str) -> bool) {
+        let deadline = Instant::now() + within;
+        while !f(&self.log()) {
+            self.assert_running();
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what} in the log; log tail:\n{}",
+                self.log_tail(20)
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
     /// Every row of the tables an event can change (keys, doors, tombstones,
     /// dedupe, seq bookkeeping), as text, for before/after comparisons.
     /// Holds tags as hex only inside the comparison; never printed whole.

@@ -910,15 +910,10 @@ async fn records_past_the_first_64_waiting_for_storage_are_kept_not_dropped() {
     for _ in 0..CARDS {
         peer.send(serde_json::json!({"card": true}));
     }
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while hub.log().matches("card read: denied").count() < CARDS {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the cards were not all read: {}",
-            hub.log_tail(20)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    hub.wait_log("every card read", Duration::from_secs(30), |log| {
+        log.matches("card read: denied").count() >= CARDS
+    })
+    .await;
     lock.execute_batch("COMMIT").unwrap();
     drop(lock);
     hub.wait_db("every card on record", |db| {

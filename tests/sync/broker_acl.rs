@@ -442,11 +442,10 @@ async fn a_broker_denied_clear_that_storage_refused_is_written_once_storage_take
     b.set_hub_a_password(HUB_PASS);
     let mut cc = b.cloud().await;
     cc.wait_online().await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !hub.log().contains("cannot record the alert") {
-        assert!(std::time::Instant::now() < deadline, "{}", hub.log_tail(20));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    hub.wait_log("the refused clear", Duration::from_secs(30), |log| {
+        log.contains("cannot record the alert")
+    })
+    .await;
     assert!(broker_denied_raised(&hub.db()), "the clear was refused");
     fault
         .execute_batch("DROP TRIGGER test_refuse_clear")
