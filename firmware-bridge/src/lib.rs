@@ -1,7 +1,7 @@
 //! # firmware-bridge: lockhub's serial wire contract, board side
 //!
 //! The hub and each lock board talk over a UART using the contract in
-//! `shared/spec/serial.md`. This crate is the Rust implementation of that
+//! `docs/protocol/serial.md`. This crate is the Rust implementation of that
 //! page: the board firmware runs it, and the hub uses the same types and the
 //! same link rules for its end, so both sides cannot drift apart.
 //!

@@ -1,4 +1,4 @@
-//! Golden byte tests against `shared/spec/vectors/serial.txt`.
+//! Golden byte tests against the project's vectors, `spec/vectors/serial.txt`.
 //!
 //! Each line is `name | payload hex | wire hex`, where `name` is the message
 //! written as `[Downlink::]Variant{field:value,...}`. The message is built
@@ -13,7 +13,7 @@ use firmware_bridge::{DenyReason, Downlink, MAX_FRAME, Pin, Uplink};
 fn vectors_text() -> String {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/spec/vectors/serial.txt"
+        "/../spec/vectors/serial.txt"
     );
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"))
 }

@@ -6,22 +6,19 @@ use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-/// The shared vectors folder (`../shared/spec/vectors/mqtt` from the project root).
-pub const VECTORS_DIR: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../shared/spec/vectors/mqtt"
-);
+/// The project's MQTT vectors (`spec/vectors/mqtt` from the project root).
+pub const VECTORS_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../spec/vectors/mqtt");
 
 fn read_vector(name: &str) -> String {
     std::fs::read_to_string(format!("{VECTORS_DIR}/{name}"))
-        .unwrap_or_else(|e| panic!("cannot read the shared vector {name}: {e}"))
+        .unwrap_or_else(|e| panic!("cannot read the vector {name}: {e}"))
 }
 
-/// `spec/vectors/mqtt/trust.toml`, read from the shared folder.
+/// `spec/vectors/mqtt/trust.toml`, read from the project's vectors.
 pub static TRUST_TOML: std::sync::LazyLock<String> =
     std::sync::LazyLock::new(|| read_vector("trust.toml"));
 
-/// `spec/vectors/mqtt/secrets.toml`, read from the shared folder.
+/// `spec/vectors/mqtt/secrets.toml`, read from the project's vectors.
 pub static SECRETS_TOML: std::sync::LazyLock<String> =
     std::sync::LazyLock::new(|| read_vector("secrets.toml"));
 

@@ -1,4 +1,4 @@
-//! The shared MQTT vectors (spec/vectors/mqtt), replayed in order against a
+//! The MQTT vectors (spec/vectors/mqtt), replayed in order against a
 //! fresh store: step 1 by `verify_envelope`, step 4 by `parse_body_in_order`, steps 2
 //! to 8 by `store::apply`, with the effective time 2026-11-29T12:00:00Z.
 //! Every expected outcome, reason, duplicate flag, item and items must
@@ -15,7 +15,7 @@ use rusqlite::Connection;
 use std::path::Path;
 use uuid::Uuid;
 
-const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/spec/vectors/mqtt");
+const DIR: &str = testkit::files::VECTORS_DIR;
 const SITE: &str = "6f1c1c0e-8a51-4d39-9d2e-6a3c5a7d9e10";
 const HUB: &str = "hub-lobby-1";
 const NAME: &[u8] = b"Ada Guest";

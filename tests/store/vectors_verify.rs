@@ -1,4 +1,4 @@
-//! The shared MQTT vectors (spec/vectors/mqtt), steps 1 and 4 only: every
+//! The MQTT vectors (spec/vectors/mqtt), steps 1 and 4 only: every
 //! case whose expected reason is a step-1 code must get exactly that code
 //! from `verify_envelope`; every other case must verify, and must then parse
 //! (or fail step 4 with the expected code and item).
@@ -9,7 +9,7 @@ use lockhub::time::Timestamp;
 use lockhub::verify::{VerifyContext, verify_envelope};
 use uuid::Uuid;
 
-const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/spec/vectors/mqtt");
+const DIR: &str = testkit::files::VECTORS_DIR;
 const SITE: &str = "6f1c1c0e-8a51-4d39-9d2e-6a3c5a7d9e10";
 const HUB: &str = "hub-lobby-1";
 
