@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A fleet operator's view: one line per hub from the retained status
-messages (mqtt.md 'Status'), unhealthy hubs flagged.
+messages (docs/protocol/mqtt.md 'Status'), unhealthy hubs flagged.
 
 Needs only Python 3 and mosquitto_sub (Debian: mosquitto-clients). It
 subscribes to PREFIX/+/+/status with the credentials you give it (the
