@@ -51,6 +51,7 @@ pub mod config;
 pub mod crypto;
 pub mod daemon;
 pub mod door;
+pub mod drivers;
 pub mod entry;
 pub mod event;
 pub mod lifecycle;

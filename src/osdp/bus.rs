@@ -32,10 +32,9 @@ use super::keypad::{Entry, Submitted};
 use super::packet::{self, Deframer};
 use crate::backoff::Backoff;
 use crate::config::{Config, PinKey, Policy, ReaderDoorConfig};
+use crate::drivers::{TimeSource, open};
 use crate::entry::{self, Answer, DecisionQueue, Queued};
 use crate::recorder::{Recordable, Recorder};
-use crate::serial::TimeSource;
-use crate::serial::port::open;
 use crate::store::alerts::{self, Change, Condition};
 use crate::store::door::{DoorEvent, record_door_event};
 use crate::store::door::{

@@ -39,9 +39,7 @@ use crate::time::Timestamp;
 use port::DoorTarget;
 use record::Record;
 
-/// The effective time for audit rows and decisions (mqtt.md 'Time'): the
-/// daemon passes its clock here, tests a plain function.
-pub type TimeSource = Arc<dyn Fn() -> Timestamp + Send + Sync>;
+pub use crate::drivers::TimeSource;
 
 /// How long [`SerialHandle::shutdown`] waits for a port task.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(3);
@@ -49,11 +47,6 @@ const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(3);
 /// The serial boundary's errors: why a port session ended.
 #[derive(Debug, thiserror::Error)]
 pub enum SerialError {
-    #[error("cannot open {path}: {source}")]
-    Open {
-        path: PathBuf,
-        source: tokio_serial::Error,
-    },
     #[error("read failed: {0}")]
     Read(std::io::Error),
     #[error("the port reads end-of-file: the device is gone")]

@@ -29,6 +29,7 @@
 //! still finishes every decision it acked (see `Session::finish`).
 
 use crate::backoff::Backoff;
+use crate::drivers::open;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,7 +40,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{Instant, MissedTickBehavior};
-use tokio_serial::{SerialPortBuilderExt, SerialStream};
+use tokio_serial::SerialStream;
 
 use super::doors::Reply;
 use super::record::Record;
@@ -70,21 +71,6 @@ const DECIDED_QUEUE: usize = 32;
 const FLOOD_SPARE_SLOTS: usize = PENDING_MAX / 2;
 /// Door indexes a board can have (serial.md: 0..=15).
 const BOARD_DOORS: u8 = crate::config::MAX_DOOR_INDEX + 1;
-
-/// Opens a port the way production opens `/dev/ttyAMA0`: 8N1 at `baud`,
-/// exclusive.
-pub fn open(path: &std::path::Path, baud: u32) -> Result<SerialStream, SerialError> {
-    tokio_serial::new(path.to_string_lossy(), baud)
-        .data_bits(tokio_serial::DataBits::Eight)
-        .parity(tokio_serial::Parity::None)
-        .stop_bits(tokio_serial::StopBits::One)
-        .flow_control(tokio_serial::FlowControl::None)
-        .open_native_async()
-        .map_err(|source| SerialError::Open {
-            path: path.to_owned(),
-            source,
-        })
-}
 
 /// The port's view of its board across openings: `board_offline` is about
 /// the board, not about one opening of the port.

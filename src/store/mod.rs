@@ -50,6 +50,7 @@ pub mod apply;
 pub mod audit;
 pub mod door;
 pub mod floor;
+pub mod health;
 pub mod keys;
 pub mod links;
 mod migrate;

@@ -43,8 +43,8 @@ use super::plan::{
 };
 use crate::clock::SharedClock;
 use crate::crypto;
-use crate::status::{self, BROKER_LINK, Health, HealthKey};
 use crate::store::alerts::{self, Condition};
+use crate::store::health::{self, BROKER_LINK, Health, HealthKey};
 use crate::store::outbox;
 use crate::store::{Priority, Store, StoreError};
 use ed25519_dalek::SigningKey;
@@ -336,7 +336,7 @@ impl Publisher {
     /// The health figures now; the broker link is up, since this is what
     /// goes out over it (the recorded state may lag by a write).
     fn health_now(&self) -> Option<Health> {
-        let mut h = status::health(&self.reader, self.store.path(), self.clock.now())
+        let mut h = health::health(&self.reader, self.store.path(), self.clock.now())
             .map_err(|e| tracing::warn!(error = %e, "cannot read the health figures"))
             .ok()?;
         h.links.insert(BROKER_LINK.to_owned(), "up".to_owned());
@@ -349,7 +349,7 @@ impl Publisher {
         if self.link.as_ref().is_none_or(|l| l.status_due) {
             return;
         }
-        let Ok(mut key) = status::health_key(&self.reader, self.clock.now()) else {
+        let Ok(mut key) = health::health_key(&self.reader, self.clock.now()) else {
             return;
         };
         key.0.insert(BROKER_LINK.to_owned(), "up".to_owned());
