@@ -34,17 +34,14 @@ use crate::backoff::Backoff;
 use crate::config::{Config, PinKey, Policy, ReaderDoorConfig};
 use crate::drivers::{TimeSource, open};
 use crate::entry::{self, Answer, DecisionQueue, Queued};
-use crate::recorder::{Recordable, Recorder};
+use crate::recorder::{DoorRecord, Recordable, Recorder};
 use crate::store::alerts::{self, Change, Condition};
 use crate::store::door::{DoorEvent, record_door_event};
-use crate::store::door::{
-    door_states, record_card_denied, record_flood, record_sensor, record_storage_failure,
-    record_unlock,
-};
+use crate::store::door::{door_states, record_card_denied, record_storage_failure, record_unlock};
 use crate::store::links::CounterWrites;
 use crate::store::osdp::{self as db, ReaderIdentity, ReaderLink};
 use crate::store::{Store, StoreError};
-use crate::watch::{Admit, DoorAlarm, DoorState, DoorWatch, FloodLimit};
+use crate::watch::{Admit, DoorWatch, FloodLimit};
 
 /// How long [`OsdpHandle::shutdown`] waits for a bus task.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(3);
@@ -171,6 +168,16 @@ struct BusRecord {
     /// Link rows without an alert and counters: the next change writes
     /// them again, so a full queue may drop them.
     bookkeeping: bool,
+}
+
+impl From<DoorRecord> for BusRecord {
+    fn from(rec: DoorRecord) -> Self {
+        BusRecord {
+            what: rec.what(),
+            job: Box::new(move |c| rec.apply(c)),
+            bookkeeping: false,
+        }
+    }
 }
 
 impl Recordable for BusRecord {
@@ -607,7 +614,7 @@ impl BusTask {
         for (key, count) in self.flood.drain(now) {
             if usize::from(key) < self.slots.len() {
                 let (door, _) = self.target(usize::from(key));
-                self.flood_row(&door, count);
+                self.records.flood(&door, count, (self.now)());
             }
         }
         for (key, waiting) in self.queue.take_waiting() {
@@ -710,7 +717,8 @@ impl BusTask {
         if let Some(alarm) = self.slots[i].watch.poll(now, held_open_ms) {
             let state = self.slots[i].watch.state();
             if let Some(door) = self.slots[i].door.as_ref().map(|d| d.name.clone()) {
-                self.on_alarm(&door, state, Some(alarm));
+                self.records
+                    .door_state(&door, state, Some(alarm), (self.now)());
             }
         }
         if i == 0 {
@@ -720,7 +728,7 @@ impl BusTask {
                     .get(usize::from(key))
                     .and_then(|s| s.door.clone())
                 {
-                    self.flood_row(&door.name, count);
+                    self.records.flood(&door.name, count, (self.now)());
                 }
             }
         }
@@ -832,7 +840,7 @@ impl BusTask {
             drop(entry);
             if let Some(count) = row {
                 tracing::warn!(bus = %self.name, door = %door, count, "keypad flood");
-                self.flood_row(&door, count);
+                self.records.flood(&door, count, (self.now)());
             }
             self.feedback(i, &cmds::denied());
             return;
@@ -852,15 +860,6 @@ impl BusTask {
                 self.feedback(i, &cmds::denied());
             }
         }
-    }
-
-    fn flood_row(&self, door: &str, count: u64) {
-        let at = (self.now)();
-        let d = door.to_owned();
-        self.record(
-            format!("door.flood x{count} at {door}"),
-            Box::new(move |c| record_flood(c, &d, count, at).map(drop)),
-        );
     }
 
     /// What reader `i`'s PIN entries are decided for: its door, or, for a
@@ -1018,28 +1017,8 @@ impl BusTask {
         let report = self.slots[i].watch.report(open, now, at);
         tracing::info!(bus = %self.name, door = %door.name, open, "door contact");
         if let Some((state, alarm)) = report {
-            self.on_alarm(&door.name, state, alarm);
+            self.records.door_state(&door.name, state, alarm, at);
         }
-    }
-
-    /// The door's new state and what it means, in one transaction
-    /// (`door_state` keeps it for the next run).
-    fn on_alarm(&self, door: &str, state: DoorState, alarm: Option<DoorAlarm>) {
-        match alarm {
-            Some(DoorAlarm::Forced) => {
-                tracing::warn!(bus = %self.name, door = %door, "door forced")
-            }
-            Some(DoorAlarm::HeldOpen) => {
-                tracing::warn!(bus = %self.name, door = %door, "door held open")
-            }
-            _ => {}
-        }
-        let at = (self.now)();
-        let d = door.to_owned();
-        self.record(
-            format!("door {door} contact ({alarm:?})"),
-            Box::new(move |c| record_sensor(c, &d, &state, alarm, at)),
-        );
     }
 
     fn identity(&mut self, i: usize, id: Identity) {

@@ -49,7 +49,7 @@ use crate::entry::{DecisionQueue, Queued};
 use crate::store::alerts::{Change, Condition};
 use crate::store::door::DoorEvent;
 use crate::store::links::{CounterWrites, LinkState};
-use crate::watch::{Admit, DoorAlarm, DoorState, DoorWatch, FloodLimit};
+use crate::watch::{Admit, DoorWatch, FloodLimit};
 
 /// How often the loop advances timers when the line is quiet. Well under
 /// the link's 250 ms resend period, so resends go out on time.
@@ -510,7 +510,9 @@ impl Session {
             .report(open, now, at);
         tracing::info!(serial = %self.serial(), door = %target.name, open, "door sensor");
         if let Some((state, alarm)) = report {
-            self.on_alarm(&target.name, state, alarm);
+            self.shared
+                .recorder
+                .door_state(&target.name, state, alarm, at);
         }
     }
 
@@ -554,7 +556,7 @@ impl Session {
     fn on_flood(&mut self, door: u8, name: &str, row: Option<u64>) {
         if let Some(count) = row {
             tracing::warn!(serial = %self.serial(), door = %name, count, "keypad flood");
-            self.flood_row(name, count);
+            self.shared.recorder.flood(name, count, self.shared.now());
         }
         if self.deferred.is_empty() && self.link.pending_len() < PENDING_MAX - FLOOD_SPARE_SLOTS {
             let _ = self.link.send(
@@ -566,14 +568,6 @@ impl Session {
                 self.now_ms(),
             );
         }
-    }
-
-    fn flood_row(&self, door: &str, count: u64) {
-        self.shared.record(Record::Flood {
-            door: door.to_owned(),
-            count,
-            at: self.shared.now(),
-        });
     }
 
     fn start_decision(
@@ -751,12 +745,14 @@ impl Session {
         }
         for (door, state, a) in alarms {
             let name = self.shared.door(door).name;
-            self.on_alarm(&name, state, Some(a));
+            self.shared
+                .recorder
+                .door_state(&name, state, Some(a), self.shared.now());
         }
 
         for (door, count) in self.doors.flood.poll(now) {
             let name = self.shared.door(door).name;
-            self.flood_row(&name, count);
+            self.shared.recorder.flood(&name, count, self.shared.now());
         }
     }
 
@@ -822,26 +818,6 @@ impl Session {
         }
     }
 
-    /// A door's new state, with what it means, for the recorder: the state
-    /// and its audit row and alerts land in one transaction.
-    fn on_alarm(&self, door: &str, state: DoorState, alarm: Option<DoorAlarm>) {
-        match alarm {
-            Some(DoorAlarm::Forced) => {
-                tracing::warn!(serial = %self.serial(), door = %door, "door forced")
-            }
-            Some(DoorAlarm::HeldOpen) => {
-                tracing::warn!(serial = %self.serial(), door = %door, "door held open")
-            }
-            _ => {}
-        }
-        self.shared.record(Record::Sensor {
-            door: door.to_owned(),
-            state,
-            alarm,
-            at: self.shared.now(),
-        });
-    }
-
     /// The session is over, and every acked Keypad still ends in an audit
     /// row (serial.md 'Door decisions'): the decisions in flight finish,
     /// the entries waiting behind them are decided in order, and the flood
@@ -861,7 +837,7 @@ impl Session {
         let now = self.now_ms();
         for (door, count) in self.doors.flood.drain(now) {
             let name = self.shared.door(door).name;
-            self.flood_row(&name, count);
+            self.shared.recorder.flood(&name, count, self.shared.now());
         }
 
         let mut inflight = std::mem::take(&mut self.inflight);
