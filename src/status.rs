@@ -7,10 +7,10 @@
 //!   a consistent snapshot through WAL, which never waits for the daemon's
 //!   writer and never blocks it. It never migrates or creates anything; a
 //!   database from before migration 0002 just shows links as `unknown`.
-//! - **No secrets needed.** It reads only `[hub]` and `[[serial]]` from
-//!   `hub.toml`, deliberately not through `config::load`, which also reads
-//!   the secrets file: an operator (or a monitoring agent) may run status
-//!   without being able to read the hub's keys. The database holds no PIN or
+//! - **No secrets needed.** It reads only `[hub]`, `[[serial]]` and
+//!   `[[reader]]` from `hub.toml`, deliberately not through `config::load`,
+//!   which also reads the secrets file: an operator (or a monitoring agent)
+//!   may run status without being able to read the hub's keys. The database holds no PIN or
 //!   PIN tag that status would print; it reports counts and states only.
 
 use crate::store::alerts::{AlertRow, open_alerts};
@@ -98,7 +98,8 @@ struct PartialSerial {
     port: Option<PathBuf>,
 }
 
-/// What to look at: the database and the configured serial ports.
+/// What to look at: the database, the configured serial ports and OSDP
+/// readers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
     pub hub_id: Option<String>,
