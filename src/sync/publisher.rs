@@ -66,7 +66,7 @@ use tokio::sync::{Notify, mpsc, oneshot};
 /// `key.activated` record): 4,096 is twice the rows of a full receive
 /// window. On Mosquitto 2.0.11 a flood's PUBACKs wait for the whole flood
 /// whatever the window; after it, 4,096 drained ~26,000 rows/s where 448
-/// drained ~16,000 (BENCHMARKS.md, "The drain"). The bytes: 2 MiB of
+/// drained ~16,000 (docs/performance-notes.md, "The drain"). The bytes: 2 MiB of
 /// envelopes and topics, as much as the receive window holds (~4,000 rows
 /// of ~500 B); rumqttc keeps a copy of each until its PUBACK.
 ///
