@@ -46,6 +46,26 @@ struct RecordOnce {
     failed: std::sync::atomic::AtomicBool,
 }
 
+impl RecordOnce {
+    /// A decider trusting the test cloud, each commit taking `delay` more,
+    /// no spike, nothing alone, no failure.
+    fn taking(delay: Duration) -> Self {
+        RecordOnce {
+            ring: vec![Signer {
+                id: SIGNER_ID.into(),
+                public_key: cloud_key().verifying_key(),
+                not_after: None,
+            }],
+            delay,
+            spike: None,
+            commits: Default::default(),
+            alone_every: None,
+            fail_once_at: None,
+            failed: Default::default(),
+        }
+    }
+}
+
 impl Decide for RecordOnce {
     type Checked = Result<VerifiedEvent, verify::Rejection>;
 
@@ -178,39 +198,18 @@ fn mqtt_config(url: &str) -> MqttConfig {
     }
 }
 
+/// A hub with the default window and keep-alive, whose decider records each
+/// event at once.
 fn start_hub(mqtt: MqttConfig) -> Hub {
-    start_hub_with(mqtt, ReceiveWindow::default(), Duration::ZERO)
-}
-
-fn start_hub_with(mqtt: MqttConfig, window: ReceiveWindow, delay: Duration) -> Hub {
-    start_hub_decider(
+    start_hub_with(
         mqtt,
-        window,
-        RecordOnce {
-            ring: test_ring(),
-            delay,
-            spike: None,
-            commits: Default::default(),
-            alone_every: None,
-            fail_once_at: None,
-            failed: Default::default(),
-        },
+        ReceiveWindow::default(),
+        RecordOnce::taking(Duration::ZERO),
+        sync::client::KEEP_ALIVE,
     )
 }
 
-fn test_ring() -> Vec<Signer> {
-    vec![Signer {
-        id: SIGNER_ID.into(),
-        public_key: cloud_key().verifying_key(),
-        not_after: None,
-    }]
-}
-
-fn start_hub_decider(mqtt: MqttConfig, window: ReceiveWindow, decider: RecordOnce) -> Hub {
-    start_hub_keep_alive(mqtt, window, decider, sync::client::KEEP_ALIVE)
-}
-
-fn start_hub_keep_alive(
+fn start_hub_with(
     mqtt: MqttConfig,
     window: ReceiveWindow,
     decider: RecordOnce,
@@ -531,18 +530,16 @@ async fn recording_hub_for_a_flood(
         ..Default::default()
     });
     let mut cloud = CloudClient::plain(broker.port).await;
-    let hub = start_hub_decider(
+    let hub = start_hub_with(
         mqtt_config(&broker.url()),
         ReceiveWindow::default(),
         RecordOnce {
-            ring: test_ring(),
-            delay: Duration::from_micros(200),
             spike,
-            commits: Default::default(),
             alone_every,
             fail_once_at,
-            failed: Default::default(),
+            ..RecordOnce::taking(Duration::from_micros(200))
         },
+        sync::client::KEEP_ALIVE,
     );
     cloud.wait_online().await;
     (broker, cloud, hub)
@@ -625,7 +622,8 @@ async fn a_flood_faster_than_the_hub_commits_stays_within_its_receive_window() {
     let hub = start_hub_with(
         mqtt_config(&broker.url()),
         window,
-        Duration::from_micros(500),
+        RecordOnce::taking(Duration::from_micros(500)),
+        sync::client::KEEP_ALIVE,
     );
     cloud.wait_online().await;
 
@@ -677,20 +675,12 @@ async fn a_writer_stalled_longer_than_the_keep_alive_with_the_window_full_keeps_
         messages: WINDOW,
         bytes: 1 << 20,
     };
-    let hub = start_hub_keep_alive(
+    let hub = start_hub_with(
         mqtt_config(&broker.url()),
         window,
-        RecordOnce {
-            ring: test_ring(),
-            // A slow card: the backlog the broker queued ahead of its
-            // PINGRESP takes many keep-alives to read.
-            delay: Duration::from_millis(3),
-            spike: None,
-            commits: Default::default(),
-            alone_every: None,
-            fail_once_at: None,
-            failed: Default::default(),
-        },
+        // A slow card: the backlog the broker queued ahead of its
+        // PINGRESP takes many keep-alives to read.
+        RecordOnce::taking(Duration::from_millis(3)),
         KEEP_ALIVE,
     );
     cloud.wait_online().await;
