@@ -15,17 +15,18 @@
 //! never comes back: doors are rate-limited (the flood limit), so it holds
 //! minutes of a busy building's records.
 //!
-//! The door records both drivers make alike ([`DoorRecord`]: a door's new
-//! sensor state, a flood row) are made here, through [`Recorder::door_state`]
-//! and [`Recorder::flood`], so the two drivers cannot drift apart on what
-//! a forced door or a flood leaves on record.
+//! The door records both drivers make alike ([`DoorRecord`]: an unlock
+//! confirmed or not, an entry denied undecided, a door's new sensor state,
+//! a flood row) are made here, through [`Recorder::unlock`],
+//! [`Recorder::undecided`], [`Recorder::door_state`] and [`Recorder::flood`],
+//! so the two drivers cannot drift apart on what a door leaves on record.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
-use crate::store::door::{record_flood, record_sensor};
+use crate::store::door::{record_flood, record_sensor, record_storage_failure, record_unlock};
 use crate::store::{Priority, Store, StoreError};
 use crate::time::Timestamp;
 use crate::watch::{DoorAlarm, DoorState};
@@ -51,6 +52,17 @@ pub(crate) trait Recordable: Send + Sync + 'static {
 /// What either driver records at a door, alike for both.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum DoorRecord {
+    /// `door.unlocked` (the door confirmed it) or `door.unlock_unconfirmed`.
+    Unlock {
+        door: String,
+        key_id: String,
+        confirmed: bool,
+        at: Timestamp,
+    },
+    /// A keypad entry answered Deny undecided because the door's queue was
+    /// full (the store is not keeping up): `door.denied` `storage_failure`
+    /// and its alert.
+    Undecided { door: String, at: Timestamp },
     /// A door sensor report that changed the door's durable state, and
     /// what it means: the state, its audit row and its alerts land in one
     /// transaction (see [`record_sensor`]; `door_state` keeps it for the
@@ -73,6 +85,13 @@ impl DoorRecord {
     /// Writes it (see [`Recordable::apply`]).
     pub(crate) fn apply(&self, conn: &rusqlite::Connection) -> Result<(), StoreError> {
         match self {
+            DoorRecord::Unlock {
+                door,
+                key_id,
+                confirmed,
+                at,
+            } => record_unlock(conn, door, key_id, *confirmed, *at).map(drop),
+            DoorRecord::Undecided { door, at } => record_storage_failure(conn, door, *at).map(drop),
             DoorRecord::Sensor {
                 door,
                 state,
@@ -88,6 +107,19 @@ impl DoorRecord {
     /// Its name in a log line (see [`Recordable::what`]).
     pub(crate) fn what(&self) -> String {
         match self {
+            DoorRecord::Unlock {
+                door, confirmed, ..
+            } => format!(
+                "{} at {door}",
+                if *confirmed {
+                    "door.unlocked"
+                } else {
+                    "door.unlock_unconfirmed"
+                }
+            ),
+            DoorRecord::Undecided { door, .. } => {
+                format!("door.denied/storage_failure at {door}")
+            }
             DoorRecord::Sensor { door, alarm, .. } => format!("door {door} sensor ({alarm:?})"),
             DoorRecord::Flood { door, count, .. } => format!("door.flood x{count} at {door}"),
         }
@@ -186,6 +218,27 @@ impl<R: Recordable> Recorder<R> {
 }
 
 impl<R: Recordable + From<DoorRecord>> Recorder<R> {
+    /// `door.unlocked` for an unlock the door confirmed, else
+    /// `door.unlock_unconfirmed` (the grant is on record, the door may not
+    /// have opened).
+    pub(crate) fn unlock(&self, door: &str, key_id: String, confirmed: bool, at: Timestamp) {
+        self.push(R::from(DoorRecord::Unlock {
+            door: door.to_owned(),
+            key_id,
+            confirmed,
+            at,
+        }));
+    }
+
+    /// A keypad entry denied without a decision (the door's queue is full):
+    /// on record as the storage failure it is, with its alert.
+    pub(crate) fn undecided(&self, door: &str, at: Timestamp) {
+        self.push(R::from(DoorRecord::Undecided {
+            door: door.to_owned(),
+            at,
+        }));
+    }
+
     /// A door's new state, with what it means: a forced or held-open door
     /// is logged, and the state goes on record with its audit row and
     /// alerts in one transaction.

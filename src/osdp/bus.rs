@@ -24,7 +24,6 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Notify, mpsc, watch};
-use tokio::task::JoinHandle;
 
 use super::cp::{self, Caps, Event, Fault, Identity, Outcome, Reader, Security, Timing};
 use super::door as cmds;
@@ -32,19 +31,17 @@ use super::keypad::{Entry, Submitted};
 use super::packet::{self, Deframer};
 use crate::backoff::Backoff;
 use crate::config::{Config, PinKey, Policy, ReaderDoorConfig};
-use crate::drivers::{TimeSource, open};
+use crate::drivers::{DriverHandle, TimeSource, open};
 use crate::entry::{self, Answer, DecisionQueue, Queued};
 use crate::recorder::{DoorRecord, Recordable, Recorder};
 use crate::store::alerts::{self, Change, Condition};
 use crate::store::door::{DoorEvent, record_door_event};
-use crate::store::door::{door_states, record_card_denied, record_storage_failure, record_unlock};
+use crate::store::door::{door_states, record_card_denied};
 use crate::store::links::CounterWrites;
 use crate::store::osdp::{self as db, ReaderIdentity, ReaderLink};
 use crate::store::{Store, StoreError};
 use crate::watch::{Admit, DoorWatch, FloodLimit};
 
-/// How long [`OsdpHandle::shutdown`] waits for a bus task.
-const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(3);
 /// A Secure Channel that has held this long clears `reader_link_fault`
 /// (mqtt.md 'Alerts').
 const LINK_FAULT_CLEARS_AFTER: Duration = Duration::from_secs(60);
@@ -139,24 +136,8 @@ impl OsdpSettings {
     }
 }
 
-/// The running driver.
-pub struct OsdpHandle {
-    stop: watch::Sender<bool>,
-    buses: Vec<JoinHandle<()>>,
-    recorders: Vec<JoinHandle<()>>,
-}
-
-impl OsdpHandle {
-    /// Stops every bus and waits for them, bounded; then for their
-    /// recorders, which end once a bus and its decisions are done and what
-    /// they recorded is written.
-    pub async fn shutdown(self) {
-        let _ = self.stop.send(true);
-        for task in self.buses.into_iter().chain(self.recorders) {
-            crate::task::join_or_abort(task, SHUTDOWN_TIMEOUT).await;
-        }
-    }
-}
+/// The running OSDP driver. Drop it or call [`DriverHandle::shutdown`].
+pub type OsdpHandle = DriverHandle;
 
 type Job = Box<dyn Fn(&rusqlite::Connection) -> Result<(), StoreError> + Send + Sync>;
 
@@ -221,11 +202,7 @@ pub fn spawn(
         let task = BusTask::new(bus, &settings, &earlier, ctx.clone(), Arc::new(recorder));
         buses.push(tokio::spawn(task.run(stop_rx.clone())));
     }
-    OsdpHandle {
-        stop,
-        buses,
-        recorders,
-    }
+    OsdpHandle::new(stop, buses, recorders)
 }
 
 /// What earlier runs left about the readers, read once at start through
@@ -852,11 +829,7 @@ impl BusTask {
             Queued::Full(_) => {
                 // Fail closed: only a stuck store gets here. Still on record.
                 tracing::error!(bus = %self.name, door = %door, "too many keypad entries waiting; denied undecided");
-                let at = (self.now)();
-                self.record(
-                    format!("door.denied/storage_failure at {door}"),
-                    Box::new(move |c| record_storage_failure(c, &door, at).map(drop)),
-                );
+                self.records.undecided(&door, (self.now)());
                 self.feedback(i, &cmds::denied());
             }
         }
@@ -907,14 +880,7 @@ impl BusTask {
             {
                 // The bus task is gone: the grant is on record, the output
                 // never went out.
-                let at = (ctx.now)();
-                let job: Job =
-                    Box::new(move |c| record_unlock(c, &door, &key_id, false, at).map(drop));
-                records.push(BusRecord {
-                    what: "door.unlock_unconfirmed".to_owned(),
-                    job,
-                    bookkeeping: false,
-                });
+                records.unlock(&door, key_id, false, (ctx.now)());
             }
         });
     }
@@ -986,19 +952,7 @@ impl BusTask {
     }
 
     fn record_unlock(&self, door: &str, key_id: String, confirmed: bool) {
-        let at = (self.now)();
-        let d = door.to_owned();
-        self.record(
-            format!(
-                "{} at {door}",
-                if confirmed {
-                    "door.unlocked"
-                } else {
-                    "door.unlock_unconfirmed"
-                }
-            ),
-            Box::new(move |c| record_unlock(c, &d, &key_id, confirmed, at).map(drop)),
-        );
+        self.records.unlock(door, key_id, confirmed, (self.now)());
     }
 
     /// An input report: the door contact, when the door has one.

@@ -532,10 +532,9 @@ impl Session {
                 // decision, and audited as the storage failure it is: only
                 // a store that is not keeping up gets here.
                 tracing::error!(serial = %self.serial(), door = %target.name, "too many keypad entries waiting; denied undecided");
-                self.shared.record(Record::Undecided {
-                    door: target.name.clone(),
-                    at: self.shared.now(),
-                });
+                self.shared
+                    .recorder
+                    .undecided(&target.name, self.shared.now());
                 self.command(
                     Downlink::Deny {
                         seq: 0,
@@ -596,12 +595,9 @@ impl Session {
             {
                 // The port went away while deciding: the grant is on record
                 // but the Unlock never went out.
-                shared.record(Record::Unlock {
-                    door: target.name.clone(),
-                    key_id,
-                    confirmed: false,
-                    at: shared.now(),
-                });
+                shared
+                    .recorder
+                    .unlock(&target.name, key_id, false, shared.now());
             }
         });
         self.inflight.insert(door, task);
@@ -701,12 +697,9 @@ impl Session {
     fn give_up(&self, unlock: Option<(String, String)>) {
         if let Some((door, key_id)) = unlock {
             tracing::warn!(serial = %self.serial(), door = %door, key_id = %key_id, "unlock never sent");
-            self.shared.record(Record::Unlock {
-                door,
-                key_id,
-                confirmed: false,
-                at: self.shared.now(),
-            });
+            self.shared
+                .recorder
+                .unlock(&door, key_id, false, self.shared.now());
         }
     }
 
@@ -770,23 +763,13 @@ impl Session {
                     } else {
                         tracing::warn!(serial = %self.serial(), door = %door, key_id = %key_id, "unlock acked by a board without this door; unconfirmed");
                     }
-                    self.shared.record(Record::Unlock {
-                        door,
-                        key_id,
-                        confirmed,
-                        at,
-                    });
+                    self.shared.recorder.unlock(&door, key_id, confirmed, at);
                 }
             }
             LinkEvent::Failed(Downlink::Unlock { seq, .. }) => {
                 if let Some((_, door, key_id)) = self.unlocks.remove(&seq) {
                     tracing::warn!(serial = %self.serial(), door = %door, key_id = %key_id, "unlock unconfirmed");
-                    self.shared.record(Record::Unlock {
-                        door,
-                        key_id,
-                        confirmed: false,
-                        at,
-                    });
+                    self.shared.recorder.unlock(&door, key_id, false, at);
                 }
             }
             LinkEvent::Failed(Downlink::Deny { door, .. }) => {
@@ -855,12 +838,7 @@ impl Session {
                         super::doors::decide(&shared, &target, pin, received).await
                     {
                         tracing::warn!(serial = %shared.port.name, door = %target.name, key_id = %key_id, "granted after the port closed; unlock never sent");
-                        shared.record(Record::Unlock {
-                            door: target.name.clone(),
-                            key_id,
-                            confirmed: false,
-                            at: shared.now(),
-                        });
+                        shared.recorder.unlock(&target.name, key_id, false, shared.now());
                     }
                 }
             });
@@ -884,12 +862,7 @@ impl Session {
                 if let Reply::Unlock { key_id } = d.reply {
                     let door = shared.door(d.door).name;
                     tracing::warn!(serial = %shared.port.name, door = %door, key_id = %key_id, "unlock never sent");
-                    shared.record(Record::Unlock {
-                        door,
-                        key_id,
-                        confirmed: false,
-                        at: shared.now(),
-                    });
+                    shared.recorder.unlock(&door, key_id, false, shared.now());
                 }
             }
         });

@@ -5,27 +5,16 @@
 
 use crate::recorder::{DoorRecord, Recordable};
 use crate::store::alerts::{Change, Condition};
-use crate::store::door::{DoorEvent, record_door_event, record_storage_failure, record_unlock};
+use crate::store::door::{DoorEvent, record_door_event};
 use crate::store::links::{self, LinkState};
 use crate::time::Timestamp;
 
 /// Something to write, in the order it happened.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Record {
-    /// `door.unlocked` (the board acked) or `door.unlock_unconfirmed`.
-    Unlock {
-        door: String,
-        key_id: String,
-        confirmed: bool,
-        at: Timestamp,
-    },
-    /// A door's sensor state or a flood row, recorded alike by both
-    /// drivers ([`DoorRecord`]).
+    /// An unlock, an entry denied undecided, a door's sensor state or a
+    /// flood row, recorded alike by both drivers ([`DoorRecord`]).
     Door(DoorRecord),
-    /// A keypad entry answered `Deny` undecided because the door's queue
-    /// was full (the store is not keeping up): `door.denied`
-    /// `storage_failure` and its alert.
-    Undecided { door: String, at: Timestamp },
     /// `board.tamper` with its alert.
     DoorEvent {
         kind: DoorEvent,
@@ -74,14 +63,7 @@ impl From<DoorRecord> for Record {
 impl Recordable for Record {
     fn apply(&self, conn: &rusqlite::Connection) -> Result<(), crate::store::StoreError> {
         match self {
-            Record::Unlock {
-                door,
-                key_id,
-                confirmed,
-                at,
-            } => record_unlock(conn, door, key_id, *confirmed, *at).map(drop),
             Record::Door(rec) => rec.apply(conn),
-            Record::Undecided { door, at } => record_storage_failure(conn, door, *at).map(drop),
             Record::DoorEvent { kind, door, at } => {
                 record_door_event(conn, *kind, door, *at).map(drop)
             }
@@ -117,18 +99,7 @@ impl Recordable for Record {
 
     fn what(&self) -> String {
         match self {
-            Record::Unlock {
-                door, confirmed, ..
-            } => format!(
-                "{} at door {door}",
-                if *confirmed {
-                    "door.unlocked"
-                } else {
-                    "door.unlock_unconfirmed"
-                }
-            ),
             Record::Door(rec) => rec.what(),
-            Record::Undecided { door, .. } => format!("undecided entry at {door}"),
             Record::DoorEvent { kind, door, .. } => format!("{kind:?} at {door}"),
             Record::Alert {
                 change,
@@ -183,12 +154,12 @@ mod tests {
     }
 
     fn unlock() -> Record {
-        Record::Unlock {
+        Record::Door(DoorRecord::Unlock {
             door: "101".into(),
             key_id: "k".into(),
             confirmed: true,
             at: Timestamp(0),
-        }
+        })
     }
 
     fn link(state: LinkState, board_offline: Option<Change>) -> Record {
