@@ -1,5 +1,5 @@
 //! OSDP door latency: the reader's '#' (the PyPI `libosdp` PeripheralDevice,
-//! tests/osdp/peer.py) → the osdp_OUT it receives, against the real
+//! testkit/osdp/peer.py) → the osdp_OUT it receives, against the real
 //! `lockhub run`, idle, over a Secure Channel, at 9600 and 115200 baud.
 //!
 //! A pty has no baud rate, so the bus between hub and reader is a relay

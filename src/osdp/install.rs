@@ -15,7 +15,7 @@ use super::cp::{Command, Event, Identity, Outcome, Reader, Security, Timing};
 use super::packet::Deframer;
 use super::sc::Key;
 use crate::config::Config;
-use crate::serial::port::open;
+use crate::drivers::open;
 use crate::store::alerts::{self, Condition};
 use crate::store::osdp::{self as db, ReaderIdentity};
 use crate::store::{Priority, Store, StoreError};
@@ -34,7 +34,7 @@ pub enum InstallError {
     #[error("cannot open the bus {path}: {source} (is `lockhub run` still running? stop it first)")]
     Open {
         path: String,
-        source: crate::serial::SerialError,
+        source: crate::drivers::OpenError,
     },
     #[error("bus I/O failed: {0}")]
     Io(#[from] std::io::Error),

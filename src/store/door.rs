@@ -1,7 +1,7 @@
 //! The door decision's durable side: gather the facts, call
 //! [`crate::door::decide`], and record the outcome in the same transaction.
 //!
-//! A driver (serial today, OSDP later) calls [`decide_entry`]: it runs
+//! A door driver (a serial port or an OSDP bus) calls [`decide_entry`]: it runs
 //! [`door_entry`] as a door job that commits within [`COMMIT_WITHIN`] of the
 //! keypad entry or not at all, and answers within [`ANSWER_WITHIN`]. Send
 //! `Unlock` only for an `Ok` unlock, after the commit, so no door opens
@@ -628,7 +628,7 @@ fn write_missed(conn: &Connection, missed: &Missed) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// The door decision for any driver (serial today, OSDP later): decides
+/// The door decision for either driver (serial ports, OSDP buses): decides
 /// `entry`, which arrived at `received`, and commits it with the missed
 /// denials before it, within [`COMMIT_WITHIN`] of `received` or not at all.
 /// A decision that commits ends every `storage_failure` alert: storage

@@ -426,7 +426,7 @@ impl BacklogMonitor {
 /// A mark starts as soon as the last one is done, without waiting for more
 /// acks to share it: a 100 ms linger cut the bytes written per door entry
 /// by a fifth but made the door's p99 two to five times worse (the delayed
-/// marks landed beside the entries; BENCHMARKS.md, "The drain").
+/// marks landed beside the entries; docs/performance-notes.md, "The drain").
 #[derive(Debug, Clone, Default)]
 pub struct MarkPlan {
     /// Acknowledged, in no mark yet.

@@ -43,8 +43,8 @@ use super::plan::{
 };
 use crate::clock::SharedClock;
 use crate::crypto;
-use crate::status::{self, BROKER_LINK, Health, HealthKey};
 use crate::store::alerts::{self, Condition};
+use crate::store::health::{self, BROKER_LINK, Health, HealthKey};
 use crate::store::outbox;
 use crate::store::{Priority, Store, StoreError};
 use ed25519_dalek::SigningKey;
@@ -66,7 +66,7 @@ use tokio::sync::{Notify, mpsc, oneshot};
 /// `key.activated` record): 4,096 is twice the rows of a full receive
 /// window. On Mosquitto 2.0.11 a flood's PUBACKs wait for the whole flood
 /// whatever the window; after it, 4,096 drained ~26,000 rows/s where 448
-/// drained ~16,000 (BENCHMARKS.md, "The drain"). The bytes: 2 MiB of
+/// drained ~16,000 (docs/performance-notes.md, "The drain"). The bytes: 2 MiB of
 /// envelopes and topics, as much as the receive window holds (~4,000 rows
 /// of ~500 B); rumqttc keeps a copy of each until its PUBACK.
 ///
@@ -336,7 +336,7 @@ impl Publisher {
     /// The health figures now; the broker link is up, since this is what
     /// goes out over it (the recorded state may lag by a write).
     fn health_now(&self) -> Option<Health> {
-        let mut h = status::health(&self.reader, self.store.path(), self.clock.now())
+        let mut h = health::health(&self.reader, self.store.path(), self.clock.now())
             .map_err(|e| tracing::warn!(error = %e, "cannot read the health figures"))
             .ok()?;
         h.links.insert(BROKER_LINK.to_owned(), "up".to_owned());
@@ -349,7 +349,7 @@ impl Publisher {
         if self.link.as_ref().is_none_or(|l| l.status_due) {
             return;
         }
-        let Ok(mut key) = status::health_key(&self.reader, self.clock.now()) else {
+        let Ok(mut key) = health::health_key(&self.reader, self.clock.now()) else {
             return;
         };
         key.0.insert(BROKER_LINK.to_owned(), "up".to_owned());

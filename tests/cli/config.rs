@@ -931,7 +931,7 @@ fn a_reader_key_pasted_as_a_key_name_never_appears_in_output() {
 // ---------------------------------------------------------------------------
 
 #[test]
-fn no_prefix_or_missing_line_of_a_valid_config_panics() {
+fn a_valid_config_cut_at_any_byte_or_missing_any_line_loads_or_fails_without_a_panic() {
     let fx = Fixture::new();
     let text = testkit::files::hub_toml();
     for end in (0..text.len()).filter(|i| text.is_char_boundary(*i)) {

@@ -1,5 +1,5 @@
 //! OSDP readers against a reader no one here wrote: the PyPI `libosdp`
-//! PeripheralDevice (tests/osdp/peer.py) on a pseudo-terminal, the real
+//! PeripheralDevice (testkit/osdp/peer.py) on a pseudo-terminal, the real
 //! `lockhub run` binary, a real Mosquitto and SQLite file.
 
 use lockhub::crypto::b64u_encode;

@@ -45,7 +45,7 @@ pub fn status_payload(hub_id: &str, online: bool, at: crate::time::Timestamp) ->
 pub fn online_status_payload(
     hub_id: &str,
     at: crate::time::Timestamp,
-    health: Option<&crate::status::Health>,
+    health: Option<&crate::store::health::Health>,
 ) -> Vec<u8> {
     let mut v = serde_json::json!({
         "state": "online",
