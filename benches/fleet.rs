@@ -17,8 +17,8 @@
 //! itself: every wait has a deadline, and the hubs and broker are ended on
 //! the way out.
 
-use lockhub::crypto;
 use lockhub::sim::cloud::{Cloud, GrantSpec, SignedEvent};
+use lockhub_proto::crypto;
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};

@@ -21,7 +21,7 @@ use crate::clock::Clock;
 use crate::status::{StatusError, Target};
 use crate::store::alerts::{self, Condition};
 use crate::store::{self, StoreError, floor};
-use crate::time::Timestamp;
+use lockhub_proto::time::Timestamp;
 use std::path::Path;
 use std::time::Duration;
 

@@ -11,12 +11,9 @@
 //!
 //! | layer | module | what lives there |
 //! |---|---|---|
-//! | vocabulary | [`time`] | [`time::Timestamp`] (µs since the epoch), RFC 3339 |
-//! | | [`crypto`] | PIN tags (HMAC-SHA256), base64url, domain-separated Ed25519, hub envelopes (made and opened) |
+//! | vocabulary | the crate `lockhub-proto` | the MQTT wire, shared with the cloud: `time` (µs timestamps, RFC 3339), `crypto` (PIN tags, base64url, domain-separated Ed25519, hub envelopes), `event` (events, results, id rules, body parsing: step 4), `verify` (step 1 of an event; the trust-ring `Signer`) |
 //! | | [`config`] | `hub.toml` + `secrets.toml`: parsing, every rule, errors with line and column |
-//! | | [`event`] | the cloud's events and the hub's results as plain data; body parsing (step 4) |
-//! | pure decisions | [`verify`] | step 1 of an event: size, envelope, signer, `verify_strict`, ids |
-//! | | [`lifecycle`] | the key state machine and the plan for one grant or revoke |
+//! | pure decisions | [`lifecycle`] | the key state machine and the plan for one grant or revoke |
 //! | | [`door`] | the door decision and the lockout arithmetic |
 //! | | [`backoff`] | retry delays (capped doubling, full jitter) for every retry loop |
 //! | | [`task`] | stopping a task at shutdown: a bounded wait, then abort |
@@ -37,8 +34,10 @@
 //! | | [`alloc`] | the heap's budget: glibc malloc's limits, memory given back when idle |
 //! | peers | [`sim`] | a simulated cloud that signs events and a simulated lock board, for tests, the demo, benchmarks |
 //!
-//! The serial wire contract itself (messages, framing, link rules, the board's
-//! state machine) lives in the `no_std` crate `firmware-bridge`.
+//! Each wire has one crate of types: the MQTT contract (what the hub and the
+//! cloud share) lives in `lockhub-proto`, pure and without I/O; the serial
+//! wire contract (messages, framing, link rules, the board's state machine)
+//! in the `no_std` crate `firmware-bridge`.
 //!
 //! `migrations/` holds the schema as append-only SQL files; the invariants of
 //! mqtt.md are enforced there, by SQLite, as the last line of defence.
@@ -48,11 +47,9 @@ pub mod alloc;
 pub mod backoff;
 pub mod clock;
 pub mod config;
-pub mod crypto;
 pub mod daemon;
 pub mod door;
 pub mod entry;
-pub mod event;
 pub mod lifecycle;
 pub mod logging;
 pub mod maintenance;
@@ -66,6 +63,4 @@ pub mod status;
 pub mod store;
 pub mod sync;
 pub mod task;
-pub mod time;
-pub mod verify;
 pub mod watch;

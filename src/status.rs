@@ -19,7 +19,7 @@ use crate::store::keys::KeyCounts;
 use crate::store::links::{self, LinkRow};
 use crate::store::runtime;
 use crate::store::{MIGRATIONS, floor, outbox, schema_version};
-use crate::time::Timestamp;
+use lockhub_proto::time::Timestamp;
 use rusqlite::Connection;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

@@ -74,9 +74,9 @@ use std::time::{Duration, Instant};
 
 use ed25519_dalek::{SigningKey, VerifyingKey};
 use firmware_bridge::{BoardConfig, Downlink};
-use lockhub::crypto;
 use lockhub::sim::board::{SimBoard, SimEvent};
 use lockhub::sim::cloud::{Cloud, GrantSpec, SignedEvent};
+use lockhub_proto::crypto;
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 use serde_json::Value;
 use tokio::sync::mpsc;

@@ -19,7 +19,7 @@ use crate::serial::port::open;
 use crate::store::alerts::{self, Condition};
 use crate::store::osdp::{self as db, ReaderIdentity};
 use crate::store::{Priority, Store, StoreError};
-use crate::time::Timestamp;
+use lockhub_proto::time::Timestamp;
 
 /// How long each step (a session with one key, the key change) may take.
 const STEP_TIMEOUT: Duration = Duration::from_secs(10);

@@ -10,8 +10,8 @@ use crate::store::door::{
     record_unlock,
 };
 use crate::store::links::{self, LinkState};
-use crate::time::Timestamp;
 use crate::watch::{DoorAlarm, DoorState};
+use lockhub_proto::time::Timestamp;
 
 /// Something to write, in the order it happened.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,9 +3,9 @@
 //! envelopes. It keeps the per-hub `seq` counter, so a test or the demo can
 //! say "issue this key" and get exactly the bytes a real cloud would send.
 
-use crate::crypto::{self, EVENT_CONTEXT};
-use crate::time::Timestamp;
 use ed25519_dalek::SigningKey;
+use lockhub_proto::crypto::{self, EVENT_CONTEXT};
+use lockhub_proto::time::Timestamp;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -242,9 +242,9 @@ impl Cloud {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Signer;
-    use crate::event::{EventKind, SchemaContext, parse_body};
-    use crate::verify::{VerifyContext, verify_envelope};
+    use lockhub_proto::event::{EventKind, SchemaContext, parse_body};
+    use lockhub_proto::verify::Signer;
+    use lockhub_proto::verify::{VerifyContext, verify_envelope};
 
     #[test]
     fn what_the_simulated_cloud_signs_the_hub_verifies_and_parses() {

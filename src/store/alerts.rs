@@ -8,7 +8,7 @@
 use super::StoreError;
 use super::audit::{self, AuditKind, AuditRecord};
 use super::outbox::{self, Topic};
-use crate::time::Timestamp;
+use lockhub_proto::time::Timestamp;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 use uuid::Uuid;

@@ -23,12 +23,12 @@ use super::audit::{self, AuditKind, AuditRecord};
 use super::outbox::{self, Queued, Topic};
 use super::{Alone, StoreError, floor};
 use crate::config::Policy;
-use crate::event::{
+use crate::lifecycle::{self, GrantPlan, KeyState, KeyView, Placement, RevokePlan};
+use lockhub_proto::event::{
     Change, EventKind, EventResult, Evidence, Grant, ItemResult, Outcome, Reason, SchemaError,
 };
-use crate::lifecycle::{self, GrantPlan, KeyState, KeyView, Placement, RevokePlan};
-use crate::time::Timestamp;
-use crate::verify::VerifiedEvent;
+use lockhub_proto::time::Timestamp;
+use lockhub_proto::verify::VerifiedEvent;
 use rusqlite::{Connection, OptionalExtension, params};
 use uuid::Uuid;
 

@@ -6,7 +6,7 @@
 
 use super::StoreError;
 use super::outbox::{self, Topic};
-use crate::time::Timestamp;
+use lockhub_proto::time::Timestamp;
 use rusqlite::{Connection, params};
 use serde::Serialize;
 use uuid::Uuid;

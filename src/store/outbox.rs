@@ -7,7 +7,7 @@
 //! never pruned (the schema refuses it).
 
 use super::StoreError;
-use crate::time::Timestamp;
+use lockhub_proto::time::Timestamp;
 use rusqlite::{Connection, OptionalExtension, params};
 
 /// The hub -> cloud topics that carry signed envelopes.

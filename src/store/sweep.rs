@@ -7,7 +7,7 @@
 use super::StoreError;
 use super::audit::{self, AuditKind, AuditRecord};
 use crate::config::Policy;
-use crate::time::Timestamp;
+use lockhub_proto::time::Timestamp;
 use rusqlite::{Connection, params};
 
 /// Keys made final per [`expire_due`] call.

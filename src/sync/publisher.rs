@@ -42,12 +42,12 @@ use super::plan::{
     BacklogLimits, BacklogMonitor, HEALTH_EVERY, HealthSchedule, MarkPlan, PublishWindow,
 };
 use crate::clock::SharedClock;
-use crate::crypto;
 use crate::status::{self, BROKER_LINK, Health, HealthKey};
 use crate::store::alerts::{self, Condition};
 use crate::store::outbox;
 use crate::store::{Priority, Store, StoreError};
 use ed25519_dalek::SigningKey;
+use lockhub_proto::crypto;
 use rusqlite::Connection;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;

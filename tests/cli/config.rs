@@ -1,7 +1,7 @@
 //! The config loader and `lockhub check-config` (config.md).
 
 use lockhub::config::{self, Config, ConfigError, ConfigErrors, Policy};
-use lockhub::crypto;
+use lockhub_proto::crypto;
 use std::path::Path;
 use std::process::Command;
 use testkit::files::{Fixture, HUB_ID, HUB_PUBLIC_KEY, SECRETS_TOML, SITE_ID, edit, set_mode};

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-use lockhub::crypto;
+use lockhub_proto::crypto;
 
 /// The whole story takes a few seconds; this bound is for a loaded CI box.
 const TIMEOUT: Duration = Duration::from_secs(120);

@@ -6,7 +6,7 @@ use lockhub::store::alerts::{self, Condition};
 use lockhub::store::links::{self, LinkState};
 use lockhub::store::outbox::{self, Topic};
 use lockhub::store::{Priority, Store};
-use lockhub::time::Timestamp;
+use lockhub_proto::time::Timestamp;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};

@@ -5,8 +5,8 @@
 
 use lockhub::store::alerts::{self, Condition};
 use lockhub::store::{Priority, Store};
-use lockhub::time::Timestamp;
 use lockhub::watch::{DoorAlarm, DoorState};
+use lockhub_proto::time::Timestamp;
 use rusqlite::Connection;
 use testkit::broker::Mosquitto;
 use testkit::daemon::{Daemon, DaemonOptions};

@@ -371,7 +371,7 @@ async fn a_grant_left_open_by_a_crash_is_recorded_unconfirmed_at_the_next_start(
         .write(lockhub::store::Priority::Bulk, |c| {
             let mut rec = AuditRecord::new(
                 AuditKind::DoorGranted,
-                lockhub::time::Timestamp::now_system(),
+                lockhub_proto::time::Timestamp::now_system(),
             );
             rec.door = Some("101".into());
             rec.key_id = Some("k-1".into());

@@ -2,7 +2,7 @@
 //! PeripheralDevice (tests/osdp/peer.py) on a pseudo-terminal, the real
 //! `lockhub run` binary, a real Mosquitto and SQLite file.
 
-use lockhub::crypto::b64u_encode;
+use lockhub_proto::crypto::b64u_encode;
 use rusqlite::Connection;
 use std::path::Path;
 use std::time::Duration;

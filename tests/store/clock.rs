@@ -6,7 +6,7 @@ use lockhub::door::{Decision, DenyReason};
 use lockhub::store::audit::{self, AuditKind, AuditRecord};
 use lockhub::store::sweep::{EXPIRE_BATCH, expire_due, prune};
 use lockhub::store::{Priority, floor, outbox};
-use lockhub::time::Timestamp;
+use lockhub_proto::time::Timestamp;
 use rusqlite::params;
 use std::time::Duration;
 use testkit::db::*;

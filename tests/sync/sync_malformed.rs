@@ -4,8 +4,8 @@
 //! and none of them changes the key, dedupe or seq tables. A forged event
 //! carrying a genuine event id does not block the genuine event.
 
-use lockhub::crypto;
 use lockhub::sim::cloud::Cloud;
+use lockhub_proto::crypto;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 use testkit::broker::Mosquitto;

@@ -4,8 +4,7 @@
 //! broker is down, signed results, TLS with client certificates, password
 //! authentication. The full decision logic is tested with the daemon.
 
-use lockhub::config::{MqttConfig, Signer};
-use lockhub::event::{EventResult, Outcome};
+use lockhub::config::MqttConfig;
 use lockhub::sim::cloud::Cloud;
 use lockhub::store::outbox::{self, Queued, Topic};
 use lockhub::store::{Alone, Priority, Store, StoreError};
@@ -13,8 +12,10 @@ use lockhub::sync::ingest::{Decide, Decided};
 use lockhub::sync::plan::{BacklogLimits, SeqStart};
 use lockhub::sync::window::ReceiveWindow;
 use lockhub::sync::{self, SyncHandle, SyncSettings};
-use lockhub::time::Timestamp;
-use lockhub::verify::{self, VerifiedEvent, VerifyContext};
+use lockhub_proto::event::{EventResult, Outcome};
+use lockhub_proto::time::Timestamp;
+use lockhub_proto::verify::Signer;
+use lockhub_proto::verify::{self, VerifiedEvent, VerifyContext};
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 use rusqlite::Connection;
 use std::collections::{BTreeMap, HashSet};

@@ -29,7 +29,7 @@ pub const CLIENT_INFLIGHT: u16 = 4224;
 pub const KEEP_ALIVE: Duration = Duration::from_secs(30);
 
 /// The retained status payload (plain JSON, not signed: it is a hint).
-pub fn status_payload(hub_id: &str, online: bool, at: crate::time::Timestamp) -> Vec<u8> {
+pub fn status_payload(hub_id: &str, online: bool, at: lockhub_proto::time::Timestamp) -> Vec<u8> {
     serde_json::to_vec(&serde_json::json!({
         "state": if online { "online" } else { "offline" },
         "hub_id": hub_id,
@@ -44,7 +44,7 @@ pub fn status_payload(hub_id: &str, online: bool, at: crate::time::Timestamp) ->
 /// stays [`status_payload`]'s offline form).
 pub fn online_status_payload(
     hub_id: &str,
-    at: crate::time::Timestamp,
+    at: lockhub_proto::time::Timestamp,
     health: Option<&crate::status::Health>,
 ) -> Vec<u8> {
     let mut v = serde_json::json!({

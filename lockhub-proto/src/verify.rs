@@ -10,12 +10,12 @@
 //! envelope leaves this module except the reason and an id *hint* used only
 //! to correlate the rate-limited result.
 
-use crate::config::Signer;
 use crate::crypto;
 use crate::event::{
     EventHeader, MAX_SEQ, Reason, json_int_in, parse_json_strict, parse_uuid_strict,
 };
 use crate::time::Timestamp;
+use ed25519_dalek::VerifyingKey;
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -25,6 +25,18 @@ pub const MAX_ENVELOPE_BYTES: usize = 1024 * 1024;
 /// How long before a signer's `not_after` the hub starts warning
 /// (mqtt.md 'Alerts', `signer_expiring`).
 pub const SIGNER_EXPIRING_DAYS: i64 = 30;
+
+/// A cloud signing key the hub trusts: one entry of the trust ring
+/// (`[[trust.signer]]` in the hub's config, which builds it).
+#[derive(Debug, Clone)]
+pub struct Signer {
+    pub id: String,
+    /// Checked at load ([`crypto::parse_public_key`]): a valid point, not of
+    /// small order (weak).
+    pub public_key: VerifyingKey,
+    /// The last instant its signatures are accepted; `None`: no expiry.
+    pub not_after: Option<Timestamp>,
+}
 
 /// An authenticated event, addressed to this hub: from step 2 on it claims
 /// its id and counts toward the watermark, whatever else happens to it.

@@ -366,14 +366,6 @@ impl SchemaContext {
             pin_key_ids: pin_key_ids.into_iter().map(Into::into).collect(),
         }
     }
-
-    /// The door names and PIN key ids of a loaded config (never its secrets).
-    pub fn from_config(config: &crate::config::Config) -> Self {
-        Self::new(
-            config.door_names().map(str::to_owned),
-            config.secrets.pin_keys.iter().map(|k| k.id.clone()),
-        )
-    }
 }
 
 /// Parses JSON refusing duplicate object keys anywhere in the document.
@@ -499,6 +491,20 @@ pub fn is_key_id(s: &str) -> bool {
     (1..=MAX_ID_CHARS).contains(&s.len())
         && s.bytes()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
+}
+
+/// The one rule for the names and ids an installer picks and the wire then
+/// carries (doors in a grant's `doors`, PIN key ids in `pin_key_id`, signer
+/// ids in an envelope's `signer`; serials, buses and readers too): 1..=64
+/// characters, no control characters, no surrounding spaces. The hub's
+/// config refuses any other; a grant naming one is `unknown_door` or
+/// `unknown_pin_key`, since no config can hold it.
+/// (The hub id is the id alphabet instead: [`is_key_id`].)
+pub fn is_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.chars().count() <= MAX_ID_CHARS
+        && !s.chars().any(char::is_control)
+        && s.trim() == s
 }
 
 /// The other cloud ids (`check_in_id`, `reservation_id`, `holder_ref`): the
@@ -1366,6 +1372,16 @@ mod parse_tests {
             parse_body(body, &ctx()).unwrap_err().reason,
             Reason::BadEnvelope
         );
+    }
+
+    #[test]
+    fn names_are_any_1_to_64_characters_without_control_characters_or_surrounding_spaces() {
+        for ok in ["101", "Room 101", "Tür 3", "board-a", &"é".repeat(64)] {
+            assert!(is_name(ok), "{ok:?}");
+        }
+        for bad in ["", " 101", "101 ", "a\tb", "a\nb", "nul\0", &"a".repeat(65)] {
+            assert!(!is_name(bad), "{bad:?}");
+        }
     }
 
     #[test]

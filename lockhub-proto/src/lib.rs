@@ -1,0 +1,18 @@
+//! # lockhub-proto
+//!
+//! The MQTT wire contract of lockhub (docs/protocol/mqtt.md), as the hub and
+//! the cloud share it: one home for every wire type and every rule about one,
+//! so the two sides cannot drift apart. Pure: no runtime, no database, no
+//! I/O; bytes and plain data in, bytes and plain data out.
+//!
+//! | module | what lives there |
+//! |---|---|
+//! | [`time`] | [`time::Timestamp`] (µs since the epoch), RFC 3339 |
+//! | [`crypto`] | PIN tags (HMAC-SHA256), base64url, domain-separated Ed25519, hub envelopes (made and opened) |
+//! | [`event`] | the cloud's events and the hub's results as plain data; the id rules; body parsing (step 4) |
+//! | [`verify`] | step 1 of an event: size, envelope, signer, `verify_strict`, ids; the trust-ring entry [`verify::Signer`] |
+
+pub mod crypto;
+pub mod event;
+pub mod time;
+pub mod verify;
