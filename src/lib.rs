@@ -10,10 +10,14 @@
 //! them. The modules form layers, and each uses only its own layer and the
 //! ones above it: the layer table, each module's job and the rule's check
 //! (`scripts/check-layers`) are in `ARCHITECTURE.md`, the one place they
-//! are written, so a new module gets its row there.
+//! are written, so a new module gets its row there. The MQTT vocabulary
+//! (time, crypto, events, step-1 verification, topics, output bodies, the
+//! mirror proof) is the crate `lockhub-proto`, above every layer here.
 //!
-//! The serial wire contract itself (messages, framing, link rules, the board's
-//! state machine) lives in the `no_std` crate `firmware-bridge`.
+//! Each wire has one crate of types: the MQTT contract (what the hub and the
+//! cloud share) lives in `lockhub-proto`, pure and without I/O; the serial
+//! wire contract (messages, framing, link rules, the board's state machine)
+//! in the `no_std` crate `firmware-bridge`.
 //!
 //! `migrations/` holds the schema as append-only SQL files; the invariants of
 //! mqtt.md are enforced there, by SQLite, as the last line of defence.
@@ -23,12 +27,10 @@ pub mod alloc;
 pub mod backoff;
 pub mod clock;
 pub mod config;
-pub mod crypto;
 pub mod daemon;
 pub mod door;
 pub mod drivers;
 pub mod entry;
-pub mod event;
 pub mod lifecycle;
 pub mod logging;
 pub mod maintenance;
@@ -42,6 +44,4 @@ pub mod status;
 pub mod store;
 pub mod sync;
 pub mod task;
-pub mod time;
-pub mod verify;
 pub mod watch;

@@ -28,8 +28,8 @@ use tokio::sync::Notify;
 
 use crate::store::door::{record_flood, record_sensor, record_storage_failure, record_unlock};
 use crate::store::{Priority, Store, StoreError};
-use crate::time::Timestamp;
 use crate::watch::{DoorAlarm, DoorState};
+use lockhub_proto::time::Timestamp;
 
 /// Records waiting for the store, per port or bus, past which bookkeeping
 /// is dropped.

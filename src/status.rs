@@ -18,7 +18,7 @@ use crate::store::health::{Health, age_s, clock_at, has_table, health};
 use crate::store::keys::KeyCounts;
 use crate::store::links::{self, LinkRow};
 use crate::store::{MIGRATIONS, outbox, schema_version};
-use crate::time::Timestamp;
+use lockhub_proto::time::Timestamp;
 use rusqlite::Connection;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};

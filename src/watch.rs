@@ -12,7 +12,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
 
-use crate::time::Timestamp;
+use lockhub_proto::time::Timestamp;
 
 /// After an `Unlock` is sent, a door may open for its `unlock_ms` plus this
 /// long without counting as forced. It covers the link's resends (up to

@@ -114,7 +114,7 @@ fn add_reader(dir: &Path, bus: &Path, baud: u32) {
     write!(
         sec,
         "\n[[reader_key]]\nreader = \"r-1\"\nscbk = \"{}\"\n",
-        lockhub::crypto::b64u_encode(&KEY)
+        lockhub_proto::crypto::b64u_encode(&KEY)
     )
     .unwrap();
     // One key for the reader's door, PIN 20000000 (fixture::pin_for("p", 0)).

@@ -34,13 +34,14 @@ use crate::config::{Config, PinKey, Policy, ReaderDoorConfig};
 use crate::drivers::{DriverHandle, TimeSource, open};
 use crate::entry::{self, Answer, DecisionQueue, Queued};
 use crate::recorder::{DoorRecord, Recordable, Recorder};
-use crate::store::alerts::{self, Change, Condition};
+use crate::store::alerts::{self, Change};
 use crate::store::door::{DoorEvent, record_door_event};
 use crate::store::door::{door_states, record_card_denied};
 use crate::store::links::CounterWrites;
 use crate::store::osdp::{self as db, ReaderIdentity, ReaderLink};
 use crate::store::{Store, StoreError};
 use crate::watch::{Admit, DoorWatch, FloodLimit};
+use lockhub_proto::outputs::Condition;
 
 /// A Secure Channel that has held this long clears `reader_link_fault`
 /// (mqtt.md 'Alerts').

@@ -16,10 +16,11 @@ use super::packet::Deframer;
 use super::sc::Key;
 use crate::config::Config;
 use crate::drivers::open;
-use crate::store::alerts::{self, Condition};
+use crate::store::alerts;
 use crate::store::osdp::{self as db, ReaderIdentity};
 use crate::store::{Priority, Store, StoreError};
-use crate::time::Timestamp;
+use lockhub_proto::outputs::Condition;
+use lockhub_proto::time::Timestamp;
 
 /// How long each step (a session with one key, the key change) may take.
 const STEP_TIMEOUT: Duration = Duration::from_secs(10);

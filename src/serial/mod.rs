@@ -34,7 +34,7 @@ use tokio::sync::{Notify, watch};
 use crate::config::{Config, PinKey, Policy};
 use crate::recorder::Recorder;
 use crate::store::Store;
-use crate::time::Timestamp;
+use lockhub_proto::time::Timestamp;
 use port::DoorTarget;
 use record::Record;
 

@@ -4,10 +4,11 @@
 //! alert while there is room).
 
 use crate::recorder::{DoorRecord, Recordable};
-use crate::store::alerts::{Change, Condition};
+use crate::store::alerts::Change;
 use crate::store::door::{DoorEvent, record_door_event};
 use crate::store::links::{self, LinkState};
-use crate::time::Timestamp;
+use lockhub_proto::outputs::Condition;
+use lockhub_proto::time::Timestamp;
 
 /// Something to write, in the order it happened.
 #[derive(Debug, Clone, PartialEq, Eq)]

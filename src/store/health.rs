@@ -17,7 +17,7 @@ use serde::Serialize;
 use super::alerts::open_alerts;
 use super::{StoreError, floor, links, outbox, runtime};
 use crate::clock::{Clock, Floors};
-use crate::time::Timestamp;
+use lockhub_proto::time::Timestamp;
 
 /// The hub's health as the cloud sees it in the retained status message
 /// (mqtt.md 'Status', as extra fields) and `lockhub status --json` shows it

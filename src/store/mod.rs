@@ -1562,7 +1562,7 @@ mod tests {
         let refused = store
             .write_until_written(
                 "a floor",
-                |c| floor::raise_to(c, crate::time::Timestamp(5)).map(drop),
+                |c| floor::raise_to(c, lockhub_proto::time::Timestamp(5)).map(drop),
                 || false,
             )
             .await;
@@ -1578,7 +1578,7 @@ mod tests {
                         outbox::Topic::Sync,
                         b"{}",
                         None,
-                        crate::time::Timestamp(1),
+                        lockhub_proto::time::Timestamp(1),
                     )
                     .map(drop)
                 },
@@ -1807,7 +1807,7 @@ mod tests {
                         outbox::Topic::Audit,
                         &[7u8; 1024],
                         None,
-                        crate::time::Timestamp(0),
+                        lockhub_proto::time::Timestamp(0),
                     )?;
                 }
                 Ok(())

@@ -7,7 +7,7 @@
 //! is written only when it changes (each write is an fsync).
 
 use super::StoreError;
-use crate::time::Timestamp;
+use lockhub_proto::time::Timestamp;
 use rusqlite::{Connection, OptionalExtension, params};
 
 /// The broker link's state (the `broker` column).

@@ -4,16 +4,18 @@
 //! broker is down, signed results, TLS with client certificates, password
 //! authentication. The full decision logic is tested with the daemon.
 
-use lockhub::config::{MqttConfig, Signer};
-use lockhub::event::{EventResult, Outcome};
+use lockhub::config::MqttConfig;
 use lockhub::store::outbox::{self, Queued, Topic};
 use lockhub::store::{Alone, Priority, Store, StoreError};
 use lockhub::sync::ingest::{Decide, Decided};
 use lockhub::sync::plan::{BacklogLimits, SeqStart};
 use lockhub::sync::window::ReceiveWindow;
 use lockhub::sync::{self, SyncHandle, SyncSettings};
-use lockhub::time::Timestamp;
-use lockhub::verify::{self, VerifiedEvent, VerifyContext};
+use lockhub_proto::event::{EventResult, Outcome};
+use lockhub_proto::time::Timestamp;
+use lockhub_proto::topics::{DEFAULT_PREFIX, HubTopics};
+use lockhub_proto::verify::Signer;
+use lockhub_proto::verify::{self, VerifiedEvent, VerifyContext};
 use rumqttc::v5::MqttOptions;
 use rusqlite::Connection;
 use std::collections::HashSet;
@@ -21,7 +23,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use testkit::broker::{BrokerOptions, Mosquitto, TestPki, password_file};
-use testkit::cloud::{CloudClient, SIGNER_ID, assert_answered_once, cloud_key, hub_key, topic};
+use testkit::cloud::{CloudClient, SIGNER_ID, assert_answered_once, cloud_key, hub_key};
 use testkit::daemon::WAIT;
 use testkit::files::{HUB_ID, SITE_ID};
 use uuid::Uuid;
@@ -220,7 +222,7 @@ fn start_hub_with(
     let settings = SyncSettings {
         mqtt,
         hub_id: HUB_ID.to_owned(),
-        topic_base: topic(""),
+        topics: HubTopics::new(DEFAULT_PREFIX, SITE_ID.parse().unwrap(), HUB_ID),
         hub_key: hub_key(),
         cloud_stale: Duration::from_secs(900),
         backlog: BacklogLimits::default(),
