@@ -405,6 +405,14 @@ impl Board {
             }
             // The link answered with Pong / consumed the Ack.
             Downlink::Ping { .. } | Downlink::Ack { .. } => {}
+            // A board without a link key speaks only plain (serial.md,
+            // "Sealed link"): the handshake, pairing and rekey messages
+            // mean nothing to it.
+            Downlink::SealHello { .. }
+            | Downlink::SealConfirm { .. }
+            | Downlink::PairStart { .. }
+            | Downlink::PairReveal { .. }
+            | Downlink::RekeyStart { .. } => {}
         }
     }
 

@@ -39,6 +39,10 @@ pub mod board;
 pub mod frame;
 pub mod link;
 pub mod msg;
+pub mod pair;
+pub mod rng;
+pub mod seal;
+pub mod sealed;
 
 pub use board::{Board, BoardConfig};
 pub use frame::{
