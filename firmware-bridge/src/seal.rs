@@ -571,3 +571,64 @@ impl fmt::Debug for Session {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn debug_of(x: &impl fmt::Debug) -> heapless::String<128> {
+        let mut s = heapless::String::new();
+        fmt::write(&mut s, format_args!("{x:?}")).unwrap();
+        s
+    }
+
+    #[test]
+    fn a_sealer_at_the_last_counter_seals_once_more_then_asks_for_a_new_session() {
+        let mut tx = Sealer::new(&[1; KEY_LEN], Direction::BoardToHub);
+        let mut rx = Opener::new(&[1; KEY_LEN], Direction::BoardToHub);
+        tx.next_ctr = Some(u32::MAX);
+        rx.last_ctr = u32::MAX - 1;
+        let mut out = [0u8; MAX_SEALED_PAYLOAD];
+        let last = tx.seal(&[0x04, 0x01], &mut out).unwrap().to_vec();
+        assert_eq!(last[1..5], u32::MAX.to_le_bytes());
+        let mut plain = [0u8; MAX_PAYLOAD];
+        assert_eq!(rx.open(&last, &mut plain), Ok(&[0x04, 0x01][..]));
+        assert_eq!(tx.next_ctr(), None);
+        assert_eq!(
+            tx.seal(&[0x04, 0x01], &mut out),
+            Err(SealError::CounterExhausted)
+        );
+    }
+
+    #[test]
+    fn a_frame_with_counter_zero_is_never_accepted() {
+        // ctr starts at 1: a zero counter can only be forged or replayed
+        // from nowhere, and it is not above the initial window.
+        let key = [3; KEY_LEN];
+        let mut tx = Sealer::new(&key, Direction::HubToBoard);
+        tx.next_ctr = Some(0);
+        let mut out = [0u8; MAX_SEALED_PAYLOAD];
+        let sealed = tx.seal(&[0x03, 0x00], &mut out).unwrap().to_vec();
+        let mut rx = Opener::new(&key, Direction::HubToBoard);
+        let mut plain = [0u8; MAX_PAYLOAD];
+        assert_eq!(rx.open(&sealed, &mut plain), Err(DropCause::Replay));
+    }
+
+    #[test]
+    fn a_truncated_sealed_payload_is_dropped_as_short() {
+        let mut rx = Opener::new(&[3; KEY_LEN], Direction::HubToBoard);
+        let mut plain = [0u8; MAX_PAYLOAD];
+        let short = [SEAL_MARK, 1, 0, 0, 0, 9, 9];
+        assert_eq!(rx.open(&short, &mut plain), Err(DropCause::Short));
+    }
+
+    #[test]
+    fn keys_never_show_in_debug_output() {
+        let lk = LinkKey::from_bytes([0xab; KEY_LEN]);
+        let keys = SessionKeys::derive(&lk, &[1; 16], &[2; 16]);
+        for s in [debug_of(&lk), debug_of(&keys)] {
+            assert!(s.contains("redacted"), "{s}");
+            assert!(!s.contains("ab, ab") && !s.contains("171"), "{s}");
+        }
+    }
+}
