@@ -2,9 +2,9 @@
 //! the board's MCU only, to measure what the crate costs in flash and RAM.
 //!
 //! ```text
-//! cargo build -p firmware-bridge --release --target thumbv7em-none-eabihf \
-//!     --features size-probe --example size_plain
-//! llvm-size target/thumbv7em-none-eabihf/release/examples/size_plain
+//! cargo build --release --manifest-path firmware-bridge/size-probe/Cargo.toml \
+//!     --target thumbv7em-none-eabihf --target-dir target
+//! llvm-size target/thumbv7em-none-eabihf/release/size_plain
 //! ```
 //! Compare with `size_sealed`, the same loop over the sealed link.
 
