@@ -289,12 +289,22 @@ impl BoardPairing {
 
     /// A message from the hub; returns the reply to send plain, if any.
     ///
-    /// A `PairStart` is answered with a fresh key (also a resent one,
-    /// before the reveal). A `PairReveal` that does not match the commit,
+    /// A `PairStart` is answered with a fresh key; a resent one (same
+    /// commit, before the reveal) with the same key, a new one with a new
+    /// key. A `PairReveal` that does not match the commit,
     /// or that gives an all-zero Z, stops pairing with `PairDone{ok:
     /// false}`. Everything else, in any state, is ignored.
     pub fn on_msg(&mut self, msg: &Downlink, rng: &mut impl RandomSource) -> Option<Uplink> {
         match (msg, &self.state) {
+            // The same PairStart again (our reply was slow or lost): the
+            // same key, so whichever reply the hub takes, the keys agree.
+            (Downlink::PairStart { commit }, BoardState::Replied { commit: c, keys })
+                if commit == c =>
+            {
+                Some(Uplink::PairReply {
+                    board_pub: keys.public(),
+                })
+            }
             (
                 Downlink::PairStart { commit },
                 BoardState::AwaitStart | BoardState::Replied { .. },

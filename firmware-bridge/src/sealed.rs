@@ -160,10 +160,26 @@ impl BoardSeal {
             (Some(p), true) => p,
             _ => &self.key,
         };
-        let mut board_nonce = [0u8; NONCE_LEN];
-        rng.fill_bytes(&mut board_nonce);
-        let tag = board_tag(key, &hub_nonce, &board_nonce, self.board_id);
         let slot = usize::from(under_pending);
+        // The same SealHello again (the hub resent it while our answer was
+        // on its way) gets the same answer, so a SealConfirm for either
+        // copy verifies. Offers are cleared once a session starts, so no
+        // two sessions ever share a (hub_nonce, board_nonce) pair.
+        let same = self
+            .offers
+            .get(slot)
+            .copied()
+            .flatten()
+            .filter(|o| o.hub_nonce == hub_nonce);
+        let board_nonce = match same {
+            Some(o) => o.board_nonce,
+            None => {
+                let mut n = [0u8; NONCE_LEN];
+                rng.fill_bytes(&mut n);
+                n
+            }
+        };
+        let tag = board_tag(key, &hub_nonce, &board_nonce, self.board_id);
         if let Some(o) = self.offers.get_mut(slot) {
             *o = Some(Offer {
                 hub_nonce,

@@ -567,3 +567,49 @@ fn a_board_answering_the_same_seal_hello_after_a_reboot_uses_a_new_nonce() {
     };
     assert_ne!(answer(1), answer(2));
 }
+
+#[test]
+fn a_seal_hello_resent_across_the_answer_still_gets_a_session() {
+    let mut r = rng(18);
+    let mut board = BoardSeal::new(1, key(7));
+    let mut hub = HubSeal::new(key(7));
+    let hello = hub.start_with(&mut r).unwrap();
+    let BoardRx::Send(first) = to_board(&mut board, &hello, &mut r) else {
+        panic!()
+    };
+    // The hub resent its SealHello before the first answer arrived.
+    let BoardRx::Send(second) = to_board(&mut board, &hello, &mut r) else {
+        panic!()
+    };
+    assert_eq!(first, second, "the same question gets the same answer");
+    let HubRx::SessionStarted { confirm, .. } = hub.on_payload(&payload(&first)) else {
+        panic!()
+    };
+    assert!(matches!(
+        to_board(&mut board, &confirm, &mut r),
+        BoardRx::SessionStarted { .. }
+    ));
+    // Once confirmed, the same SealHello gets a fresh nonce: no second
+    // session under the same keys.
+    let BoardRx::Send(third) = to_board(&mut board, &hello, &mut r) else {
+        panic!()
+    };
+    assert_ne!(third, first);
+}
+
+#[test]
+fn a_resent_pair_start_gets_the_same_key_so_either_reply_pairs() {
+    let mut r = rng(19);
+    let mut hub = start_pairing(&mut r);
+    let mut board = BoardPairing::new();
+    let first = board.on_msg(&hub.start_msg(), &mut r).unwrap();
+    let again = board.on_msg(&hub.start_msg(), &mut r).unwrap();
+    assert_eq!(first, again);
+    let HubPairStep::Reveal(reveal, code) = hub.on_msg(&again, 1).unwrap() else {
+        panic!()
+    };
+    board.on_msg(&reveal, &mut r);
+    let (done, stored) = board.enter_code(code.digits()).unwrap();
+    assert_eq!(done, Uplink::PairDone { ok: true });
+    assert!(stored.is_some());
+}
