@@ -45,28 +45,26 @@ impl HmacDrbg {
         hmac(key, parts).finalize().into_bytes().into()
     }
 
+    /// HMAC_DRBG_Update: K = HMAC(K, V || round || data), V = HMAC(K, V),
+    /// round 0x00 and, when there is data, round 0x01. `data` is at most
+    /// four pieces, concatenated.
     fn update(&mut self, data: &[&[u8]]) {
-        let mut parts: [&[u8]; 6] = [&[]; 6];
-        parts[0] = &self.v;
-        parts[1] = &[0x00];
-        for (slot, d) in parts.iter_mut().skip(2).zip(data) {
-            *slot = d;
+        let rounds: &[u8] = if data.iter().all(|d| d.is_empty()) {
+            &[0x00]
+        } else {
+            &[0x00, 0x01]
+        };
+        for round in rounds {
+            let mut parts: [&[u8]; 6] = [&[]; 6];
+            parts[0] = &self.v;
+            parts[1] = core::slice::from_ref(round);
+            for (slot, d) in parts.iter_mut().skip(2).zip(data) {
+                *slot = d;
+            }
+            let k = Self::mac(&self.k, &parts);
+            self.k = k;
+            self.v = Self::mac(&self.k, &[&self.v]);
         }
-        let k = Self::mac(&self.k, &parts);
-        self.k = k;
-        self.v = Self::mac(&self.k, &[&self.v]);
-        if data.iter().all(|d| d.is_empty()) {
-            return;
-        }
-        let mut parts: [&[u8]; 6] = [&[]; 6];
-        parts[0] = &self.v;
-        parts[1] = &[0x01];
-        for (slot, d) in parts.iter_mut().skip(2).zip(data) {
-            *slot = d;
-        }
-        let k = Self::mac(&self.k, &parts);
-        self.k = k;
-        self.v = Self::mac(&self.k, &[&self.v]);
     }
 
     /// Instantiate from up to four pieces of seed material.

@@ -4,31 +4,16 @@
 //! dropped.
 
 use firmware_bridge::board::{Board, BoardConfig};
-use firmware_bridge::frame::{PayloadDecoder, decode_frame, to_frame};
+use firmware_bridge::frame::{decode_frame, to_frame};
 use firmware_bridge::link::{HubLink, LinkConfig};
 use firmware_bridge::pair::{BoardPairPhase, HubPairStep, HubPairing};
-use firmware_bridge::rng::{EntropySource, Rng};
+use firmware_bridge::rng::Rng;
 use firmware_bridge::seal::{LinkKey, SEAL_MARK};
 use firmware_bridge::sealed::{HubRx, HubSeal};
 use firmware_bridge::{Downlink, Uplink};
 
-struct Counting(u64);
-
-impl EntropySource for Counting {
-    fn fill_entropy(&mut self, out: &mut [u8]) {
-        for b in out {
-            self.0 = self
-                .0
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            *b = (self.0 >> 33) as u8;
-        }
-    }
-}
-
-fn rng(seed: u64) -> Rng<Counting> {
-    Rng::new(Counting(seed), 1)
-}
+mod common;
+use common::{Counting, payloads, rng};
 
 const T0: u64 = 1_000;
 const LK: [u8; 32] = [0x42; 32];
@@ -65,14 +50,7 @@ impl Hub {
             out.extend_from_slice(&f);
         }
         self.wire.extend_from_slice(&out);
-        let mut dec = PayloadDecoder::new();
-        let mut payloads = Vec::new();
-        for &b in &out {
-            if let Some(Ok(p)) = dec.push(b) {
-                payloads.push(p.to_vec());
-            }
-        }
-        for p in payloads {
+        for p in payloads(&out) {
             match self.seal.on_payload(&p) {
                 HubRx::Message(m) => {
                     if let Some(m) = self.link.on_rx(m, now) {

@@ -3,7 +3,6 @@
 //! fallback to the old key, pairing against a device in the middle, and
 //! the boot counter that keeps nonces from repeating after a reboot.
 
-use firmware_bridge::frame::PayloadDecoder;
 use firmware_bridge::pair::{
     BoardPairPhase, BoardPairing, HubPairStep, HubPairing, HubRekey, PairError,
 };
@@ -12,21 +11,8 @@ use firmware_bridge::seal::{DropCause, LinkKey};
 use firmware_bridge::sealed::{BoardRx, BoardSeal, HubRx, HubSeal};
 use firmware_bridge::{Downlink, Uplink};
 
-/// A hardware source that never repeats within a run (a real TRNG's
-/// stand-in); seeded so each test's bytes are its own.
-struct Counting(u64);
-
-impl EntropySource for Counting {
-    fn fill_entropy(&mut self, out: &mut [u8]) {
-        for b in out {
-            self.0 = self
-                .0
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            *b = (self.0 >> 33) as u8;
-        }
-    }
-}
+mod common;
+use common::{payload, rng};
 
 /// A broken hardware source that gives the same bytes after every reset.
 struct Stuck;
@@ -35,21 +21,6 @@ impl EntropySource for Stuck {
     fn fill_entropy(&mut self, out: &mut [u8]) {
         out.fill(0x5a);
     }
-}
-
-fn rng(seed: u64) -> Rng<Counting> {
-    Rng::new(Counting(seed), 1)
-}
-
-fn payload(frame: &[u8]) -> Vec<u8> {
-    let mut d = PayloadDecoder::new();
-    let mut got = None;
-    for &b in frame {
-        if let Some(r) = d.push(b) {
-            got = Some(r.expect("a good frame").to_vec());
-        }
-    }
-    got.expect("a complete frame")
 }
 
 fn key(b: u8) -> LinkKey {

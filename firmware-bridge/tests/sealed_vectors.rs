@@ -6,7 +6,7 @@
 
 use std::collections::VecDeque;
 
-use firmware_bridge::frame::{MAX_PAYLOAD, PayloadDecoder, decode_payload, to_frame};
+use firmware_bridge::frame::{MAX_PAYLOAD, decode_payload, to_frame};
 use firmware_bridge::pair::{
     BoardPairPhase, BoardPairing, HubPairStep, HubPairing, HubRekey, KeyPair, commit, pairing_key,
     rekey_key,
@@ -18,6 +18,9 @@ use firmware_bridge::seal::{
 use firmware_bridge::sealed::{BoardRx, BoardSeal, HubRx, HubSeal};
 use firmware_bridge::{Downlink, Uplink};
 use serde_json::Value;
+
+mod common;
+use common::payload;
 
 fn vectors() -> Value {
     let path = concat!(
@@ -63,19 +66,6 @@ impl RandomSource for Scripted {
     }
 }
 
-/// The payload inside one wire frame (CRC checked).
-fn payload_of(wire: &[u8]) -> Vec<u8> {
-    let mut d = PayloadDecoder::new();
-    let mut got = None;
-    for &b in wire {
-        if let Some(r) = d.push(b) {
-            assert!(got.is_none(), "one frame per wire");
-            got = Some(r.expect("a good frame").to_vec());
-        }
-    }
-    got.expect("a complete frame")
-}
-
 /// Board and hub after the vector's handshake, driven through the state
 /// machines with the vector's nonces.
 fn handshaken(v: &Value) -> (BoardSeal, HubSeal) {
@@ -91,10 +81,10 @@ fn handshaken(v: &Value) -> (BoardSeal, HubSeal) {
 
     let hello = hub.start(hub_nonce).unwrap();
     assert_eq!(hello.as_slice(), hex(&msgs[0]["wire_hex"]), "hub SealHello");
-    assert_eq!(payload_of(&hello), hex(&msgs[0]["payload_hex"]));
+    assert_eq!(payload(&hello), hex(&msgs[0]["payload_hex"]));
 
     let mut rng = Scripted::new(&[&board_nonce]);
-    let answer = match board.on_payload(&payload_of(&hello), &mut rng) {
+    let answer = match board.on_payload(&payload(&hello), &mut rng) {
         BoardRx::Send(f) => f,
         other => panic!("{other:?}"),
     };
@@ -103,9 +93,9 @@ fn handshaken(v: &Value) -> (BoardSeal, HubSeal) {
         hex(&msgs[1]["wire_hex"]),
         "board SealHello"
     );
-    assert_eq!(payload_of(&answer), hex(&msgs[1]["payload_hex"]));
+    assert_eq!(payload(&answer), hex(&msgs[1]["payload_hex"]));
 
-    let confirm = match hub.on_payload(&payload_of(&answer)) {
+    let confirm = match hub.on_payload(&payload(&answer)) {
         HubRx::SessionStarted {
             board_id: id,
             confirm,
@@ -116,9 +106,9 @@ fn handshaken(v: &Value) -> (BoardSeal, HubSeal) {
         other => panic!("{other:?}"),
     };
     assert_eq!(confirm.as_slice(), hex(&msgs[2]["wire_hex"]), "SealConfirm");
-    assert_eq!(payload_of(&confirm), hex(&msgs[2]["payload_hex"]));
+    assert_eq!(payload(&confirm), hex(&msgs[2]["payload_hex"]));
 
-    match board.on_payload(&payload_of(&confirm), &mut Scripted::new(&[])) {
+    match board.on_payload(&payload(&confirm), &mut Scripted::new(&[])) {
         BoardRx::SessionStarted { new_key: None } => {}
         other => panic!("{other:?}"),
     }
@@ -176,15 +166,15 @@ fn every_sealed_frame_equals_its_vector_and_opens_at_the_other_end() {
         let what = f["message"].as_str().unwrap();
         let message = hex(&f["message_hex"]);
         let wire = hex(&f["wire_hex"]);
-        assert_eq!(payload_of(&wire), hex(&f["payload_hex"]), "{what}");
+        assert_eq!(payload(&wire), hex(&f["payload_hex"]), "{what}");
         let ctr = u32::try_from(f["ctr"].as_u64().unwrap()).unwrap();
-        assert_eq!(&payload_of(&wire)[1..5], ctr.to_le_bytes(), "{what}");
+        assert_eq!(&payload(&wire)[1..5], ctr.to_le_bytes(), "{what}");
         match f["dir"].as_str().unwrap() {
             "board->hub" => {
                 let msg: Uplink = decode_payload(&message).unwrap();
                 let sealed = board.seal(&msg).unwrap();
                 assert_eq!(sealed.as_slice(), wire, "frame {i}: {what}");
-                match hub.on_payload(&payload_of(&wire)) {
+                match hub.on_payload(&payload(&wire)) {
                     HubRx::Message(got) => assert_eq!(got, msg, "{what}"),
                     other => panic!("{what}: {other:?}"),
                 }
@@ -193,7 +183,7 @@ fn every_sealed_frame_equals_its_vector_and_opens_at_the_other_end() {
                 let msg: Downlink = decode_payload(&message).unwrap();
                 let sealed = hub.seal(&msg).unwrap();
                 assert_eq!(sealed.as_slice(), wire, "frame {i}: {what}");
-                match board.on_payload(&payload_of(&wire), &mut Scripted::new(&[])) {
+                match board.on_payload(&payload(&wire), &mut Scripted::new(&[])) {
                     BoardRx::Message(got) => assert_eq!(got, msg, "{what}"),
                     other => panic!("{what}: {other:?}"),
                 }
@@ -226,12 +216,12 @@ fn every_frame_that_must_be_dropped_is_dropped_and_counted_by_cause() {
         match f["dir"].as_str().unwrap() {
             "board->hub" => {
                 let sealed = board.seal(&decode_payload::<Uplink>(&message).unwrap());
-                let p = payload_of(&sealed.unwrap());
+                let p = payload(&sealed.unwrap());
                 assert!(matches!(hub.on_payload(&p), HubRx::Message(_)));
             }
             _ => {
                 let sealed = hub.seal(&decode_payload::<Downlink>(&message).unwrap());
-                let p = payload_of(&sealed.unwrap());
+                let p = payload(&sealed.unwrap());
                 assert!(matches!(
                     board.on_payload(&p, &mut Scripted::new(&[])),
                     BoardRx::Message(_)
@@ -245,7 +235,7 @@ fn every_frame_that_must_be_dropped_is_dropped_and_counted_by_cause() {
         let why = d["why"].as_str().unwrap();
         assert_eq!(d["dir"].as_str(), Some("hub->board"), "{why}");
         let wire = hex(&d["wire_hex"]);
-        let p = payload_of(&wire);
+        let p = payload(&wire);
         assert_eq!(p, hex(&d["payload_hex"]), "{why}");
         let before = board.drops().total();
         match board.on_payload(&p, &mut Scripted::new(&[])) {
@@ -260,7 +250,7 @@ fn every_frame_that_must_be_dropped_is_dropped_and_counted_by_cause() {
     // The session still works after the attempts: the hub's next frame
     // (ctr 3) opens.
     let next = hub.seal(&Downlink::Ping { nonce: 9 }).unwrap();
-    match board.on_payload(&payload_of(&next), &mut Scripted::new(&[])) {
+    match board.on_payload(&payload(&next), &mut Scripted::new(&[])) {
         BoardRx::Message(Downlink::Ping { nonce: 9 }) => {}
         other => panic!("{other:?}"),
     }
@@ -286,7 +276,7 @@ fn pairing_keys_commit_secret_link_key_and_code_equal_the_vectors() {
     );
 }
 
-fn payload(msg: &impl serde::Serialize) -> Vec<u8> {
+fn postcard_of(msg: &impl serde::Serialize) -> Vec<u8> {
     let mut buf = [0u8; MAX_PAYLOAD];
     postcard::to_slice(msg, &mut buf).unwrap().to_vec()
 }
@@ -304,15 +294,27 @@ fn pairing_messages_equal_the_vectors_through_both_state_machines() {
     let mut board_rng = Scripted::new(&[&board_private]);
 
     let start = hub.start_msg();
-    assert_eq!(payload(&start), hex(&msgs[0]["payload_hex"]), "PairStart");
+    assert_eq!(
+        postcard_of(&start),
+        hex(&msgs[0]["payload_hex"]),
+        "PairStart"
+    );
     let reply = board.on_msg(&start, &mut board_rng).expect("PairReply");
-    assert_eq!(payload(&reply), hex(&msgs[1]["payload_hex"]), "PairReply");
+    assert_eq!(
+        postcard_of(&reply),
+        hex(&msgs[1]["payload_hex"]),
+        "PairReply"
+    );
 
     let (reveal, shown) = match hub.on_msg(&reply, 100).unwrap() {
         HubPairStep::Reveal(reveal, shown) => (reveal, shown),
         other => panic!("{other:?}"),
     };
-    assert_eq!(payload(&reveal), hex(&msgs[2]["payload_hex"]), "PairReveal");
+    assert_eq!(
+        postcard_of(&reveal),
+        hex(&msgs[2]["payload_hex"]),
+        "PairReveal"
+    );
     assert_eq!(shown.digits().as_slice(), code.as_bytes(), "the code shown");
     assert!(
         board.on_msg(&reveal, &mut board_rng).is_none(),
@@ -321,7 +323,7 @@ fn pairing_messages_equal_the_vectors_through_both_state_machines() {
     assert_eq!(board.phase(), BoardPairPhase::AwaitCode);
 
     let (done, stored) = board.enter_code(code.as_bytes()).unwrap();
-    assert_eq!(payload(&done), hex(&msgs[3]["payload_hex"]), "PairDone");
+    assert_eq!(postcard_of(&done), hex(&msgs[3]["payload_hex"]), "PairDone");
     let stored = stored.expect("the board stores the key");
     assert_eq!(stored.as_bytes().to_vec(), hex(&p["lk_hex"]));
     match hub.on_msg(&done, 200).unwrap() {
@@ -344,7 +346,11 @@ fn rekey_inside_the_vector_session_gives_the_vector_key_and_messages() {
     assert_eq!(hub_keys.public().to_vec(), hex(&r["hub_pub_hex"]));
     let rekey = HubRekey::with_keys(hub_keys);
     let start = rekey.start_msg();
-    assert_eq!(payload(&start), hex(&msgs[0]["message_hex"]), "RekeyStart");
+    assert_eq!(
+        postcard_of(&start),
+        hex(&msgs[0]["message_hex"]),
+        "RekeyStart"
+    );
 
     // Pure derivation first.
     let board_keys = KeyPair::from_secret_bytes(hex_n(&r["board_private_hex"]));
@@ -361,22 +367,26 @@ fn rekey_inside_the_vector_session_gives_the_vector_key_and_messages() {
     let mut board = BoardSeal::new(1, old.clone());
     let mut board_rng = Scripted::new(&[&[7u8; 16], &hex(&r["board_private_hex"])]);
     let hello = hub.start([3; 16]).unwrap();
-    let BoardRx::Send(answer) = board.on_payload(&payload_of(&hello), &mut board_rng) else {
+    let BoardRx::Send(answer) = board.on_payload(&payload(&hello), &mut board_rng) else {
         panic!("no answer")
     };
-    let HubRx::SessionStarted { confirm, .. } = hub.on_payload(&payload_of(&answer)) else {
+    let HubRx::SessionStarted { confirm, .. } = hub.on_payload(&payload(&answer)) else {
         panic!("no session")
     };
-    board.on_payload(&payload_of(&confirm), &mut board_rng);
+    board.on_payload(&payload(&confirm), &mut board_rng);
     let sealed = hub.seal(&start).unwrap();
-    let BoardRx::Send(reply) = board.on_payload(&payload_of(&sealed), &mut board_rng) else {
+    let BoardRx::Send(reply) = board.on_payload(&payload(&sealed), &mut board_rng) else {
         panic!("no RekeyReply")
     };
     assert!(board.rekey_pending());
-    let HubRx::Message(reply) = hub.on_payload(&payload_of(&reply)) else {
+    let HubRx::Message(reply) = hub.on_payload(&payload(&reply)) else {
         panic!("RekeyReply does not open")
     };
-    assert_eq!(payload(&reply), hex(&msgs[1]["message_hex"]), "RekeyReply");
+    assert_eq!(
+        postcard_of(&reply),
+        hex(&msgs[1]["message_hex"]),
+        "RekeyReply"
+    );
     let Uplink::RekeyReply { board_pub } = reply else {
         panic!("{reply:?}")
     };
@@ -395,18 +405,18 @@ fn a_flipped_frame_ahead_of_the_window_is_dropped_and_does_not_move_it() {
         .collect();
     let flipped = &v["must_drop_after_frames"][0];
     // Only the Ack (ctr 1) so far: the flipped Unlock's ctr 2 is new.
-    let ack = payload_of(&hex(&down[0]["wire_hex"]));
+    let ack = payload(&hex(&down[0]["wire_hex"]));
     assert!(matches!(
         board.on_payload(&ack, &mut Scripted::new(&[])),
         BoardRx::Message(Downlink::Ack { seq: 1 })
     ));
-    let bad = payload_of(&hex(&flipped["wire_hex"]));
+    let bad = payload(&hex(&flipped["wire_hex"]));
     assert!(matches!(
         board.on_payload(&bad, &mut Scripted::new(&[])),
         BoardRx::Dropped(DropCause::BadTag)
     ));
     // The genuine Unlock with the same ctr still opens.
-    let unlock = payload_of(&hex(&down[1]["wire_hex"]));
+    let unlock = payload(&hex(&down[1]["wire_hex"]));
     match board.on_payload(&unlock, &mut Scripted::new(&[])) {
         BoardRx::Message(Downlink::Unlock { seq, door, ms }) => {
             assert_eq!((seq, door, ms), (1, 0, 5000))
