@@ -100,6 +100,9 @@ pub enum KeyAction {
     Submitted(u16),
     /// '#' could not send (pending table full); the entry is discarded.
     NotSent(LinkError),
+    /// Pairing mode: '#' at door 0 checked the entry as the pairing code;
+    /// [`Board::pairing_phase`] says whether it matched.
+    CodeChecked,
 }
 
 /// Counters a firmware can expose for diagnostics (saturating).
@@ -336,7 +339,8 @@ impl<R: RandomSource> Board<R> {
         }
     }
 
-    /// Where pairing stands (a board in pairing mode only).
+    /// Where pairing stands (a board in pairing mode only; `None` once a
+    /// matching code made it a sealed board).
     pub fn pairing_phase(&self) -> Option<BoardPairPhase> {
         match &self.mode {
             Mode::Pairing { pairing, .. } => Some(pairing.phase()),
@@ -392,7 +396,7 @@ impl<R: RandomSource> Board<R> {
                     };
                 }
                 self.push_plain(&reply);
-                KeyAction::Ignored
+                KeyAction::CodeChecked
             }
             _ => KeyAction::Ignored,
         }

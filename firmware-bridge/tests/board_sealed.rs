@@ -265,7 +265,11 @@ fn a_board_in_pairing_mode_takes_the_code_on_door_0_then_a_session_under_the_new
         "door 1's keypad is not the code's"
     );
     type_keys(&mut b, 0, &typed, T0 + 3);
-    type_keys(&mut b, 0, "#", T0 + 3);
+    assert_eq!(
+        b.on_key(0, '#', T0 + 3),
+        firmware_bridge::board::KeyAction::CodeChecked
+    );
+    assert_eq!(b.pairing_phase(), None, "now a sealed board");
     let stored = b.take_new_key().expect("the key to write to flash");
     let done = up(&mut b, T0 + 3);
     assert_eq!(done[0], Uplink::PairDone { ok: true });
@@ -307,4 +311,35 @@ fn a_wrong_code_in_pairing_mode_stores_no_key_and_refuses() {
         Ok(Uplink::PairDone { ok: false })
     );
     assert!(matches!(b.pairing_phase(), Some(BoardPairPhase::Failed(_))));
+}
+
+#[test]
+fn a_rekeyed_board_hands_out_the_new_key_only_once_a_session_under_it_verifies() {
+    let mut b = sealed_board(1);
+    let mut hub = Hub::new(LK);
+    hub.start(&mut b, T0);
+    hub.read(&mut b, T0);
+    let mut hub_rng = rng(42);
+    let rekey = firmware_bridge::pair::HubRekey::new(&mut hub_rng);
+    let start = hub.seal.seal(&rekey.start_msg()).unwrap();
+    b.on_frame_bytes(&start, T0 + 10);
+    hub.read(&mut b, T0 + 10);
+    let board_pub = hub
+        .heard
+        .iter()
+        .find_map(|m| match m {
+            Uplink::RekeyReply { board_pub } => Some(*board_pub),
+            _ => None,
+        })
+        .expect("a sealed RekeyReply");
+    let new = rekey.finish(&board_pub, &LinkKey::from_bytes(LK)).unwrap();
+    assert!(b.take_new_key().is_none(), "not before its proof");
+    // The proof: a session under the new key (the board answers under the
+    // new key first).
+    let mut proof = Hub::new(*new.as_bytes());
+    proof.start(&mut b, T0 + 20);
+    assert!(proof.seal.has_session());
+    let stored = b.take_new_key().expect("the key to write to flash");
+    assert!(stored.ct_eq(&new));
+    assert!(b.take_new_key().is_none(), "handed out once");
 }
