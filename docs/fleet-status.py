@@ -9,7 +9,7 @@ retained messages, and prints the table once (or keeps printing changes
 with --follow).
 
   docs/fleet-status.py -h broker.example.net -p 8883 --cafile ca.pem \\
-      -u cloud -P "$PASS"            # any further flags go to mosquitto_sub
+      -u fleet-status -P "$PASS"            # any further flags go to mosquitto_sub
   docs/fleet-status.py -p 1883 --follow
 
 A hub is flagged when it is offline, its status is older than

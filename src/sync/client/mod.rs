@@ -39,7 +39,7 @@
 //!   so an envelope a little over 1 MiB still reaches step 1 and gets its
 //!   `payload_too_large` result instead of killing the connection (which the
 //!   broker would answer by redelivering it forever). Larger ones are the
-//!   broker's to refuse: set Mosquitto's `message_size_limit`.
+//!   broker's to refuse: set Mosquitto's `max_packet_size`.
 
 pub mod gate;
 pub mod options;

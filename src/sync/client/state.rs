@@ -131,7 +131,7 @@ fn refuses_the_certificate(alert: AlertDescription) -> bool {
 }
 
 /// Whether the connection died on an incoming packet over
-/// [`MAX_INCOMING_PACKET`](super::MAX_INCOMING_PACKET). With Mosquitto's `message_size_limit` set (as
+/// [`MAX_INCOMING_PACKET`](super::MAX_INCOMING_PACKET). With Mosquitto's `max_packet_size` set (as
 /// it should be) this never happens; without it, one oversized publish on
 /// the events topic would otherwise wedge the hub in a reconnect loop.
 fn poisoned_session(e: &rumqttc::ConnectionError) -> bool {

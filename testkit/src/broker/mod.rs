@@ -2,9 +2,11 @@
 //! config, persistence folder and free loopback port; killed on Drop;
 //! restartable on the same port and persistence, to test reconnects and
 //! persistent sessions), its TLS test PKI, password files and ACLs; and
-//! rumqttd, the second broker ([`rumqttd`]).
+//! rumqttd, the second broker ([`rumqttd`]); and Mosquitto with the
+//! configs shipped in packaging/mosquitto/ ([`shipped`]).
 
 pub mod rumqttd;
+pub mod shipped;
 
 pub use self::rumqttd::{AnyBroker, Rumqttd};
 pub use crate::ports::free_port;
@@ -465,9 +467,11 @@ pub fn shipped_acl() -> String {
     std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("cannot read {}: {e}", p.display()))
 }
 
-/// The shipped ACL plus the cloud's identity `cloud_user` for `site`: the
-/// mirror image of a hub's rights, for every hub of that site (the block
-/// packaging/mosquitto/lockhub.acl documents for the cloud).
+/// The shipped ACL plus one cloud identity `cloud_user` for `site` that
+/// both publishes events and reads the hubs' topics, for every hub of that
+/// site: the test cloud ([`crate::cloud::CloudClient`]) is one connection.
+/// The shipped ACL's own cloud block has an identity per connection
+/// ([`shipped::shipped_acl_for_site`]).
 pub fn acl_with_cloud(cloud_user: &str, site: &str) -> String {
     format!(
         "{}\nuser {cloud_user}\n\
