@@ -51,5 +51,5 @@ pub use options::{
     CLIENT_INFLIGHT, KEEP_ALIVE, MAX_INCOMING_PACKET, MAX_OUTGOING_PACKET, REQUEST_CAPACITY,
     WillSource, mqtt_options, offline_will, online_status_payload, status_payload, tls_config,
 };
-pub use poll::{Inbound, LinkEvent, PollSettings, PollSinks, poll_loop};
+pub use poll::{Inbound, LinkEvent, LinkNews, PollSettings, PollSinks, poll_loop};
 pub use state::{Access, PollState};
