@@ -98,8 +98,17 @@ pub enum ProvisionError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("unknown user {0:?} (not in /etc/passwd)")]
+    #[error(
+        "unknown user {0:?} (not in /etc/passwd). The .deb creates the user lockhub; \
+         without it, create the user first (sudo adduser --system --group --home /var/lib/lockhub \
+         --no-create-home {0}; and sudo adduser {0} dialout for serial ports), or leave out --owner"
+    )]
     UnknownUser(String),
+    #[error(
+        "unknown group {0:?} (not in /etc/group): create it first (sudo addgroup --system {0}), \
+         or give --owner USER alone for the user's own group"
+    )]
+    UnknownGroup(String),
     #[error("nothing written: check-config would refuse this config:\n{0}")]
     Check(String),
     #[error("the operating system's random number generator failed: {0}")]
@@ -116,6 +125,7 @@ impl ProvisionError {
                 | ProvisionError::Bundle { .. }
                 | ProvisionError::Exists { .. }
                 | ProvisionError::UnknownUser(_)
+                | ProvisionError::UnknownGroup(_)
                 | ProvisionError::Check(_)
         )
     }
@@ -428,7 +438,7 @@ impl Owner {
                     .map(|l| l.split(':').collect::<Vec<_>>())
                     .find(|f| f.len() >= 3 && f[0] == g)
                     .and_then(|f| f[2].parse().ok())
-                    .ok_or_else(|| ProvisionError::UnknownUser(g.to_owned()))?,
+                    .ok_or_else(|| ProvisionError::UnknownGroup(g.to_owned()))?,
             },
         };
         Ok(Owner { uid, gid })

@@ -4,6 +4,7 @@
 
 mod config;
 mod demo;
+mod grammar;
 mod keys_cli;
 mod provision;
 mod status;

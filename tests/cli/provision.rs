@@ -303,6 +303,29 @@ fn bad_input_exits_2_and_writes_nothing() {
 }
 
 #[test]
+fn an_owner_that_does_not_exist_says_how_to_create_it_and_writes_nothing() {
+    let p = paths();
+    let mut f = flags();
+    f.extend(["--owner".into(), "no-such-lockhub-user".into()]);
+    let out = provision(&p, &as_strs(&f));
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("unknown user \"no-such-lockhub-user\""),
+        "{err}"
+    );
+    assert!(
+        err.contains("adduser --system --group") && err.contains("leave out --owner"),
+        "{err}"
+    );
+    let mut f = flags();
+    f.extend(["--owner".into(), "65534:no-such-lockhub-group".into()]);
+    let err = String::from_utf8_lossy(&provision(&p, &as_strs(&f)).stderr).into_owned();
+    assert!(err.contains("unknown group"), "{err}");
+    assert!(!p.root.join("etc").exists());
+}
+
+#[test]
 fn owner_gets_the_secrets_file_and_the_data_folder() {
     if unsafe_is_not_root() {
         eprintln!("skipped: chown needs root");
