@@ -122,6 +122,28 @@ fn load_config(path: &std::path::Path) -> Result<lockhub::config::Config, ExitCo
     })
 }
 
+/// `lockhub check-config`: every problem (exit 2), or `FILE: ok` (exit
+/// 0); warnings (a device absent now) go to stderr either way, as
+/// `FILE:LINE:COL: warning: message`.
+fn check_config(path: &std::path::Path) -> ExitCode {
+    let (config, warnings) = lockhub::config::load_with_warnings(path);
+    for w in &warnings {
+        let mut w = w.clone();
+        w.message = format!("warning: {}", w.message);
+        eprintln!("{w}");
+    }
+    match config {
+        Ok(_) => {
+            println!("{}: ok", path.display());
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            eprintln!("{errors}");
+            ExitCode::from(2)
+        }
+    }
+}
+
 /// Which tokio runtime a command needs: the daemon runs its tasks on
 /// every core; the one-shot commands drive a single future.
 enum Threads {
@@ -366,13 +388,7 @@ fn main() -> ExitCode {
         },
         Command::CheckConfig { file, config } => {
             let file = file.unwrap_or(config.config);
-            match load_config(&file) {
-                Ok(_) => {
-                    println!("{}: ok", file.display());
-                    ExitCode::SUCCESS
-                }
-                Err(exit) => exit,
-            }
+            check_config(&file)
         }
         Command::SimBoard {
             port,
