@@ -7,4 +7,5 @@ mod demo;
 mod grammar;
 mod keys_cli;
 mod provision;
+mod scripts;
 mod status;
