@@ -163,46 +163,24 @@ impl Mosquitto {
             .stderr(Stdio::null())
             .spawn()
             .expect("start mosquitto");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            // Our broker must be the one answering: a port taken by someone
-            // else between `free_port` and Mosquitto's bind makes it exit.
-            let exited = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten());
-            assert!(
-                exited.is_none(),
-                "mosquitto exited ({exited:?}) before listening on {}: {}",
-                self.port,
-                self.log()
-            );
-            if self.times_running() > started_before
-                && TcpStream::connect(("127.0.0.1", self.port)).is_ok()
-            {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "mosquitto did not start: {}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let (port, log) = (self.port, self.dir.path().join("mosquitto.log"));
+        let child = self.child.insert(child);
+        wait_running(
+            child,
+            port,
+            || times_running(&read_log(&log)) > started_before,
+            || read_log(&log),
+        );
     }
 
-    /// How many times this broker has logged that it runs (all listeners bound).
+    /// How many times this broker has logged that it runs.
     fn times_running(&self) -> usize {
-        self.log()
-            .lines()
-            .filter(|l| l.contains("mosquitto version") && l.ends_with(" running"))
-            .count()
+        times_running(&self.log())
     }
 
     /// The broker's log so far (for assertion messages).
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("mosquitto.log")).unwrap_or_default()
+        read_log(&self.dir.path().join("mosquitto.log"))
     }
 
     /// Stops the broker (SIGTERM, so it saves its persistence), waits for it.
@@ -295,6 +273,49 @@ impl Drop for Mosquitto {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+/// A broker's log file so far ("" before it exists).
+fn read_log(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// How many times a Mosquitto `log` says it runs (all listeners bound).
+fn times_running(log: &str) -> usize {
+    log.lines()
+        .filter(|l| l.contains("mosquitto version") && l.ends_with(" running"))
+        .count()
+}
+
+/// Waits (at most 10 s) until the Mosquitto `child` says it runs
+/// (`running`, checked by the caller over its log) and answers on `port`.
+/// Our broker must be the one answering: a port taken by someone else
+/// between `free_port` and Mosquitto's bind makes it exit, which fails
+/// the test with the broker's `log`.
+fn wait_running(
+    child: &mut Child,
+    port: u16,
+    running: impl Fn() -> bool,
+    log: impl Fn() -> String,
+) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let exited = child.try_wait().ok().flatten();
+        assert!(
+            exited.is_none(),
+            "mosquitto exited ({exited:?}) before listening on {port}: {}",
+            log()
+        );
+        if running() && TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "mosquitto did not start: {}",
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

@@ -10,10 +10,8 @@
 use super::{TestPki, is_root, mosquitto_bin, shipped_acl};
 use crate::ports::free_port;
 use std::collections::BTreeSet;
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 /// Which shipped listener config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,31 +193,14 @@ impl ShippedBroker {
             .stderr(log)
             .spawn()
             .expect("start mosquitto");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let exited = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten());
-            assert!(
-                exited.is_none(),
-                "mosquitto exited ({exited:?}) with the shipped {}: {}",
-                self.variant.file_name(),
-                self.log()
-            );
-            if self.log().lines().any(|l| l.ends_with(" running"))
-                && TcpStream::connect(("127.0.0.1", self.port)).is_ok()
-            {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "mosquitto did not start: {}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let (port, log) = (self.port, self.log_path());
+        let child = self.child.insert(child);
+        super::wait_running(
+            child,
+            port,
+            || super::times_running(&super::read_log(&log)) > 0,
+            || super::read_log(&log),
+        );
     }
 
     pub fn url(&self) -> String {
@@ -241,7 +222,7 @@ impl ShippedBroker {
 
     /// What the broker wrote to stderr so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+        super::read_log(&self.log_path())
     }
 
     /// The ports the broker says it opened ("Opening ipv4 listen socket on
