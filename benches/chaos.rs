@@ -25,10 +25,10 @@
 use firmware_bridge::{BoardConfig, Downlink};
 use harness::broker::{BrokerSettings, Mosquitto};
 use harness::fixture;
-use lockhub::crypto;
 use lockhub::sim::board::{SimBoard, SimEvent};
-use lockhub::sim::cloud::{GrantSpec, SignedEvent};
-use lockhub::time::Timestamp;
+use lockhub_proto::crypto;
+use lockhub_proto::sign::{GrantSpec, SignedEvent};
+use lockhub_proto::time::Timestamp;
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 use rusqlite::{Connection, OpenFlags};
 use serde_json::Value;

@@ -15,11 +15,11 @@
 //! given disk (the write figures are mostly that disk's fsync).
 
 use lockhub::config::Policy;
-use lockhub::crypto::pin_tag;
 use lockhub::door::{Decision, pin_tags};
 use lockhub::store::door::{DoorEntry, door_entry, evaluate};
 use lockhub::store::{Priority, Store, StoreError};
-use lockhub::time::Timestamp;
+use lockhub_proto::crypto::pin_tag;
+use lockhub_proto::time::Timestamp;
 use rusqlite::Connection;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -39,7 +39,7 @@
 //! waits; trusted, the sweep's time is at most an hour past the system
 //! clock.
 
-use crate::time::Timestamp;
+use lockhub_proto::time::Timestamp;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 

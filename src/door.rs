@@ -26,8 +26,8 @@
 //! keypad) and `storage_failure` (the hub's fault, not the typist's) do not.
 
 use crate::config::{LOCKOUT_MAX_S, PinKey, Policy};
-use crate::crypto::pin_tag;
-use crate::time::Timestamp;
+use lockhub_proto::crypto::pin_tag;
+use lockhub_proto::time::Timestamp;
 use std::fmt;
 
 /// Shortest and longest PIN the board sends (serial.md 'Keypad').

@@ -18,7 +18,7 @@ use crate::config::{PinKey, Policy};
 use crate::door::{Decision, pin_tags};
 use crate::store::Store;
 use crate::store::door::{DoorEntry, decide_entry};
-use crate::time::Timestamp;
+use lockhub_proto::time::Timestamp;
 
 /// Keypad entries that may wait behind the one being decided, per door.
 ///

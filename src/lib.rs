@@ -7,38 +7,17 @@
 //!
 //! ## Layout
 //! Pure decisions sit in the middle; I/O sits at the edges and only calls
-//! them. Read it top to bottom: each layer uses only the ones above it.
+//! them. The modules form layers, and each uses only its own layer and the
+//! ones above it: the layer table, each module's job and the rule's check
+//! (`scripts/check-layers`) are in `ARCHITECTURE.md`, the one place they
+//! are written, so a new module gets its row there. The MQTT vocabulary
+//! (time, crypto, events, step-1 verification, topics, output bodies, the
+//! mirror proof) is the crate `lockhub-proto`, above every layer here.
 //!
-//! | layer | module | what lives there |
-//! |---|---|---|
-//! | vocabulary | [`time`] | [`time::Timestamp`] (µs since the epoch), RFC 3339 |
-//! | | [`crypto`] | PIN tags (HMAC-SHA256), base64url, domain-separated Ed25519, hub envelopes (made and opened) |
-//! | | [`config`] | `hub.toml` + `secrets.toml`: parsing, every rule, errors with line and column |
-//! | | [`event`] | the cloud's events and the hub's results as plain data; body parsing (step 4) |
-//! | pure decisions | [`verify`] | step 1 of an event: size, envelope, signer, `verify_strict`, ids |
-//! | | [`lifecycle`] | the key state machine and the plan for one grant or revoke |
-//! | | [`door`] | the door decision and the lockout arithmetic |
-//! | | [`backoff`] | retry delays (capped doubling, full jitter) for every retry loop |
-//! | | [`task`] | stopping a task at shutdown: a bounded wait, then abort |
-//! | | [`watch`] | what a door driver watches besides the decision: the door sensor (forced, held open) and the keypad flood limit |
-//! | | [`clock`] | the effective time (system clock, durable floor, monotonic time) and its trust |
-//! | the mirror | [`store`] | SQLite: migrations, the one writer thread, applying events, door entries, audit, outbox, alerts, the daemon's run state |
-//! | door drivers' common part | [`entry`] | a keypad entry at any door (board or reader): one decision at a time per door, decided by the store and committed before the driver answers |
-//! | I/O edges | [`sync`] | MQTT: the event loop, verify → apply with in-order acks, the outbox publisher, sync requests |
-//! | | [`serial`] | the lock boards: one task per port, keypad → committed decision → Unlock/Deny, sensors, liveness |
-//! | | [`osdp`] | OSDP readers: one task per bus, Secure Channel, supervision, keypad → committed decision → osdp_OUT, `lockhub osdp install` |
-//! | | [`maintenance`] | housekeeping: clock trust, time floor, expiry sweep, retention, signer expiry |
-//! | | [`daemon`] | `run(config, shutdown)`: wires the store, sync, serial ports, OSDP buses and housekeeping |
-//! | operators | [`provision`] | `lockhub provision`: writes hub.toml + secrets.toml safely, fresh keys |
-//! | | [`status`] | `lockhub status`: a read-only snapshot for operators, and the health figures the retained status message carries |
-//! | | [`alert_clear`] | `lockhub alert clear`: an operator ends a raised alert, audited; safe while the daemon runs |
-//! | | [`notify`] | systemd `sd_notify` (READY, WATCHDOG, STOPPING) without libsystemd |
-//! | | [`logging`] | the tracing subscriber: text or JSON on stderr |
-//! | | [`alloc`] | the heap's budget: glibc malloc's limits, memory given back when idle |
-//! | peers | [`sim`] | a simulated cloud that signs events and a simulated lock board, for tests, the demo, benchmarks |
-//!
-//! The serial wire contract itself (messages, framing, link rules, the board's
-//! state machine) lives in the `no_std` crate `firmware-bridge`.
+//! Each wire has one crate of types: the MQTT contract (what the hub and the
+//! cloud share) lives in `lockhub-proto`, pure and without I/O; the serial
+//! wire contract (messages, framing, link rules, the board's state machine)
+//! in the `no_std` crate `firmware-bridge`.
 //!
 //! `migrations/` holds the schema as append-only SQL files; the invariants of
 //! mqtt.md are enforced there, by SQLite, as the last line of defence.
@@ -48,11 +27,10 @@ pub mod alloc;
 pub mod backoff;
 pub mod clock;
 pub mod config;
-pub mod crypto;
 pub mod daemon;
 pub mod door;
+pub mod drivers;
 pub mod entry;
-pub mod event;
 pub mod lifecycle;
 pub mod logging;
 pub mod maintenance;
@@ -66,6 +44,4 @@ pub mod status;
 pub mod store;
 pub mod sync;
 pub mod task;
-pub mod time;
-pub mod verify;
 pub mod watch;

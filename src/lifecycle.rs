@@ -7,8 +7,8 @@
 //! the same event makes, because only the database can see every other key
 //! at the moment of the write.
 
-use crate::event::{Grant, GrantState, Reason};
-use crate::time::Timestamp;
+use lockhub_proto::event::{Grant, GrantState, Reason};
+use lockhub_proto::time::Timestamp;
 
 /// A key's state in the mirror. `revoked` and `expired` are final.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -199,8 +199,8 @@ pub fn plan_revoke(existing: Option<KeyState>, tombstoned: bool) -> RevokePlan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::PinTag;
     use KeyState::*;
+    use lockhub_proto::event::PinTag;
 
     const DAY: i64 = Timestamp::MICROS_PER_DAY;
 

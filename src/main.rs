@@ -174,7 +174,7 @@ fn osdp_install(path: &std::path::Path, reader: &str) -> ExitCode {
         Ok(rt) => rt,
         Err(exit) => return exit,
     };
-    let now = lockhub::time::Timestamp::now_system();
+    let now = lockhub_proto::time::Timestamp::now_system();
     match rt.block_on(lockhub::osdp::install::install(&config, reader, now)) {
         Ok(done) => {
             let id = done.identity;

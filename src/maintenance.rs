@@ -16,10 +16,12 @@
 //! so a door entry never waits behind housekeeping for long.
 
 use crate::clock::{SharedClock, Trust};
-use crate::config::{Config, Policy, Signer};
-use crate::store::alerts::{self, Condition};
+use crate::config::{Config, Policy};
+use crate::store::alerts;
 use crate::store::{Priority, Store, StoreError, door, floor, sweep};
-use crate::verify;
+use lockhub_proto::outputs::Condition;
+use lockhub_proto::verify;
+use lockhub_proto::verify::Signer;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -332,7 +334,7 @@ impl Maintenance {
 mod tests {
     use super::*;
     use crate::clock::Floors;
-    use crate::time::Timestamp;
+    use lockhub_proto::time::Timestamp;
 
     fn setup(floor_at: Timestamp) -> (tempfile::TempDir, Maintenance) {
         let dir = tempfile::tempdir().unwrap();
@@ -501,7 +503,8 @@ mod tests {
     async fn a_signer_near_its_not_after_raises_signer_expiring_and_a_far_one_clears_it() {
         let (_dir, mut m) = setup(Timestamp(0));
         let key =
-            crate::crypto::parse_public_key("vpDAfBqmiMog0GAAR6GMchsmx2iCa19aGlMs764g2M0").unwrap();
+            lockhub_proto::crypto::parse_public_key("vpDAfBqmiMog0GAAR6GMchsmx2iCa19aGlMs764g2M0")
+                .unwrap();
         let soon = Timestamp::now_system().saturating_add_days(10);
         m.trust_ring = vec![Signer {
             id: "cloud-a".into(),

@@ -51,8 +51,8 @@
 //! it into the reader. A bundle with `pin_keys` holds secrets: treat it
 //! like the secrets file (delete it after provisioning).
 
-use crate::crypto::{b64u_decode_32, b64u_encode};
 use ed25519_dalek::SigningKey;
+use lockhub_proto::crypto::{b64u_decode_32, b64u_encode};
 use rand::TryRng;
 use serde::{Deserialize, Serialize};
 use std::fs::{DirBuilder, OpenOptions};
@@ -1183,7 +1183,7 @@ mod tests {
             });
             r.pin_keys.push((name.into(), PinKeySource::Generate));
             let got = provision(r, &target);
-            if crate::config::is_name(name) {
+            if lockhub_proto::event::is_name(name) {
                 let done = got.unwrap_or_else(|e| panic!("{name:?}: {e}"));
                 let c = crate::config::load(&done.config).expect("check-config accepts it");
                 assert_eq!(c.doors[0].name, name);

@@ -14,13 +14,22 @@
 //! or state change writes again. [`KEEP_MAX`] bounds memory if the store
 //! never comes back: doors are rate-limited (the flood limit), so it holds
 //! minutes of a busy building's records.
+//!
+//! The door records both drivers make alike ([`DoorRecord`]: an unlock
+//! confirmed or not, an entry denied undecided, a door's new sensor state,
+//! a flood row) are made here, through [`Recorder::unlock`],
+//! [`Recorder::undecided`], [`Recorder::door_state`] and [`Recorder::flood`],
+//! so the two drivers cannot drift apart on what a door leaves on record.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
+use crate::store::door::{record_flood, record_sensor, record_storage_failure, record_unlock};
 use crate::store::{Priority, Store, StoreError};
+use crate::watch::{DoorAlarm, DoorState};
+use lockhub_proto::time::Timestamp;
 
 /// Records waiting for the store, per port or bus, past which bookkeeping
 /// is dropped.
@@ -38,6 +47,83 @@ pub(crate) trait Recordable: Send + Sync + 'static {
     fn what(&self) -> String;
     /// Bookkeeping that the next frame or state change writes again.
     fn droppable(&self) -> bool;
+}
+
+/// What either driver records at a door, alike for both.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum DoorRecord {
+    /// `door.unlocked` (the door confirmed it) or `door.unlock_unconfirmed`.
+    Unlock {
+        door: String,
+        key_id: String,
+        confirmed: bool,
+        at: Timestamp,
+    },
+    /// A keypad entry answered Deny undecided because the door's queue was
+    /// full (the store is not keeping up): `door.denied` `storage_failure`
+    /// and its alert.
+    Undecided { door: String, at: Timestamp },
+    /// A door sensor report that changed the door's durable state, and
+    /// what it means: the state, its audit row and its alerts land in one
+    /// transaction (see [`record_sensor`]; `door_state` keeps it for the
+    /// next run).
+    Sensor {
+        door: String,
+        state: DoorState,
+        alarm: Option<DoorAlarm>,
+        at: Timestamp,
+    },
+    /// `door.flood` with its count, and `keypad_flood`.
+    Flood {
+        door: String,
+        count: u64,
+        at: Timestamp,
+    },
+}
+
+impl DoorRecord {
+    /// Writes it (see [`Recordable::apply`]).
+    pub(crate) fn apply(&self, conn: &rusqlite::Connection) -> Result<(), StoreError> {
+        match self {
+            DoorRecord::Unlock {
+                door,
+                key_id,
+                confirmed,
+                at,
+            } => record_unlock(conn, door, key_id, *confirmed, *at).map(drop),
+            DoorRecord::Undecided { door, at } => record_storage_failure(conn, door, *at).map(drop),
+            DoorRecord::Sensor {
+                door,
+                state,
+                alarm,
+                at,
+            } => record_sensor(conn, door, state, *alarm, *at),
+            DoorRecord::Flood { door, count, at } => {
+                record_flood(conn, door, *count, *at).map(drop)
+            }
+        }
+    }
+
+    /// Its name in a log line (see [`Recordable::what`]).
+    pub(crate) fn what(&self) -> String {
+        match self {
+            DoorRecord::Unlock {
+                door, confirmed, ..
+            } => format!(
+                "{} at {door}",
+                if *confirmed {
+                    "door.unlocked"
+                } else {
+                    "door.unlock_unconfirmed"
+                }
+            ),
+            DoorRecord::Undecided { door, .. } => {
+                format!("door.denied/storage_failure at {door}")
+            }
+            DoorRecord::Sensor { door, alarm, .. } => format!("door {door} sensor ({alarm:?})"),
+            DoorRecord::Flood { door, count, .. } => format!("door.flood x{count} at {door}"),
+        }
+    }
 }
 
 /// A driver's records in order, between its tasks (many pushers) and its
@@ -128,6 +214,66 @@ impl<R: Recordable> Recorder<R> {
         if let Err(rec) = self.queue.push(rec) {
             tracing::error!(driver = %self.driver, record = %rec.what(), "record queue full; dropped");
         }
+    }
+}
+
+impl<R: Recordable + From<DoorRecord>> Recorder<R> {
+    /// `door.unlocked` for an unlock the door confirmed, else
+    /// `door.unlock_unconfirmed` (the grant is on record, the door may not
+    /// have opened).
+    pub(crate) fn unlock(&self, door: &str, key_id: String, confirmed: bool, at: Timestamp) {
+        self.push(R::from(DoorRecord::Unlock {
+            door: door.to_owned(),
+            key_id,
+            confirmed,
+            at,
+        }));
+    }
+
+    /// A keypad entry denied without a decision (the door's queue is full):
+    /// on record as the storage failure it is, with its alert.
+    pub(crate) fn undecided(&self, door: &str, at: Timestamp) {
+        self.push(R::from(DoorRecord::Undecided {
+            door: door.to_owned(),
+            at,
+        }));
+    }
+
+    /// A door's new state, with what it means: a forced or held-open door
+    /// is logged, and the state goes on record with its audit row and
+    /// alerts in one transaction.
+    pub(crate) fn door_state(
+        &self,
+        door: &str,
+        state: DoorState,
+        alarm: Option<DoorAlarm>,
+        at: Timestamp,
+    ) {
+        match alarm {
+            Some(DoorAlarm::Forced) => {
+                tracing::warn!(driver = %self.driver, door = %door, "door forced")
+            }
+            Some(DoorAlarm::HeldOpen) => {
+                tracing::warn!(driver = %self.driver, door = %door, "door held open")
+            }
+            _ => {}
+        }
+        self.push(R::from(DoorRecord::Sensor {
+            door: door.to_owned(),
+            state,
+            alarm,
+            at,
+        }));
+    }
+
+    /// The `door.flood` row for `count` keypad entries turned away at
+    /// `door` since its last one.
+    pub(crate) fn flood(&self, door: &str, count: u64, at: Timestamp) {
+        self.push(R::from(DoorRecord::Flood {
+            door: door.to_owned(),
+            count,
+            at,
+        }));
     }
 }
 

@@ -1,5 +1,5 @@
-//! Stopping tokio tasks at shutdown: every edge (sync, serial) waits a
-//! bounded time for each of its tasks to finish on its own, then aborts it,
+//! Stopping tokio tasks at shutdown: every edge (sync, serial ports, OSDP
+//! buses) waits a bounded time for each of its tasks to finish on its own, then aborts it,
 //! so a wedged task can delay a stop but never prevent it.
 
 use std::time::Duration;

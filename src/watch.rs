@@ -1,6 +1,6 @@
 //! What a door driver watches besides the PIN decision, as pure state
-//! machines any driver shares (the serial lock board today, OSDP readers
-//! next): the door sensor (forced, held open) and the keypad flood limit.
+//! machines both drivers share (serial lock boards and OSDP readers): the
+//! door sensor (forced, held open) and the keypad flood limit.
 //!
 //! Nothing here does I/O or reads a clock. Times are the driver's monotonic
 //! milliseconds, so tests step time exactly and a wall-clock jump can fake
@@ -12,7 +12,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
 
-use crate::time::Timestamp;
+use lockhub_proto::time::Timestamp;
 
 /// After an `Unlock` is sent, a door may open for its `unlock_ms` plus this
 /// long without counting as forced. It covers the link's resends (up to

@@ -7,8 +7,8 @@
 //! is the process's resident memory, and the tests of one binary run side
 //! by side.
 
-use lockhub::event::{EventKind, GrantState, Outcome, PinTag, Reason};
 use lockhub::store::apply::apply_event_alone;
+use lockhub_proto::event::{EventKind, GrantState, Outcome, PinTag, Reason};
 use testkit::store::*;
 
 const ITEMS: usize = 500;
@@ -101,7 +101,7 @@ fn a_batch_alone_in_its_transaction_journals_one_item_at_a_time_and_a_rejected_o
         _ => unreachable!(),
     };
     let mut clash = taken;
-    if let lockhub::event::Change::KeyIssued { key, .. } = &mut clash {
+    if let lockhub_proto::event::Change::KeyIssued { key, .. } = &mut clash {
         key.key_id = "key-clash".into();
         key.check_in_id = Some("ci-clash".into());
     }

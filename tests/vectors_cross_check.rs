@@ -25,7 +25,8 @@ fn files(root: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
             if path.is_dir() {
                 dirs.push(path);
             } else {
-                let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                let bytes =
+                    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
                 out.insert(path.strip_prefix(root).unwrap().to_path_buf(), bytes);
             }
         }
@@ -43,7 +44,9 @@ fn differences(
     for (path, bytes) in owners {
         match ours.get(path) {
             None => out.push(format!("missing in spec/vectors: {}", path.display())),
-            Some(b) if b != bytes => out.push(format!("differs from the owners': {}", path.display())),
+            Some(b) if b != bytes => {
+                out.push(format!("differs from the owners': {}", path.display()))
+            }
             Some(_) => {}
         }
     }

@@ -8,7 +8,7 @@
 //!   events faster than the hub takes them would measure a loss, not a rate.
 //! - `max_inflight_messages`: the default 20 unacked QoS 1 messages per
 //!   client. Mosquitto 2.0 does not hold it for a client that acks in order
-//!   (BENCHMARKS.md 'Findings'), and the hub keeps its own receive window,
+//!   (docs/performance-notes.md 'Findings'), and the hub keeps its own receive window,
 //!   so it should not matter; the runs use 20 and 1000 to show that it
 //!   does not.
 //! - `persistence true` with the default autosave: what a production broker

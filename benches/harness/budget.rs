@@ -158,7 +158,7 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
         issued.len(),
         t.elapsed().as_secs_f64()
     );
-    let envelopes = |e: &[lockhub::sim::cloud::SignedEvent]| -> Arc<Vec<Vec<u8>>> {
+    let envelopes = |e: &[lockhub_proto::sign::SignedEvent]| -> Arc<Vec<Vec<u8>>> {
         Arc::new(e.iter().map(|e| e.envelope.clone()).collect())
     };
     let resync = envelopes(&batches);
@@ -172,7 +172,7 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
 
     let total = (resync.len() + first.len() + second.len()) as u32;
     // LOCKHUB_BENCH_BROKER_INFLIGHT: another `max_inflight_messages` (with
-    // LOCKHUB_MOSQUITTO, a broker that holds it; BENCHMARKS.md "The drain").
+    // LOCKHUB_MOSQUITTO, a broker that holds it; docs/performance-notes.md "The drain").
     let mut settings = BrokerSettings::default_window(total + 1000);
     if let Some(n) = std::env::var("LOCKHUB_BENCH_BROKER_INFLIGHT")
         .ok()

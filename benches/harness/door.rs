@@ -45,7 +45,7 @@ const S: &str = "door";
 const GAP: Duration = Duration::from_millis(16);
 
 /// [`GAP`], or `LOCKHUB_BENCH_DOOR_GAP_MS`: on a slow disk one entry every
-/// 16 ms writes more random pages than a card takes (see BENCHMARKS.md).
+/// 16 ms writes more random pages than a card takes (see docs/performance-notes.md, "A slow disk").
 fn gap() -> Duration {
     std::env::var("LOCKHUB_BENCH_DOOR_GAP_MS")
         .ok()

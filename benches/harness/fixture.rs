@@ -5,12 +5,14 @@
 //! and still no PIN, tag or secret is ever printed.
 
 use ed25519_dalek::SigningKey;
-use lockhub::config::{Policy, Signer};
-use lockhub::crypto;
-use lockhub::event::SchemaContext;
-use lockhub::sim::cloud::{Cloud, GrantSpec, SignedEvent};
-use lockhub::time::Timestamp;
-use lockhub::verify::VerifyContext;
+use lockhub::config::Policy;
+use lockhub::sim::cloud::Cloud;
+use lockhub_proto::crypto;
+use lockhub_proto::event::SchemaContext;
+use lockhub_proto::sign::{GrantSpec, SignedEvent};
+use lockhub_proto::time::Timestamp;
+use lockhub_proto::verify::Signer;
+use lockhub_proto::verify::VerifyContext;
 use rusqlite::Connection;
 use std::path::{Path, PathBuf};
 use testkit::db::KeyRow;

@@ -8,11 +8,11 @@ use super::report::Figure;
 use super::stats::mib;
 use super::stats::{median, thousands};
 use super::{Sizes, fixture, mqtt, pipeline};
-use lockhub::config::Signer;
-use lockhub::crypto::{self, EVENT_CONTEXT};
-use lockhub::sim::cloud::SignedEvent;
 use lockhub::store::outbox;
-use lockhub::verify::verify_envelope;
+use lockhub_proto::crypto::{self, EVENT_CONTEXT};
+use lockhub_proto::sign::SignedEvent;
+use lockhub_proto::verify::Signer;
+use lockhub_proto::verify::verify_envelope;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -291,7 +291,7 @@ pub fn stamp() -> String {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
         .unwrap_or_default();
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let date = lockhub::time::Timestamp::now_system().to_rfc3339();
+    let date = lockhub_proto::time::Timestamp::now_system().to_rfc3339();
     // Other work on the machine skews every figure: say how much there was.
     let load = std::fs::read_to_string("/proc/loadavg")
         .ok()

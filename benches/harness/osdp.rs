@@ -1,5 +1,5 @@
 //! OSDP door latency: the reader's '#' (the PyPI `libosdp` PeripheralDevice,
-//! tests/osdp/peer.py) → the osdp_OUT it receives, against the real
+//! testkit/osdp/peer.py) → the osdp_OUT it receives, against the real
 //! `lockhub run`, idle, over a Secure Channel, at 9600 and 115200 baud.
 //!
 //! A pty has no baud rate, so the bus between hub and reader is a relay
@@ -114,7 +114,7 @@ fn add_reader(dir: &Path, bus: &Path, baud: u32) {
     write!(
         sec,
         "\n[[reader_key]]\nreader = \"r-1\"\nscbk = \"{}\"\n",
-        lockhub::crypto::b64u_encode(&KEY)
+        lockhub_proto::crypto::b64u_encode(&KEY)
     )
     .unwrap();
     // One key for the reader's door, PIN 20000000 (fixture::pin_for("p", 0)).

@@ -17,7 +17,7 @@ use lockhub::config::PinKey;
 use lockhub::door::{Decision, pin_tags};
 use lockhub::store::door::{DoorEntry, door_entry, evaluate};
 use lockhub::store::{Priority, Store};
-use lockhub::time::Timestamp;
+use lockhub_proto::time::Timestamp;
 use std::time::{Duration, Instant};
 
 pub const IDS: &[&str] = &["scale.decide.ratio", "scale.door_entry.ratio", "disk.fsync"];

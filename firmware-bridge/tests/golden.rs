@@ -11,10 +11,7 @@ use firmware_bridge::frame::{FrameDecoder, FrameError, crc32, encode_frame, to_f
 use firmware_bridge::{DenyReason, Downlink, MAX_FRAME, Pin, Uplink};
 
 fn vectors_text() -> String {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../spec/vectors/serial.txt"
-    );
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../spec/vectors/serial.txt");
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"))
 }
 

@@ -6,9 +6,9 @@ pub(super) fn read_hub(d: &mut Diag<'_>, root: &Table<'_, '_>, base: &Path) -> O
     let t = root.table(d, "hub", "[hub]", &["site_id", "hub_id", "data_dir"], true)?;
     let site_id = t.str(d, "site_id", true).and_then(|(s, span)| {
         // The hyphenated form only: it is what topics and the cloud use.
-        match Uuid::try_parse(s) {
-            Ok(u) if s.len() == 36 => Some(u),
-            _ => {
+        match lockhub_proto::event::parse_uuid_strict(s) {
+            Some(u) => Some(u),
+            None => {
                 d.at(
                     span,
                     "`site_id` must be a UUID (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)",
@@ -18,7 +18,7 @@ pub(super) fn read_hub(d: &mut Diag<'_>, root: &Table<'_, '_>, base: &Path) -> O
         }
     });
     let hub_id = t.str(d, "hub_id", true).and_then(|(s, span)| {
-        if crate::event::is_key_id(s) {
+        if lockhub_proto::event::is_key_id(s) {
             Some(s.to_owned())
         } else {
             d.at(

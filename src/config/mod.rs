@@ -11,9 +11,12 @@
 //! `[[serial]]` and `[[door]]`, `osdp` for `[[osdp]]` and `[[reader]]`,
 //! `policy`); `secrets` the secrets file.
 
-use crate::crypto;
-use crate::time::Timestamp;
-use ed25519_dalek::{SigningKey, VerifyingKey};
+use ed25519_dalek::SigningKey;
+use lockhub_proto::crypto;
+use lockhub_proto::event::SchemaContext;
+use lockhub_proto::time::Timestamp;
+use lockhub_proto::topics::{HubTopics, Leaf};
+use lockhub_proto::verify::Signer;
 use std::collections::HashMap;
 use std::fmt;
 use std::ops::Range;
@@ -43,7 +46,6 @@ use table::*;
 use trust::*;
 
 pub use mqtt::{IdentityError, MqttUrl, parse_mqtt_url, read_client_identity, read_roots};
-pub use table::is_name;
 
 /// The SQLite file's name inside `data_dir`.
 pub const DATABASE_FILE: &str = "lockhub.db";
@@ -94,15 +96,6 @@ pub struct MqttConfig {
     pub key_file: Option<PathBuf>,
     pub username: Option<String>,
     pub password_file: Option<PathBuf>,
-}
-
-/// A cloud signing key the hub trusts.
-#[derive(Debug, Clone)]
-pub struct Signer {
-    pub id: String,
-    /// Checked at load: a valid point, not of small order (weak).
-    pub public_key: VerifyingKey,
-    pub not_after: Option<Timestamp>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -312,12 +305,23 @@ impl Config {
         self.secrets.pin_keys.iter().find(|k| k.id == id)
     }
 
-    /// `P/S/H/<leaf>` for this hub.
-    pub fn topic(&self, leaf: &str) -> String {
-        format!(
-            "{}/{}/{}/{}",
-            self.mqtt.topic_prefix, self.hub.site_id, self.hub.hub_id, leaf
+    /// What step 4 of an event needs from this config: its door names and
+    /// PIN key ids (never the keys themselves).
+    pub fn schema_context(&self) -> SchemaContext {
+        SchemaContext::new(
+            self.door_names().map(str::to_owned),
+            self.secrets.pin_keys.iter().map(|k| k.id.clone()),
         )
+    }
+
+    /// This hub's topics, `P/S/H/<leaf>`.
+    pub fn topics(&self) -> HubTopics {
+        HubTopics::new(&self.mqtt.topic_prefix, self.hub.site_id, &self.hub.hub_id)
+    }
+
+    /// `P/S/H/<leaf>` for this hub.
+    pub fn topic(&self, leaf: Leaf) -> String {
+        self.topics().topic(leaf)
     }
 
     /// The SQLite file inside `data_dir`.
@@ -415,8 +419,6 @@ pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
 // Loading
 // ---------------------------------------------------------------------------
 
-/// The default `mqtt.topic_prefix`.
-pub const DEFAULT_TOPIC_PREFIX: &str = "lockhub/v1";
 /// The default port of `mqtt://`.
 pub const MQTT_PORT: u16 = 1883;
 /// The default port of `mqtts://`.
@@ -652,23 +654,13 @@ mod tests {
     #[test]
     fn ids() {
         // The hub id is the mqtt.md id alphabet, checked by event's rule.
-        use crate::event::is_key_id;
+        use lockhub_proto::event::is_key_id;
         assert!(is_key_id("hub-lobby-1"));
         assert!(is_key_id(&"a".repeat(64)));
         assert!(!is_key_id(&"a".repeat(65)));
         assert!(!is_key_id(""));
         assert!(!is_key_id("a b"));
         assert!(!is_key_id("é"));
-    }
-
-    #[test]
-    fn names_are_any_1_to_64_characters_without_control_characters_or_surrounding_spaces() {
-        for ok in ["101", "Room 101", "Tür 3", "board-a", &"é".repeat(64)] {
-            assert!(is_name(ok), "{ok:?}");
-        }
-        for bad in ["", " 101", "101 ", "a\tb", "a\nb", "nul\0", &"a".repeat(65)] {
-            assert!(!is_name(bad), "{bad:?}");
-        }
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! A TOML table read with diagnostics: typed getters that report what is
-//! wrong where, and the name rules.
+//! wrong where. The name rule itself is the wire's (`lockhub_proto::event::is_name`).
 
 use super::*;
+use lockhub_proto::event::is_name;
 
 pub(super) type Value<'i> = Spanned<DeValue<'i>>;
 
@@ -167,7 +168,7 @@ impl<'a, 'i> Table<'a, 'i> {
         Some((s, span))
     }
 
-    /// A name or id ([`is_name`]).
+    /// A name or id ([`is_name`], the wire's rule).
     pub(super) fn name(&self, d: &mut Diag<'_>, key: &str) -> Option<(&'a str, Range<usize>)> {
         let (s, span) = self.str(d, key, true)?;
         if !is_name(s) {
@@ -274,13 +275,4 @@ pub(super) fn edit_distance(a: &str, b: &str) -> usize {
         }
     }
     row[b.len()]
-}
-
-/// The one rule for the names and ids an installer picks (doors, serials,
-/// buses, readers, signers, PIN keys): 1..=64 characters, no control
-/// characters, no surrounding spaces. `lockhub provision` writes whatever
-/// this accepts, because it checks what it wrote with [`super::load`].
-/// (The hub id is the mqtt.md id alphabet instead: [`crate::event::is_key_id`].)
-pub fn is_name(s: &str) -> bool {
-    !s.is_empty() && s.chars().count() <= 64 && !s.chars().any(char::is_control) && s.trim() == s
 }

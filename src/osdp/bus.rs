@@ -24,7 +24,6 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Notify, mpsc, watch};
-use tokio::task::JoinHandle;
 
 use super::cp::{self, Caps, Event, Fault, Identity, Outcome, Reader, Security, Timing};
 use super::door as cmds;
@@ -32,23 +31,18 @@ use super::keypad::{Entry, Submitted};
 use super::packet::{self, Deframer};
 use crate::backoff::Backoff;
 use crate::config::{Config, PinKey, Policy, ReaderDoorConfig};
+use crate::drivers::{DriverHandle, TimeSource, open};
 use crate::entry::{self, Answer, DecisionQueue, Queued};
-use crate::recorder::{Recordable, Recorder};
-use crate::serial::TimeSource;
-use crate::serial::port::open;
-use crate::store::alerts::{self, Change, Condition};
+use crate::recorder::{DoorRecord, Recordable, Recorder};
+use crate::store::alerts::{self, Change};
 use crate::store::door::{DoorEvent, record_door_event};
-use crate::store::door::{
-    door_states, record_card_denied, record_flood, record_sensor, record_storage_failure,
-    record_unlock,
-};
+use crate::store::door::{door_states, record_card_denied};
 use crate::store::links::CounterWrites;
 use crate::store::osdp::{self as db, ReaderIdentity, ReaderLink};
 use crate::store::{Store, StoreError};
-use crate::watch::{Admit, DoorAlarm, DoorState, DoorWatch, FloodLimit};
+use crate::watch::{Admit, DoorWatch, FloodLimit};
+use lockhub_proto::outputs::Condition;
 
-/// How long [`OsdpHandle::shutdown`] waits for a bus task.
-const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(3);
 /// A Secure Channel that has held this long clears `reader_link_fault`
 /// (mqtt.md 'Alerts').
 const LINK_FAULT_CLEARS_AFTER: Duration = Duration::from_secs(60);
@@ -143,24 +137,8 @@ impl OsdpSettings {
     }
 }
 
-/// The running driver.
-pub struct OsdpHandle {
-    stop: watch::Sender<bool>,
-    buses: Vec<JoinHandle<()>>,
-    recorders: Vec<JoinHandle<()>>,
-}
-
-impl OsdpHandle {
-    /// Stops every bus and waits for them, bounded; then for their
-    /// recorders, which end once a bus and its decisions are done and what
-    /// they recorded is written.
-    pub async fn shutdown(self) {
-        let _ = self.stop.send(true);
-        for task in self.buses.into_iter().chain(self.recorders) {
-            crate::task::join_or_abort(task, SHUTDOWN_TIMEOUT).await;
-        }
-    }
-}
+/// The running OSDP driver. Drop it or call [`DriverHandle::shutdown`].
+pub type OsdpHandle = DriverHandle;
 
 type Job = Box<dyn Fn(&rusqlite::Connection) -> Result<(), StoreError> + Send + Sync>;
 
@@ -172,6 +150,16 @@ struct BusRecord {
     /// Link rows without an alert and counters: the next change writes
     /// them again, so a full queue may drop them.
     bookkeeping: bool,
+}
+
+impl From<DoorRecord> for BusRecord {
+    fn from(rec: DoorRecord) -> Self {
+        BusRecord {
+            what: rec.what(),
+            job: Box::new(move |c| rec.apply(c)),
+            bookkeeping: false,
+        }
+    }
 }
 
 impl Recordable for BusRecord {
@@ -215,11 +203,7 @@ pub fn spawn(
         let task = BusTask::new(bus, &settings, &earlier, ctx.clone(), Arc::new(recorder));
         buses.push(tokio::spawn(task.run(stop_rx.clone())));
     }
-    OsdpHandle {
-        stop,
-        buses,
-        recorders,
-    }
+    OsdpHandle::new(stop, buses, recorders)
 }
 
 /// What earlier runs left about the readers, read once at start through
@@ -608,7 +592,7 @@ impl BusTask {
         for (key, count) in self.flood.drain(now) {
             if usize::from(key) < self.slots.len() {
                 let (door, _) = self.target(usize::from(key));
-                self.flood_row(&door, count);
+                self.records.flood(&door, count, (self.now)());
             }
         }
         for (key, waiting) in self.queue.take_waiting() {
@@ -711,7 +695,8 @@ impl BusTask {
         if let Some(alarm) = self.slots[i].watch.poll(now, held_open_ms) {
             let state = self.slots[i].watch.state();
             if let Some(door) = self.slots[i].door.as_ref().map(|d| d.name.clone()) {
-                self.on_alarm(&door, state, Some(alarm));
+                self.records
+                    .door_state(&door, state, Some(alarm), (self.now)());
             }
         }
         if i == 0 {
@@ -721,7 +706,7 @@ impl BusTask {
                     .get(usize::from(key))
                     .and_then(|s| s.door.clone())
                 {
-                    self.flood_row(&door.name, count);
+                    self.records.flood(&door.name, count, (self.now)());
                 }
             }
         }
@@ -833,7 +818,7 @@ impl BusTask {
             drop(entry);
             if let Some(count) = row {
                 tracing::warn!(bus = %self.name, door = %door, count, "keypad flood");
-                self.flood_row(&door, count);
+                self.records.flood(&door, count, (self.now)());
             }
             self.feedback(i, &cmds::denied());
             return;
@@ -845,23 +830,10 @@ impl BusTask {
             Queued::Full(_) => {
                 // Fail closed: only a stuck store gets here. Still on record.
                 tracing::error!(bus = %self.name, door = %door, "too many keypad entries waiting; denied undecided");
-                let at = (self.now)();
-                self.record(
-                    format!("door.denied/storage_failure at {door}"),
-                    Box::new(move |c| record_storage_failure(c, &door, at).map(drop)),
-                );
+                self.records.undecided(&door, (self.now)());
                 self.feedback(i, &cmds::denied());
             }
         }
-    }
-
-    fn flood_row(&self, door: &str, count: u64) {
-        let at = (self.now)();
-        let d = door.to_owned();
-        self.record(
-            format!("door.flood x{count} at {door}"),
-            Box::new(move |c| record_flood(c, &d, count, at).map(drop)),
-        );
     }
 
     /// What reader `i`'s PIN entries are decided for: its door, or, for a
@@ -909,14 +881,7 @@ impl BusTask {
             {
                 // The bus task is gone: the grant is on record, the output
                 // never went out.
-                let at = (ctx.now)();
-                let job: Job =
-                    Box::new(move |c| record_unlock(c, &door, &key_id, false, at).map(drop));
-                records.push(BusRecord {
-                    what: "door.unlock_unconfirmed".to_owned(),
-                    job,
-                    bookkeeping: false,
-                });
+                records.unlock(&door, key_id, false, (ctx.now)());
             }
         });
     }
@@ -988,19 +953,7 @@ impl BusTask {
     }
 
     fn record_unlock(&self, door: &str, key_id: String, confirmed: bool) {
-        let at = (self.now)();
-        let d = door.to_owned();
-        self.record(
-            format!(
-                "{} at {door}",
-                if confirmed {
-                    "door.unlocked"
-                } else {
-                    "door.unlock_unconfirmed"
-                }
-            ),
-            Box::new(move |c| record_unlock(c, &d, &key_id, confirmed, at).map(drop)),
-        );
+        self.records.unlock(door, key_id, confirmed, (self.now)());
     }
 
     /// An input report: the door contact, when the door has one.
@@ -1019,28 +972,8 @@ impl BusTask {
         let report = self.slots[i].watch.report(open, now, at);
         tracing::info!(bus = %self.name, door = %door.name, open, "door contact");
         if let Some((state, alarm)) = report {
-            self.on_alarm(&door.name, state, alarm);
+            self.records.door_state(&door.name, state, alarm, at);
         }
-    }
-
-    /// The door's new state and what it means, in one transaction
-    /// (`door_state` keeps it for the next run).
-    fn on_alarm(&self, door: &str, state: DoorState, alarm: Option<DoorAlarm>) {
-        match alarm {
-            Some(DoorAlarm::Forced) => {
-                tracing::warn!(bus = %self.name, door = %door, "door forced")
-            }
-            Some(DoorAlarm::HeldOpen) => {
-                tracing::warn!(bus = %self.name, door = %door, "door held open")
-            }
-            _ => {}
-        }
-        let at = (self.now)();
-        let d = door.to_owned();
-        self.record(
-            format!("door {door} contact ({alarm:?})"),
-            Box::new(move |c| record_sensor(c, &d, &state, alarm, at)),
-        );
     }
 
     fn identity(&mut self, i: usize, id: Identity) {

@@ -446,7 +446,6 @@ impl Reader {
         self.offline
     }
 
-    /// Whether a command is on the wire awaiting its reply.
     /// A command of this reader timed out (or was BUSY) and goes again
     /// next: the bus gives it the next turn, so an osdp_OUT fails within
     /// about a second whatever the other readers do (osdp.md).
@@ -454,6 +453,7 @@ impl Reader {
         self.pending.as_ref().is_some_and(|p| p.resend)
     }
 
+    /// Whether a command is on the wire awaiting its reply.
     pub fn awaiting_reply(&self) -> bool {
         self.pending.as_ref().is_some_and(|p| !p.resend)
     }

@@ -15,11 +15,12 @@ use super::cp::{Command, Event, Identity, Outcome, Reader, Security, Timing};
 use super::packet::Deframer;
 use super::sc::Key;
 use crate::config::Config;
-use crate::serial::port::open;
-use crate::store::alerts::{self, Condition};
+use crate::drivers::open;
+use crate::store::alerts;
 use crate::store::osdp::{self as db, ReaderIdentity};
 use crate::store::{Priority, Store, StoreError};
-use crate::time::Timestamp;
+use lockhub_proto::outputs::Condition;
+use lockhub_proto::time::Timestamp;
 
 /// How long each step (a session with one key, the key change) may take.
 const STEP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -34,7 +35,7 @@ pub enum InstallError {
     #[error("cannot open the bus {path}: {source} (is `lockhub run` still running? stop it first)")]
     Open {
         path: String,
-        source: crate::serial::SerialError,
+        source: crate::drivers::OpenError,
     },
     #[error("bus I/O failed: {0}")]
     Io(#[from] std::io::Error),

@@ -30,30 +30,19 @@ use std::time::Duration;
 
 use firmware_bridge::LinkConfig;
 use tokio::sync::{Notify, watch};
-use tokio::task::JoinHandle;
 
 use crate::config::{Config, PinKey, Policy};
 use crate::recorder::Recorder;
 use crate::store::Store;
-use crate::time::Timestamp;
+use lockhub_proto::time::Timestamp;
 use port::DoorTarget;
 use record::Record;
 
-/// The effective time for audit rows and decisions (mqtt.md 'Time'): the
-/// daemon passes its clock here, tests a plain function.
-pub type TimeSource = Arc<dyn Fn() -> Timestamp + Send + Sync>;
-
-/// How long [`SerialHandle::shutdown`] waits for a port task.
-const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(3);
+pub use crate::drivers::TimeSource;
 
 /// The serial boundary's errors: why a port session ended.
 #[derive(Debug, thiserror::Error)]
 pub enum SerialError {
-    #[error("cannot open {path}: {source}")]
-    Open {
-        path: PathBuf,
-        source: tokio_serial::Error,
-    },
     #[error("read failed: {0}")]
     Read(std::io::Error),
     #[error("the port reads end-of-file: the device is gone")]
@@ -162,23 +151,8 @@ impl PortShared {
     }
 }
 
-/// The running driver. Drop it or call [`SerialHandle::shutdown`].
-pub struct SerialHandle {
-    stop: watch::Sender<bool>,
-    ports: Vec<JoinHandle<()>>,
-    others: Vec<JoinHandle<()>>,
-}
-
-impl SerialHandle {
-    /// Stops every port (each closes its device) and waits for them,
-    /// bounded; the recorders finish what was queued.
-    pub async fn shutdown(self) {
-        let _ = self.stop.send(true);
-        for task in self.ports.into_iter().chain(self.others) {
-            crate::task::join_or_abort(task, SHUTDOWN_TIMEOUT).await;
-        }
-    }
-}
+/// The running serial driver. Drop it or call [`DriverHandle::shutdown`].
+pub type SerialHandle = crate::drivers::DriverHandle;
 
 /// Starts one task per port and its recorder. (The `keypad_lockout` alert
 /// of a lockout that ended is cleared by [`crate::maintenance`].)
@@ -192,10 +166,10 @@ pub fn spawn(
 ) -> SerialHandle {
     let (stop, stop_rx) = watch::channel(false);
     let mut ports = Vec::new();
-    let mut others = Vec::new();
+    let mut recorders = Vec::new();
     for port in settings.ports {
         let (recorder, queue) = Recorder::new(&port.name);
-        others.push(tokio::spawn(crate::recorder::run(
+        recorders.push(tokio::spawn(crate::recorder::run(
             store.clone(),
             queue,
             outbox_wake.clone(),
@@ -214,9 +188,5 @@ pub fn spawn(
         });
         ports.push(tokio::spawn(port::run_port(shared, stop_rx.clone())));
     }
-    SerialHandle {
-        stop,
-        ports,
-        others,
-    }
+    SerialHandle::new(stop, ports, recorders)
 }

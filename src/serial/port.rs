@@ -29,6 +29,7 @@
 //! still finishes every decision it acked (see `Session::finish`).
 
 use crate::backoff::Backoff;
+use crate::drivers::open;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,16 +40,17 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{Instant, MissedTickBehavior};
-use tokio_serial::{SerialPortBuilderExt, SerialStream};
+use tokio_serial::SerialStream;
 
 use super::doors::Reply;
 use super::record::Record;
 use super::{DoorSettings, PortShared, SerialError};
 use crate::entry::{DecisionQueue, Queued};
-use crate::store::alerts::{Change, Condition};
+use crate::store::alerts::Change;
 use crate::store::door::DoorEvent;
 use crate::store::links::{CounterWrites, LinkState};
-use crate::watch::{Admit, DoorAlarm, DoorState, DoorWatch, FloodLimit};
+use crate::watch::{Admit, DoorWatch, FloodLimit};
+use lockhub_proto::outputs::Condition;
 
 /// How often the loop advances timers when the line is quiet. Well under
 /// the link's 250 ms resend period, so resends go out on time.
@@ -70,21 +72,6 @@ const DECIDED_QUEUE: usize = 32;
 const FLOOD_SPARE_SLOTS: usize = PENDING_MAX / 2;
 /// Door indexes a board can have (serial.md: 0..=15).
 const BOARD_DOORS: u8 = crate::config::MAX_DOOR_INDEX + 1;
-
-/// Opens a port the way production opens `/dev/ttyAMA0`: 8N1 at `baud`,
-/// exclusive.
-pub fn open(path: &std::path::Path, baud: u32) -> Result<SerialStream, SerialError> {
-    tokio_serial::new(path.to_string_lossy(), baud)
-        .data_bits(tokio_serial::DataBits::Eight)
-        .parity(tokio_serial::Parity::None)
-        .stop_bits(tokio_serial::StopBits::One)
-        .flow_control(tokio_serial::FlowControl::None)
-        .open_native_async()
-        .map_err(|source| SerialError::Open {
-            path: path.to_owned(),
-            source,
-        })
-}
 
 /// The port's view of its board across openings: `board_offline` is about
 /// the board, not about one opening of the port.
@@ -524,7 +511,9 @@ impl Session {
             .report(open, now, at);
         tracing::info!(serial = %self.serial(), door = %target.name, open, "door sensor");
         if let Some((state, alarm)) = report {
-            self.on_alarm(&target.name, state, alarm);
+            self.shared
+                .recorder
+                .door_state(&target.name, state, alarm, at);
         }
     }
 
@@ -544,10 +533,9 @@ impl Session {
                 // decision, and audited as the storage failure it is: only
                 // a store that is not keeping up gets here.
                 tracing::error!(serial = %self.serial(), door = %target.name, "too many keypad entries waiting; denied undecided");
-                self.shared.record(Record::Undecided {
-                    door: target.name.clone(),
-                    at: self.shared.now(),
-                });
+                self.shared
+                    .recorder
+                    .undecided(&target.name, self.shared.now());
                 self.command(
                     Downlink::Deny {
                         seq: 0,
@@ -568,7 +556,7 @@ impl Session {
     fn on_flood(&mut self, door: u8, name: &str, row: Option<u64>) {
         if let Some(count) = row {
             tracing::warn!(serial = %self.serial(), door = %name, count, "keypad flood");
-            self.flood_row(name, count);
+            self.shared.recorder.flood(name, count, self.shared.now());
         }
         if self.deferred.is_empty() && self.link.pending_len() < PENDING_MAX - FLOOD_SPARE_SLOTS {
             let _ = self.link.send(
@@ -580,14 +568,6 @@ impl Session {
                 self.now_ms(),
             );
         }
-    }
-
-    fn flood_row(&self, door: &str, count: u64) {
-        self.shared.record(Record::Flood {
-            door: door.to_owned(),
-            count,
-            at: self.shared.now(),
-        });
     }
 
     fn start_decision(
@@ -616,12 +596,9 @@ impl Session {
             {
                 // The port went away while deciding: the grant is on record
                 // but the Unlock never went out.
-                shared.record(Record::Unlock {
-                    door: target.name.clone(),
-                    key_id,
-                    confirmed: false,
-                    at: shared.now(),
-                });
+                shared
+                    .recorder
+                    .unlock(&target.name, key_id, false, shared.now());
             }
         });
         self.inflight.insert(door, task);
@@ -721,12 +698,9 @@ impl Session {
     fn give_up(&self, unlock: Option<(String, String)>) {
         if let Some((door, key_id)) = unlock {
             tracing::warn!(serial = %self.serial(), door = %door, key_id = %key_id, "unlock never sent");
-            self.shared.record(Record::Unlock {
-                door,
-                key_id,
-                confirmed: false,
-                at: self.shared.now(),
-            });
+            self.shared
+                .recorder
+                .unlock(&door, key_id, false, self.shared.now());
         }
     }
 
@@ -765,12 +739,14 @@ impl Session {
         }
         for (door, state, a) in alarms {
             let name = self.shared.door(door).name;
-            self.on_alarm(&name, state, Some(a));
+            self.shared
+                .recorder
+                .door_state(&name, state, Some(a), self.shared.now());
         }
 
         for (door, count) in self.doors.flood.poll(now) {
             let name = self.shared.door(door).name;
-            self.flood_row(&name, count);
+            self.shared.recorder.flood(&name, count, self.shared.now());
         }
     }
 
@@ -788,23 +764,13 @@ impl Session {
                     } else {
                         tracing::warn!(serial = %self.serial(), door = %door, key_id = %key_id, "unlock acked by a board without this door; unconfirmed");
                     }
-                    self.shared.record(Record::Unlock {
-                        door,
-                        key_id,
-                        confirmed,
-                        at,
-                    });
+                    self.shared.recorder.unlock(&door, key_id, confirmed, at);
                 }
             }
             LinkEvent::Failed(Downlink::Unlock { seq, .. }) => {
                 if let Some((_, door, key_id)) = self.unlocks.remove(&seq) {
                     tracing::warn!(serial = %self.serial(), door = %door, key_id = %key_id, "unlock unconfirmed");
-                    self.shared.record(Record::Unlock {
-                        door,
-                        key_id,
-                        confirmed: false,
-                        at,
-                    });
+                    self.shared.recorder.unlock(&door, key_id, false, at);
                 }
             }
             LinkEvent::Failed(Downlink::Deny { door, .. }) => {
@@ -836,26 +802,6 @@ impl Session {
         }
     }
 
-    /// A door's new state, with what it means, for the recorder: the state
-    /// and its audit row and alerts land in one transaction.
-    fn on_alarm(&self, door: &str, state: DoorState, alarm: Option<DoorAlarm>) {
-        match alarm {
-            Some(DoorAlarm::Forced) => {
-                tracing::warn!(serial = %self.serial(), door = %door, "door forced")
-            }
-            Some(DoorAlarm::HeldOpen) => {
-                tracing::warn!(serial = %self.serial(), door = %door, "door held open")
-            }
-            _ => {}
-        }
-        self.shared.record(Record::Sensor {
-            door: door.to_owned(),
-            state,
-            alarm,
-            at: self.shared.now(),
-        });
-    }
-
     /// The session is over, and every acked Keypad still ends in an audit
     /// row (serial.md 'Door decisions'): the decisions in flight finish,
     /// the entries waiting behind them are decided in order, and the flood
@@ -875,7 +821,7 @@ impl Session {
         let now = self.now_ms();
         for (door, count) in self.doors.flood.drain(now) {
             let name = self.shared.door(door).name;
-            self.flood_row(&name, count);
+            self.shared.recorder.flood(&name, count, self.shared.now());
         }
 
         let mut inflight = std::mem::take(&mut self.inflight);
@@ -893,12 +839,7 @@ impl Session {
                         super::doors::decide(&shared, &target, pin, received).await
                     {
                         tracing::warn!(serial = %shared.port.name, door = %target.name, key_id = %key_id, "granted after the port closed; unlock never sent");
-                        shared.record(Record::Unlock {
-                            door: target.name.clone(),
-                            key_id,
-                            confirmed: false,
-                            at: shared.now(),
-                        });
+                        shared.recorder.unlock(&target.name, key_id, false, shared.now());
                     }
                 }
             });
@@ -922,12 +863,7 @@ impl Session {
                 if let Reply::Unlock { key_id } = d.reply {
                     let door = shared.door(d.door).name;
                     tracing::warn!(serial = %shared.port.name, door = %door, key_id = %key_id, "unlock never sent");
-                    shared.record(Record::Unlock {
-                        door,
-                        key_id,
-                        confirmed: false,
-                        at: shared.now(),
-                    });
+                    shared.recorder.unlock(&door, key_id, false, shared.now());
                 }
             }
         });

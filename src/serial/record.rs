@@ -3,44 +3,19 @@
 //! ([`crate::recorder`]: in order, never turning away an audit row or an
 //! alert while there is room).
 
-use crate::recorder::Recordable;
-use crate::store::alerts::{Change, Condition};
-use crate::store::door::{
-    DoorEvent, record_door_event, record_flood, record_sensor, record_storage_failure,
-    record_unlock,
-};
+use crate::recorder::{DoorRecord, Recordable};
+use crate::store::alerts::Change;
+use crate::store::door::{DoorEvent, record_door_event};
 use crate::store::links::{self, LinkState};
-use crate::time::Timestamp;
-use crate::watch::{DoorAlarm, DoorState};
+use lockhub_proto::outputs::Condition;
+use lockhub_proto::time::Timestamp;
 
 /// Something to write, in the order it happened.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Record {
-    /// `door.unlocked` (the board acked) or `door.unlock_unconfirmed`.
-    Unlock {
-        door: String,
-        key_id: String,
-        confirmed: bool,
-        at: Timestamp,
-    },
-    /// A door sensor report that changed the door's durable state, and
-    /// what it means (see [`record_sensor`]).
-    Sensor {
-        door: String,
-        state: DoorState,
-        alarm: Option<DoorAlarm>,
-        at: Timestamp,
-    },
-    /// `door.flood` with its count, and `keypad_flood`.
-    Flood {
-        door: String,
-        count: u64,
-        at: Timestamp,
-    },
-    /// A keypad entry answered `Deny` undecided because the door's queue
-    /// was full (the store is not keeping up): `door.denied`
-    /// `storage_failure` and its alert.
-    Undecided { door: String, at: Timestamp },
+    /// An unlock, an entry denied undecided, a door's sensor state or a
+    /// flood row, recorded alike by both drivers ([`DoorRecord`]).
+    Door(DoorRecord),
     /// `board.tamper` with its alert.
     DoorEvent {
         kind: DoorEvent,
@@ -80,23 +55,16 @@ pub(crate) enum Record {
     },
 }
 
+impl From<DoorRecord> for Record {
+    fn from(rec: DoorRecord) -> Self {
+        Record::Door(rec)
+    }
+}
+
 impl Recordable for Record {
     fn apply(&self, conn: &rusqlite::Connection) -> Result<(), crate::store::StoreError> {
         match self {
-            Record::Unlock {
-                door,
-                key_id,
-                confirmed,
-                at,
-            } => record_unlock(conn, door, key_id, *confirmed, *at).map(drop),
-            Record::Sensor {
-                door,
-                state,
-                alarm,
-                at,
-            } => record_sensor(conn, door, state, *alarm, *at),
-            Record::Flood { door, count, at } => record_flood(conn, door, *count, *at).map(drop),
-            Record::Undecided { door, at } => record_storage_failure(conn, door, *at).map(drop),
+            Record::Door(rec) => rec.apply(conn),
             Record::DoorEvent { kind, door, at } => {
                 record_door_event(conn, *kind, door, *at).map(drop)
             }
@@ -132,19 +100,7 @@ impl Recordable for Record {
 
     fn what(&self) -> String {
         match self {
-            Record::Unlock {
-                door, confirmed, ..
-            } => format!(
-                "{} at door {door}",
-                if *confirmed {
-                    "door.unlocked"
-                } else {
-                    "door.unlock_unconfirmed"
-                }
-            ),
-            Record::Sensor { door, alarm, .. } => format!("door {door} sensor ({alarm:?})"),
-            Record::Flood { door, count, .. } => format!("door.flood x{count} at {door}"),
-            Record::Undecided { door, .. } => format!("undecided entry at {door}"),
+            Record::Door(rec) => rec.what(),
             Record::DoorEvent { kind, door, .. } => format!("{kind:?} at {door}"),
             Record::Alert {
                 change,
@@ -199,12 +155,12 @@ mod tests {
     }
 
     fn unlock() -> Record {
-        Record::Unlock {
+        Record::Door(DoorRecord::Unlock {
             door: "101".into(),
             key_id: "k".into(),
             confirmed: true,
             at: Timestamp(0),
-        }
+        })
     }
 
     fn link(state: LinkState, board_offline: Option<Change>) -> Record {

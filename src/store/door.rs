@@ -1,7 +1,7 @@
 //! The door decision's durable side: gather the facts, call
 //! [`crate::door::decide`], and record the outcome in the same transaction.
 //!
-//! A driver (serial today, OSDP later) calls [`decide_entry`]: it runs
+//! A door driver (a serial port or an OSDP bus) calls [`decide_entry`]: it runs
 //! [`door_entry`] as a door job that commits within [`COMMIT_WITHIN`] of the
 //! keypad entry or not at all, and answers within [`ANSWER_WITHIN`]. Send
 //! `Unlock` only for an `Ok` unlock, after the commit, so no door opens
@@ -16,13 +16,15 @@
 
 use super::Store;
 use super::StoreError;
-use super::alerts::{self, Condition};
-use super::audit::{self, AuditKind, AuditRecord};
+use super::alerts;
+use super::audit::{self, AuditRecord};
 use super::floor;
 use crate::config::Policy;
 use crate::door::{self, Candidate, Decision, DenyReason, DoorInput, Lockout, LockoutFacts};
-use crate::time::Timestamp;
 use crate::watch::{DoorAlarm, DoorState};
+use lockhub_proto::outputs::AuditKind;
+use lockhub_proto::outputs::Condition;
+use lockhub_proto::time::Timestamp;
 use rusqlite::{Connection, OptionalExtension, params};
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
@@ -628,7 +630,7 @@ fn write_missed(conn: &Connection, missed: &Missed) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// The door decision for any driver (serial today, OSDP later): decides
+/// The door decision for either driver (serial ports, OSDP buses): decides
 /// `entry`, which arrived at `received`, and commits it with the missed
 /// denials before it, within [`COMMIT_WITHIN`] of `received` or not at all.
 /// A decision that commits ends every `storage_failure` alert: storage

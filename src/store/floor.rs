@@ -11,7 +11,7 @@
 
 use super::StoreError;
 use crate::clock::Floors;
-use crate::time::Timestamp;
+use lockhub_proto::time::Timestamp;
 use rusqlite::Connection;
 
 /// The floors as stored (both 0 on a fresh database).

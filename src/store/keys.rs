@@ -5,7 +5,7 @@
 //! never the holder's name (personal data stays out of terminals and logs).
 
 use super::StoreError;
-use crate::time::Timestamp;
+use lockhub_proto::time::Timestamp;
 use rusqlite::Connection;
 use std::fmt::Write as _;
 

@@ -10,7 +10,7 @@
 //! [`set_bad_frames`] likewise at most every [`COUNTERS_EVERY_S`].
 
 use super::StoreError;
-use crate::time::Timestamp;
+use lockhub_proto::time::Timestamp;
 use rusqlite::{Connection, params};
 
 /// How stale `last_frame_at` may be while a link is up.

@@ -578,7 +578,7 @@ mod tests {
     #[test]
     fn the_system_floor_of_a_migrated_hub_starts_an_hour_below_its_old_floor() {
         use crate::clock::{Clock, Trust};
-        use crate::time::Timestamp;
+        use lockhub_proto::time::Timestamp;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("x.db");
         let mut c = Connection::open(&path).unwrap();

@@ -50,6 +50,7 @@ pub mod apply;
 pub mod audit;
 pub mod door;
 pub mod floor;
+pub mod health;
 pub mod keys;
 pub mod links;
 mod migrate;
@@ -80,7 +81,7 @@ use tokio::sync::{mpsc, oneshot};
 /// statement back: so a `LIMIT` takes its parameter as `+?N`, an expression
 /// the planner does not read (same plan). The publisher's outbox read
 /// recompiled on every call this way, ~5 % of the tokio workers' time under a
-/// flood (BENCHMARKS.md, "The hub's CPU per event").
+/// flood (docs/performance-notes.md, "The hub's CPU per event").
 const STATEMENT_CACHE: usize = 256;
 /// How long any connection waits on a lock before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -104,7 +105,7 @@ const GROUP_BUDGET: Duration = Duration::from_millis(6);
 /// journals each page it touches once more: at 2 ms four jobs shared a
 /// group under a flood, and 6 ms committed 24–36 % more events a second
 /// into a full mirror with the loaded door's p99 unchanged within noise
-/// (BENCHMARKS.md, "Issue 14 after the ingest and restart merges").
+/// (docs/performance-notes.md, "Issue 14 after the ingest and restart merges").
 pub const JOB_SLICE: Duration = Duration::from_millis(6);
 
 /// The store boundary's errors.
@@ -1561,7 +1562,7 @@ mod tests {
         let refused = store
             .write_until_written(
                 "a floor",
-                |c| floor::raise_to(c, crate::time::Timestamp(5)).map(drop),
+                |c| floor::raise_to(c, lockhub_proto::time::Timestamp(5)).map(drop),
                 || false,
             )
             .await;
@@ -1577,7 +1578,7 @@ mod tests {
                         outbox::Topic::Sync,
                         b"{}",
                         None,
-                        crate::time::Timestamp(1),
+                        lockhub_proto::time::Timestamp(1),
                     )
                     .map(drop)
                 },
@@ -1806,7 +1807,7 @@ mod tests {
                         outbox::Topic::Audit,
                         &[7u8; 1024],
                         None,
-                        crate::time::Timestamp(0),
+                        lockhub_proto::time::Timestamp(0),
                     )?;
                 }
                 Ok(())

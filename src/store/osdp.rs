@@ -6,7 +6,7 @@
 //! upserted freely; write them on a change, never per packet.
 
 use super::StoreError;
-use crate::time::Timestamp;
+use lockhub_proto::time::Timestamp;
 use rusqlite::{Connection, OptionalExtension, params};
 
 /// A reader's identity (osdp_PDID).

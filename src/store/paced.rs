@@ -7,7 +7,7 @@
 //! write each: on an SD card doing ~100 random writes a second
 //! (`scripts/slow-disk 100 20`) a checkpoint of 1,000 pages put ten seconds
 //! of writes in the device queue, and a door's commit (its WAL append and
-//! fsync) queued behind them and missed its 2 s bound (BENCHMARKS.md, "A
+//! fsync) queued behind them and missed its 2 s bound (docs/performance-notes.md, "A
 //! slow disk"). So the checkpointer's connection opens the database through
 //! this VFS, which is SQLite's own `unix` VFS with the main file's `xWrite`
 //! and `xSync` wrapped: every step of pages it writes out what it wrote
@@ -47,7 +47,7 @@ pub(super) const STEP_PAGES: u32 = 16;
 /// The largest step. With 16-page steps on the VM's disk (a write-out well
 /// under a millisecond) the checkpointer fell behind a full-mirror flood,
 /// bulk work waited for it, and the ingest ran at ~1,500 instead of ~4,500
-/// events/s (BENCHMARKS.md, "Issue 14 on the merged code").
+/// events/s (docs/performance-notes.md, "Issue 14 on the merged code").
 pub(super) const STEP_PAGES_MAX: u32 = 4096;
 /// What one step's write-out may take, predicted at its worst: every page
 /// of it a run of its own, each costing the worst time per run measured
@@ -115,7 +115,7 @@ impl Steps {
 /// device's cost is per write, and a step of sequential pages is one write
 /// however many pages it holds. Steps sized by their last time per page
 /// (613ab61, reverted) grew to thousands of pages on the throttled card
-/// and 8 of 200 loaded door entries were denied (BENCHMARKS.md, "Issue 14
+/// and 8 of 200 loaded door entries were denied (docs/performance-notes.md, "Issue 14
 /// on the merged code"): most likely steps of sequential pages wrote out
 /// quickly, and the next step of scattered index leaves then sat seconds
 /// in the device queue. Charged per run, a sequential step reads as one

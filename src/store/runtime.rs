@@ -1,13 +1,13 @@
 //! The daemon's run state (`hub_runtime`, migration 0007): when it started,
 //! which version, and the broker link's state. For `lockhub status` and the
 //! health in the retained status message, which both read it through
-//! [`crate::status::health`].
+//! [`super::health`].
 //!
 //! Operational, not an invariant: the one row is upserted. The broker state
 //! is written only when it changes (each write is an fsync).
 
 use super::StoreError;
-use crate::time::Timestamp;
+use lockhub_proto::time::Timestamp;
 use rusqlite::{Connection, OptionalExtension, params};
 
 /// The broker link's state (the `broker` column).

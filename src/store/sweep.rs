@@ -5,9 +5,10 @@
 //! while a batch came back full ([`EXPIRE_BATCH`], [`Pruned::more`]).
 
 use super::StoreError;
-use super::audit::{self, AuditKind, AuditRecord};
+use super::audit::{self, AuditRecord};
 use crate::config::Policy;
-use crate::time::Timestamp;
+use lockhub_proto::outputs::AuditKind;
+use lockhub_proto::time::Timestamp;
 use rusqlite::{Connection, params};
 
 /// Keys made final per [`expire_due`] call.

@@ -5,13 +5,14 @@ use super::ingest::{Decide, Decided};
 use super::plan::{SeqStart, SeqView};
 use super::ratelimit::TokenBucket;
 use crate::clock::SharedClock;
-use crate::config::{Config, Signer};
-use crate::event::{self, EventKind, EventResult, Outcome, SchemaContext, SchemaError};
+use crate::config::Config;
 use crate::store::apply::{self, ApplyContext};
 use crate::store::outbox::Queued;
 use crate::store::{Alone, Store, StoreError};
-use crate::time::Timestamp;
-use crate::verify::{self, VerifiedEvent, VerifyContext};
+use lockhub_proto::event::{self, EventKind, EventResult, Outcome, SchemaContext, SchemaError};
+use lockhub_proto::time::Timestamp;
+use lockhub_proto::verify::Signer;
+use lockhub_proto::verify::{self, VerifiedEvent, VerifyContext};
 use rusqlite::Connection;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -54,10 +55,7 @@ impl HubDecider {
             ring: config.trust.clone(),
             site_id: config.hub.site_id,
             hub_id: config.hub.hub_id.clone(),
-            schema: SchemaContext::new(
-                config.door_names().map(str::to_owned),
-                config.secrets.pin_keys.iter().map(|k| k.id.clone()),
-            ),
+            schema: config.schema_context(),
             apply: ApplyContext {
                 site_id: config.hub.site_id,
                 policy: config.policy,

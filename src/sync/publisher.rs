@@ -42,12 +42,14 @@ use super::plan::{
     BacklogLimits, BacklogMonitor, HEALTH_EVERY, HealthSchedule, MarkPlan, PublishWindow,
 };
 use crate::clock::SharedClock;
-use crate::crypto;
-use crate::status::{self, BROKER_LINK, Health, HealthKey};
-use crate::store::alerts::{self, Condition};
+use crate::store::alerts;
+use crate::store::health::{self, BROKER_LINK, Health, HealthKey};
 use crate::store::outbox;
 use crate::store::{Priority, Store, StoreError};
 use ed25519_dalek::SigningKey;
+use lockhub_proto::crypto;
+use lockhub_proto::outputs::Condition;
+use lockhub_proto::topics::{HubTopics, Leaf};
 use rusqlite::Connection;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -66,7 +68,7 @@ use tokio::sync::{Notify, mpsc, oneshot};
 /// `key.activated` record): 4,096 is twice the rows of a full receive
 /// window. On Mosquitto 2.0.11 a flood's PUBACKs wait for the whole flood
 /// whatever the window; after it, 4,096 drained ~26,000 rows/s where 448
-/// drained ~16,000 (BENCHMARKS.md, "The drain"). The bytes: 2 MiB of
+/// drained ~16,000 (docs/performance-notes.md, "The drain"). The bytes: 2 MiB of
 /// envelopes and topics, as much as the receive window holds (~4,000 rows
 /// of ~500 B); rumqttc keeps a copy of each until its PUBACK.
 ///
@@ -98,8 +100,8 @@ const BACKLOG_SUBJECT: &str = "outbox";
 pub struct PublisherConfig {
     pub hub_id: String,
     pub hub_key: SigningKey,
-    /// `P/S/H/` (with the trailing slash): leaves are appended.
-    pub topic_base: String,
+    /// `P/S/H/`: this hub's topics.
+    pub topics: HubTopics,
     pub limits: BacklogLimits,
 }
 
@@ -107,7 +109,7 @@ impl std::fmt::Debug for PublisherConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PublisherConfig")
             .field("hub_id", &self.hub_id)
-            .field("topic_base", &self.topic_base)
+            .field("topics", &self.topics)
             .finish_non_exhaustive()
     }
 }
@@ -214,8 +216,8 @@ impl Publisher {
         })
     }
 
-    fn topic(&self, leaf: &str) -> String {
-        format!("{}{}", self.cfg.topic_base, leaf)
+    fn topic(&self, leaf: Leaf) -> String {
+        self.cfg.topics.topic(leaf)
     }
 
     /// Runs until shut down (or until every input is gone).
@@ -336,7 +338,7 @@ impl Publisher {
     /// The health figures now; the broker link is up, since this is what
     /// goes out over it (the recorded state may lag by a write).
     fn health_now(&self) -> Option<Health> {
-        let mut h = status::health(&self.reader, self.store.path(), self.clock.now())
+        let mut h = health::health(&self.reader, self.store.path(), self.clock.now())
             .map_err(|e| tracing::warn!(error = %e, "cannot read the health figures"))
             .ok()?;
         h.links.insert(BROKER_LINK.to_owned(), "up".to_owned());
@@ -349,7 +351,7 @@ impl Publisher {
         if self.link.as_ref().is_none_or(|l| l.status_due) {
             return;
         }
-        let Ok(mut key) = status::health_key(&self.reader, self.clock.now()) else {
+        let Ok(mut key) = health::health_key(&self.reader, self.clock.now()) else {
             return;
         };
         key.0.insert(BROKER_LINK.to_owned(), "up".to_owned());
@@ -368,7 +370,7 @@ impl Publisher {
             let health = self.health_now();
             let payload =
                 online_status_payload(&self.cfg.hub_id, self.clock.now(), health.as_ref());
-            let topic = format!("{}status", self.cfg.topic_base);
+            let topic = self.topic(Leaf::Status);
             let bytes = topic.len() + payload.len();
             let link = self.link.as_mut().expect("checked above");
             match self.gate.publish(link.epoch, &topic, true, payload) {
@@ -405,7 +407,7 @@ impl Publisher {
         let full_batch = rows.len() == room;
         for row in rows {
             let envelope = crypto::hub_envelope(&self.cfg.hub_id, &self.cfg.hub_key, &row.body);
-            let topic = format!("{}{}", self.cfg.topic_base, row.topic.as_str());
+            let topic = self.topic(row.topic.leaf());
             let bytes = topic.len() + envelope.len();
             let link = self.link.as_mut().expect("link checked above");
             if !WINDOW.admits(link.in_flight(), link.bytes, bytes) {
@@ -517,7 +519,7 @@ impl Publisher {
             return;
         };
         let payload = status_payload(&self.cfg.hub_id, false, self.clock.now());
-        let topic = self.topic("status");
+        let topic = self.topic(Leaf::Status);
         let deadline = tokio::time::Instant::now() + OFFLINE_ACK_TIMEOUT;
         loop {
             match self.gate.publish(epoch, &topic, true, payload.clone()) {

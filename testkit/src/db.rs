@@ -2,11 +2,11 @@
 //! respects the schema's triggers, and the PIN keys those keys are under.
 
 use lockhub::config::{PinKey, Policy};
-use lockhub::crypto::pin_tag;
 use lockhub::door::pin_tags;
 use lockhub::store::door::{DoorEntry, DoorOutcome, door_entry};
 use lockhub::store::{Priority, Store};
-use lockhub::time::Timestamp;
+use lockhub_proto::crypto::pin_tag;
+use lockhub_proto::time::Timestamp;
 use rusqlite::{Connection, params};
 
 pub const T0: i64 = 1_800_000_000;

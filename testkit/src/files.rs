@@ -23,19 +23,19 @@ pub static SECRETS_TOML: std::sync::LazyLock<String> =
     std::sync::LazyLock::new(|| read_vector("secrets.toml"));
 
 /// The vectors' trust ring (`trust.toml`), as the config loader would build it.
-pub fn vectors_trust_ring() -> Vec<lockhub::config::Signer> {
+pub fn vectors_trust_ring() -> Vec<lockhub_proto::verify::Signer> {
     let doc: toml::Table = toml::from_str(&TRUST_TOML).expect("trust.toml parses");
     doc["trust"]["signer"]
         .as_array()
         .expect("[[trust.signer]]")
         .iter()
-        .map(|s| lockhub::config::Signer {
+        .map(|s| lockhub_proto::verify::Signer {
             id: s["id"].as_str().unwrap().to_owned(),
-            public_key: lockhub::crypto::parse_public_key(s["public_key"].as_str().unwrap())
+            public_key: lockhub_proto::crypto::parse_public_key(s["public_key"].as_str().unwrap())
                 .unwrap(),
-            not_after: s
-                .get("not_after")
-                .map(|t| lockhub::time::Timestamp::parse_rfc3339(t.as_str().unwrap()).unwrap()),
+            not_after: s.get("not_after").map(|t| {
+                lockhub_proto::time::Timestamp::parse_rfc3339(t.as_str().unwrap()).unwrap()
+            }),
         })
         .collect()
 }
@@ -146,14 +146,14 @@ impl HubToml {
 pub fn trust_signer(id: &str, public_key: &ed25519_dalek::VerifyingKey) -> String {
     format!(
         "[[trust.signer]]\nid = \"{id}\"\npublic_key = \"{}\"\n",
-        lockhub::crypto::b64u_encode(public_key.as_bytes())
+        lockhub_proto::crypto::b64u_encode(public_key.as_bytes())
     )
 }
 
 /// A secrets.toml: the hub key's seed and the PIN keys (id, secret), then
 /// `extra` (`[[reader_key]]` tables).
 pub fn secrets_toml(hub_key: &[u8; 32], pin_keys: &[(&str, &[u8; 32])], extra: &str) -> String {
-    let b64 = lockhub::crypto::b64u_encode;
+    let b64 = lockhub_proto::crypto::b64u_encode;
     let mut s = format!("[hub_key]\nsecret = \"{}\"\n", b64(hub_key));
     for (id, secret) in pin_keys {
         s.push_str(&format!(

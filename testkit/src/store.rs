@@ -3,11 +3,13 @@
 //! changed" comparisons.
 
 use lockhub::config::Policy;
-use lockhub::event::{Change, EventHeader, EventKind, Grant, GrantState, PinTag, SchemaError};
 use lockhub::store::apply::{Applied, ApplyContext, apply_event};
 use lockhub::store::{Priority, Store};
-use lockhub::time::Timestamp;
-use lockhub::verify::VerifiedEvent;
+use lockhub_proto::event::{
+    Change, EventHeader, EventKind, Grant, GrantState, PinTag, SchemaError,
+};
+use lockhub_proto::time::Timestamp;
+use lockhub_proto::verify::VerifiedEvent;
 use rusqlite::Connection;
 use uuid::Uuid;
 
@@ -106,7 +108,7 @@ pub fn event(id: u128, seq: Option<u64>, body: &str, issued_at: Timestamp) -> Ve
             issued_at,
         },
         body: body.as_bytes().to_vec(),
-        body_sha256: lockhub::crypto::sha256(body.as_bytes()),
+        body_sha256: lockhub_proto::crypto::sha256(body.as_bytes()),
         signer: "cloud-2026-11".into(),
     }
 }

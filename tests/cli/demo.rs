@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-use lockhub::crypto;
+use lockhub_proto::crypto;
 
 /// The whole story takes a few seconds; this bound is for a loaded CI box.
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -37,7 +37,8 @@ fn demo_binary() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let newest = newest_mtime(&root.join("src"))
         .max(newest_mtime(&root.join("examples/demo")))
-        .max(newest_mtime(&root.join("testkit/src")));
+        .max(newest_mtime(&root.join("testkit/src")))
+        .max(newest_mtime(&root.join("lockhub-proto/src")));
     assert!(
         built >= newest,
         "{} is older than its sources: {hint}",

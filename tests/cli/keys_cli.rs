@@ -2,8 +2,8 @@
 //! mirror holds, safely while a writer has the database open, and never a
 //! PIN tag or a holder name.
 
-use lockhub::crypto::{b64u_encode, pin_tag};
 use lockhub::store::{Priority, Store};
+use lockhub_proto::crypto::{b64u_encode, pin_tag};
 use std::process::Command;
 use testkit::db::{K, insert_key, pin_keys};
 use testkit::files::Fixture;

@@ -123,7 +123,7 @@ fn flags_write_safe_files_that_check_config_accepts() {
     let public = ed25519_dalek::SigningKey::from_bytes(&seed).verifying_key();
     assert_eq!(
         printed_public_key(&out),
-        lockhub::crypto::b64u_encode(public.as_bytes())
+        lockhub_proto::crypto::b64u_encode(public.as_bytes())
     );
     let printed = format!(
         "{}{}",
@@ -144,7 +144,7 @@ fn flags_write_safe_files_that_check_config_accepts() {
 }
 
 fn base64_url(s: &str) -> [u8; 32] {
-    lockhub::crypto::b64u_decode_32(s).unwrap()
+    lockhub_proto::crypto::b64u_decode_32(s).unwrap()
 }
 
 #[test]
@@ -452,7 +452,8 @@ fn a_bundle_with_osdp_readers_gets_a_fresh_key_per_secure_reader() {
         toml::from_str(&std::fs::read_to_string(&p.secrets).unwrap()).unwrap();
     let keys = secrets["reader_key"].as_array().unwrap();
     assert_eq!(keys.len(), 2, "no key for the insecure_plaintext reader");
-    let scbk = |i: usize| lockhub::crypto::b64u_decode(keys[i]["scbk"].as_str().unwrap()).unwrap();
+    let scbk =
+        |i: usize| lockhub_proto::crypto::b64u_decode(keys[i]["scbk"].as_str().unwrap()).unwrap();
     assert_eq!(scbk(0).len(), 16);
     assert_ne!(scbk(0), scbk(1), "each reader its own random key");
     for k in keys {

@@ -1,8 +1,8 @@
 //! OSDP readers against a reader no one here wrote: the PyPI `libosdp`
-//! PeripheralDevice (tests/osdp/peer.py) on a pseudo-terminal, the real
+//! PeripheralDevice (testkit/osdp/peer.py) on a pseudo-terminal, the real
 //! `lockhub run` binary, a real Mosquitto and SQLite file.
 
-use lockhub::crypto::b64u_encode;
+use lockhub_proto::crypto::b64u_encode;
 use rusqlite::Connection;
 use std::path::Path;
 use std::time::Duration;
@@ -771,7 +771,7 @@ async fn a_reader_whose_recorded_identity_cannot_be_read_is_quarantined_not_adop
 // Doors on readers (phase 2): PIN entry, osdp_OUT, feedback, contact, cards.
 // ---------------------------------------------------------------------------
 
-use lockhub::sim::cloud::GrantSpec;
+use lockhub_proto::sign::GrantSpec;
 use testkit::cloud::{CloudClient, cloud, pin_key};
 
 const PIN: &str = "482913";

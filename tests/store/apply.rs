@@ -1,10 +1,12 @@
 //! `store::apply` against real SQLite files: every type, every result code
 //! this layer produces, batches, dedupe, the seq bookkeeping, and a race.
 
-use lockhub::event::{Change, EventKind, EventResult, GrantState, Outcome, Reason, SchemaError};
 use lockhub::store::Priority;
 use lockhub::store::apply::{record_step1_rejection, seq_status};
-use lockhub::time::Timestamp;
+use lockhub_proto::event::{
+    Change, EventKind, EventResult, GrantState, Outcome, Reason, SchemaError,
+};
+use lockhub_proto::time::Timestamp;
 use std::sync::{Arc, Barrier};
 use testkit::store::*;
 
@@ -247,13 +249,13 @@ fn a_rejected_grant_takes_its_supersede_revocations_with_it() {
     );
 }
 
-fn pre(key_id: &str, reservation: &str, tag: u8) -> lockhub::event::Grant {
+fn pre(key_id: &str, reservation: &str, tag: u8) -> lockhub_proto::event::Grant {
     let mut g = grant(key_id, 1, PreIssued, "", tag);
     g.reservation_id = Some(reservation.into());
     g
 }
 
-fn checkin(reservation: &str, check_in: &str, mut key: lockhub::event::Grant) -> Change {
+fn checkin(reservation: &str, check_in: &str, mut key: lockhub_proto::event::Grant) -> Change {
     key.reservation_id = Some(reservation.into());
     key.check_in_id = Some(check_in.into());
     Change::CheckinCompleted {

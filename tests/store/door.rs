@@ -399,7 +399,8 @@ fn the_key_listing_shows_doors_and_windows_but_never_tags_or_names() {
     assert!(text.contains("k-1") && text.contains("101,lobby"), "{text}");
     assert!(text.contains("2 keys: 0 pre_issued, 1 active, 1 revoked, 0 expired"));
     assert!(!text.contains("Guest Name"), "{text}");
-    let tag = lockhub::crypto::b64u_encode(&lockhub::crypto::pin_tag(&[1; 32], b"482913"));
+    let tag =
+        lockhub_proto::crypto::b64u_encode(&lockhub_proto::crypto::pin_tag(&[1; 32], b"482913"));
     assert!(!text.contains(&tag) && !text.contains(&tag[..8]), "{text}");
 }
 

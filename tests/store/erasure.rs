@@ -4,9 +4,9 @@
 //! journal once the erasure's result can be published; the result waits for
 //! a WAL scrub that succeeds.
 
-use lockhub::event::{Change, GrantState, Outcome};
 use lockhub::store::Priority;
 use lockhub::store::outbox;
+use lockhub_proto::event::{Change, GrantState, Outcome};
 use std::path::{Path, PathBuf};
 use testkit::store::*;
 
@@ -167,7 +167,7 @@ fn a_second_erasure_of_a_guest_renews_the_memory_of_it() {
     let hub = Hub::new();
     let first = now();
     let later = now().saturating_add_days(1);
-    let kind = |c| Ok(lockhub::event::EventKind::Change(c));
+    let kind = |c| Ok(lockhub_proto::event::EventKind::Change(c));
     hub.apply_at(1, Some(1), kind(erase("g-1")), "body-1", first, first);
     let again = hub.apply_at(2, Some(2), kind(erase("g-1")), "body-2", later, later);
     assert_eq!(again.result.outcome, Outcome::Noop, "no name was left");

@@ -451,7 +451,7 @@ fn audit_rows_are_never_rewritten_or_deleted_early_but_names_can_be_erased() {
 #[test]
 fn dedupe_rows_are_immutable() {
     let (_d, c) = db();
-    let now = lockhub::time::Timestamp::now_system().0;
+    let now = lockhub_proto::time::Timestamp::now_system().0;
     accepted(
         &c,
         &format!(
@@ -625,7 +625,7 @@ fn a_raised_alert_keeps_its_identity_is_never_deleted_or_replaced_and_ends_by_be
 #[test]
 fn an_erasure_is_renewed_by_a_later_one_never_forgotten_early_or_replaced() {
     let (_d, c) = db();
-    let now = lockhub::time::Timestamp::now_system().0;
+    let now = lockhub_proto::time::Timestamp::now_system().0;
     accepted(
         &c,
         &format!("INSERT INTO erased_holders VALUES ('g-1', 'e-1', {now})"),
@@ -719,7 +719,7 @@ fn an_alert_cleared_audit_row_always_names_its_condition_subject_and_reason_and_
 #[test]
 fn every_alert_condition_of_the_contract_is_accepted_and_no_other() {
     let (_dir, c) = db();
-    for (i, cond) in lockhub::store::alerts::Condition::ALL.iter().enumerate() {
+    for (i, cond) in lockhub_proto::outputs::Condition::ALL.iter().enumerate() {
         accepted(
             &c,
             &format!(

@@ -4,14 +4,14 @@
 //! topics, bodies and times, in the same order, and the same seq
 //! bookkeeping.
 
-use lockhub::event::{Change, EventKind};
 use lockhub::store::Priority;
 use lockhub::store::apply::{Applied, apply_event_queued};
 use lockhub::store::outbox::Queued;
-use lockhub::time::Timestamp;
+use lockhub_proto::event::{Change, EventKind};
+use lockhub_proto::time::Timestamp;
 use testkit::store::*;
 
-use lockhub::event::GrantState::Active;
+use lockhub_proto::event::GrantState::Active;
 
 /// `pin_ambiguous` alerts naming `k-1` and `k-3`, so that revoking either
 /// makes the trigger `keys_end_pin_ambiguous` put its cleared message on
@@ -279,7 +279,10 @@ fn a_rejected_change_takes_its_queued_rows_with_it() {
             let k2 = Ok(EventKind::Change(issue(grant("k-2", 1, Active, "c-2", 1))));
             apply_event_queued(c, &ctx, &first, k1, t, &mut out)?;
             let a = apply_event_queued(c, &ctx, &clash, k2, t, &mut out)?;
-            assert_eq!(a.result.reason, Some(lockhub::event::Reason::PinCollision));
+            assert_eq!(
+                a.result.reason,
+                Some(lockhub_proto::event::Reason::PinCollision)
+            );
             Ok(out.len())
         })
         .unwrap();

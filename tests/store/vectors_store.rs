@@ -5,12 +5,13 @@
 //! match, and afterwards the state the vectors' README describes must hold,
 //! down to the bytes of the database and WAL files.
 
-use lockhub::config::{Policy, Signer};
-use lockhub::event::{EventResult, Outcome, Reason, SchemaContext, parse_body_in_order};
+use lockhub::config::Policy;
 use lockhub::store::apply::{ApplyContext, apply_event, record_step1_rejection, seq_status};
 use lockhub::store::{Priority, Store};
-use lockhub::time::Timestamp;
-use lockhub::verify::{VerifyContext, verify_envelope};
+use lockhub_proto::event::{EventResult, Outcome, Reason, SchemaContext, parse_body_in_order};
+use lockhub_proto::time::Timestamp;
+use lockhub_proto::verify::Signer;
+use lockhub_proto::verify::{VerifyContext, verify_envelope};
 use rusqlite::Connection;
 use std::path::Path;
 use uuid::Uuid;

@@ -3,10 +3,10 @@
 //! from `verify_envelope`; every other case must verify, and must then parse
 //! (or fail step 4 with the expected code and item).
 
-use lockhub::config::Signer;
-use lockhub::event::{EventKind, Reason, SchemaContext, SchemaError, parse_body};
-use lockhub::time::Timestamp;
-use lockhub::verify::{VerifyContext, verify_envelope};
+use lockhub_proto::event::{EventKind, Reason, SchemaContext, SchemaError, parse_body};
+use lockhub_proto::time::Timestamp;
+use lockhub_proto::verify::Signer;
+use lockhub_proto::verify::{VerifyContext, verify_envelope};
 use uuid::Uuid;
 
 const DIR: &str = testkit::files::VECTORS_DIR;

@@ -3,7 +3,7 @@
 //! durable time floor is a month ahead of the system clock (a Pi that booted
 //! without its clock), a real Mosquitto, and what the cloud hears.
 
-use lockhub::time::Timestamp;
+use lockhub_proto::time::Timestamp;
 use testkit::broker::Mosquitto;
 use testkit::cloud::CloudClient;
 use testkit::daemon::DaemonOptions;

@@ -9,10 +9,10 @@
 
 use lockhub::config::{PinKey, Policy};
 use lockhub::door::pin_tags;
-use lockhub::sim::cloud::SignedEvent;
 use lockhub::store::door::{DoorEntry, door_entry};
 use lockhub::store::{Priority, Store};
-use lockhub::time::Timestamp;
+use lockhub_proto::sign::SignedEvent;
+use lockhub_proto::time::Timestamp;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 use testkit::broker::{AnyBroker, Rumqttd};
@@ -740,7 +740,7 @@ async fn the_daemon_reports_the_first_failing_batch_item_at_any_step() {
             "valid_from": Timestamp::now_system().saturating_add_secs(-3600).to_rfc3339(),
             "valid_until": Timestamp::now_system().saturating_add_days(7).to_rfc3339(),
             // k-0's PIN on k-0's door: a pin_collision (step 7).
-            "pin_tag": lockhub::crypto::b64u_encode(&lockhub::crypto::pin_tag(&pin_key(), b"100000")),
+            "pin_tag": lockhub_proto::crypto::b64u_encode(&lockhub_proto::crypto::pin_tag(&pin_key(), b"100000")),
             "pin_key_id": "k1"}})
     };
     let batch = c.event(

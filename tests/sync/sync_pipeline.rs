@@ -4,35 +4,29 @@
 //! broker is down, signed results, TLS with client certificates, password
 //! authentication. The full decision logic is tested with the daemon.
 
-use lockhub::config::{MqttConfig, Signer};
-use lockhub::event::{EventResult, Outcome};
-use lockhub::sim::cloud::Cloud;
+use lockhub::config::MqttConfig;
 use lockhub::store::outbox::{self, Queued, Topic};
 use lockhub::store::{Alone, Priority, Store, StoreError};
 use lockhub::sync::ingest::{Decide, Decided};
 use lockhub::sync::plan::{BacklogLimits, SeqStart};
 use lockhub::sync::window::ReceiveWindow;
 use lockhub::sync::{self, SyncHandle, SyncSettings};
-use lockhub::time::Timestamp;
-use lockhub::verify::{self, VerifiedEvent, VerifyContext};
-use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+use lockhub_proto::event::{EventResult, Outcome};
+use lockhub_proto::time::Timestamp;
+use lockhub_proto::topics::{DEFAULT_PREFIX, HubTopics};
+use lockhub_proto::verify::Signer;
+use lockhub_proto::verify::{self, VerifiedEvent, VerifyContext};
+use rumqttc::v5::MqttOptions;
 use rusqlite::Connection;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use testkit::broker::{BrokerOptions, Mosquitto, TestPki, password_file};
-use testkit::cloud::{cloud_key, hub_key, open_hub_envelope};
+use testkit::cloud::{CloudClient, SIGNER_ID, assert_answered_once, cloud_key, hub_key};
+use testkit::daemon::WAIT;
 use testkit::files::{HUB_ID, SITE_ID};
-use tokio::sync::mpsc;
 use uuid::Uuid;
-
-const PREFIX: &str = "lockhub/v1";
-const TEST_TIMEOUT: Duration = Duration::from_secs(60);
-
-fn topic(leaf: &str) -> String {
-    format!("{PREFIX}/{SITE_ID}/{HUB_ID}/{leaf}")
-}
 
 /// Verifies, then records each event id once in a table of its own and
 /// queues a result; a repeat is answered `duplicate`.
@@ -52,6 +46,26 @@ struct RecordOnce {
     /// after writing its row (which its job's rollback must take back).
     fail_once_at: Option<u64>,
     failed: std::sync::atomic::AtomicBool,
+}
+
+impl RecordOnce {
+    /// A decider trusting the test cloud, each commit taking `delay` more,
+    /// no spike, nothing alone, no failure.
+    fn taking(delay: Duration) -> Self {
+        RecordOnce {
+            ring: vec![Signer {
+                id: SIGNER_ID.into(),
+                public_key: cloud_key().verifying_key(),
+                not_after: None,
+            }],
+            delay,
+            spike: None,
+            commits: Default::default(),
+            alone_every: None,
+            fail_once_at: None,
+            failed: Default::default(),
+        }
+    }
 }
 
 impl Decide for RecordOnce {
@@ -177,7 +191,7 @@ fn mqtt_config(url: &str) -> MqttConfig {
         host: host.to_owned(),
         port: port.parse().unwrap(),
         client_id: HUB_ID.to_owned(),
-        topic_prefix: PREFIX.to_owned(),
+        topic_prefix: "lockhub/v1".to_owned(),
         ca_file: None,
         cert_file: None,
         key_file: None,
@@ -186,39 +200,18 @@ fn mqtt_config(url: &str) -> MqttConfig {
     }
 }
 
+/// A hub with the default window and keep-alive, whose decider records each
+/// event at once.
 fn start_hub(mqtt: MqttConfig) -> Hub {
-    start_hub_with(mqtt, ReceiveWindow::default(), Duration::ZERO)
-}
-
-fn start_hub_with(mqtt: MqttConfig, window: ReceiveWindow, delay: Duration) -> Hub {
-    start_hub_decider(
+    start_hub_with(
         mqtt,
-        window,
-        RecordOnce {
-            ring: test_ring(),
-            delay,
-            spike: None,
-            commits: Default::default(),
-            alone_every: None,
-            fail_once_at: None,
-            failed: Default::default(),
-        },
+        ReceiveWindow::default(),
+        RecordOnce::taking(Duration::ZERO),
+        sync::client::KEEP_ALIVE,
     )
 }
 
-fn test_ring() -> Vec<Signer> {
-    vec![Signer {
-        id: "test-cloud".into(),
-        public_key: cloud_key().verifying_key(),
-        not_after: None,
-    }]
-}
-
-fn start_hub_decider(mqtt: MqttConfig, window: ReceiveWindow, decider: RecordOnce) -> Hub {
-    start_hub_keep_alive(mqtt, window, decider, sync::client::KEEP_ALIVE)
-}
-
-fn start_hub_keep_alive(
+fn start_hub_with(
     mqtt: MqttConfig,
     window: ReceiveWindow,
     decider: RecordOnce,
@@ -229,7 +222,7 @@ fn start_hub_keep_alive(
     let settings = SyncSettings {
         mqtt,
         hub_id: HUB_ID.to_owned(),
-        topic_base: topic(""),
+        topics: HubTopics::new(DEFAULT_PREFIX, SITE_ID.parse().unwrap(), HUB_ID),
         hub_key: hub_key(),
         cloud_stale: Duration::from_secs(900),
         backlog: BacklogLimits::default(),
@@ -281,9 +274,9 @@ impl Hub {
     }
 
     /// Waits until every outbox row is marked sent (each one's PUBACK
-    /// arrived and was recorded), or fails with `what` after TEST_TIMEOUT.
+    /// arrived and was recorded), or fails with `what` after WAIT.
     async fn wait_until_all_sent(&self, what: &str) {
-        let deadline = tokio::time::Instant::now() + TEST_TIMEOUT;
+        let deadline = tokio::time::Instant::now() + WAIT;
         while self.unsent() > 0 {
             assert!(tokio::time::Instant::now() < deadline, "{what}");
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -298,102 +291,20 @@ impl Hub {
     }
 }
 
-/// The cloud's side: a persistent test client that hears everything the
-/// hub says and can publish events.
-struct TestCloud {
-    client: AsyncClient,
-    rx: mpsc::UnboundedReceiver<(String, Vec<u8>)>,
-    task: tokio::task::JoinHandle<()>,
+/// The `n` of each alert row the cloud heard, in arrival order (the
+/// tests below queue rows `{"n": i}` on the alerts topic).
+fn alert_ns(cloud: &CloudClient) -> Vec<i64> {
+    cloud.on("alerts").filter_map(|b| b["n"].as_i64()).collect()
 }
 
-impl TestCloud {
-    async fn connect(opts: MqttOptions) -> Self {
-        let (client, mut eventloop) = AsyncClient::new(opts, 4096);
-        let (tx, rx) = mpsc::unbounded_channel();
-        let sub = client.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                match eventloop.poll().await {
-                    Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                        let _ = sub.try_subscribe(topic("#"), QoS::AtLeastOnce);
-                        let _ = tx.send(("$connected".into(), vec![]));
-                    }
-                    Ok(Event::Incoming(Packet::SubAck(_))) => {
-                        let _ = tx.send(("$subscribed".into(), vec![]));
-                    }
-                    Ok(Event::Incoming(Packet::Publish(p))) => {
-                        let _ = tx.send((p.topic.clone(), p.payload.to_vec()));
-                    }
-                    Ok(_) => {}
-                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-                }
-            }
-        });
-        let mut c = TestCloud { client, rx, task };
-        // Subscribed, not just connected: a test that stops the broker next
-        // must find the subscription in the persisted session.
-        c.expect(|t, _| t == "$subscribed").await;
-        c
-    }
-
-    async fn plain(port: u16) -> Self {
-        let mut o = MqttOptions::new("test-cloud", "127.0.0.1", port);
-        o.set_clean_session(false)
-            .set_max_packet_size(4 << 20, 4 << 20)
-            .set_inflight(200);
-        Self::connect(o).await
-    }
-
-    /// Waits for a message matching `f`, bounded in time.
-    async fn expect(&mut self, mut f: impl FnMut(&str, &[u8]) -> bool) -> (String, Vec<u8>) {
-        tokio::time::timeout(TEST_TIMEOUT, async {
-            loop {
-                let (t, p) = self.rx.recv().await.expect("cloud client alive");
-                if f(&t, &p) {
-                    return (t, p);
-                }
-            }
-        })
-        .await
-        .expect("expected message within the timeout")
-    }
-
-    async fn publish(&self, payload: Vec<u8>) {
-        self.client
-            .publish(topic("events"), QoS::AtLeastOnce, false, payload)
-            .await
-            .unwrap();
-    }
-}
-
-impl Drop for TestCloud {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-fn test_cloud_signer() -> Cloud {
-    testkit::cloud::cloud()
-}
-
-fn is_online(t: &str, p: &[u8]) -> bool {
-    t.ends_with("/status") && String::from_utf8_lossy(p).contains("\"online\"")
-}
-
-/// Collects results until every id in `want` has at least one.
-async fn results_for(
-    cloud: &mut TestCloud,
-    want: &HashSet<Uuid>,
-) -> BTreeMap<Uuid, Vec<serde_json::Value>> {
-    let mut got: BTreeMap<Uuid, Vec<serde_json::Value>> = BTreeMap::new();
-    while want.iter().any(|id| !got.contains_key(id)) {
-        let (_, p) = cloud.expect(|t, _| t.ends_with("/results")).await;
-        let body = open_hub_envelope(&p);
-        if let Some(id) = body["event_id"].as_str() {
-            got.entry(id.parse().unwrap()).or_default().push(body);
-        }
-    }
-    got
+/// Once the hub is online, one signed event goes through it and is
+/// answered `applied`.
+async fn one_event_applied(cloud: &mut CloudClient) {
+    cloud.wait_online().await;
+    let e = testkit::cloud::cloud().event("guest.erased", serde_json::json!({"holder_ref": "g-1"}));
+    cloud.publish(std::slice::from_ref(&e)).await;
+    cloud.wait_results(std::slice::from_ref(&e)).await;
+    assert_answered_once(cloud, &[e], "applied");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -402,11 +313,11 @@ async fn a_flood_across_a_broker_restart_is_applied_once_each_and_answered() {
         max_inflight_messages: Some(50),
         ..Default::default()
     });
-    let mut cloud = TestCloud::plain(broker.port).await;
+    let mut cloud = CloudClient::plain(broker.port).await;
     let hub = start_hub(mqtt_config(&broker.url()));
-    cloud.expect(is_online).await;
+    cloud.wait_online().await;
 
-    let mut signer = test_cloud_signer();
+    let mut signer = testkit::cloud::cloud();
     let events: Vec<_> = (0..600)
         .map(|i| {
             signer.event(
@@ -415,23 +326,15 @@ async fn a_flood_across_a_broker_restart_is_applied_once_each_and_answered() {
             )
         })
         .collect();
-    let want: HashSet<Uuid> = events.iter().map(|e| e.event_id).collect();
-    for e in &events[..300] {
-        cloud.publish(e.envelope.clone()).await;
-    }
+    cloud.publish(&events[..300]).await;
     // The broker goes away mid-flood and comes back on the same port.
     broker.restart();
-    for e in &events[300..] {
-        cloud.publish(e.envelope.clone()).await;
-    }
-    let got = results_for(&mut cloud, &want).await;
-    assert_eq!(got.len(), 600);
-    assert!(
-        got.values()
-            .all(|r| r.iter().all(|b| b["outcome"] == "applied"))
-    );
+    cloud.publish(&events[300..]).await;
+    cloud.wait_results(&events).await;
+    assert_eq!(cloud.results_by_id().len(), 600);
+    assert_answered_once(&cloud, &events, "applied");
     // Exactly once: the effect table has one row per event, none twice.
-    let deadline = tokio::time::Instant::now() + TEST_TIMEOUT;
+    let deadline = tokio::time::Instant::now() + WAIT;
     while hub.applied() < 600 {
         assert!(tokio::time::Instant::now() < deadline);
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -440,11 +343,14 @@ async fn a_flood_across_a_broker_restart_is_applied_once_each_and_answered() {
     // Every result row is eventually acknowledged by the broker.
     hub.wait_until_all_sent("outbox never drained").await;
     hub.stop().await;
-    let (_, p) = cloud
-        .expect(|t, p| t.ends_with("/status") && String::from_utf8_lossy(p).contains("offline"))
+    cloud
+        .wait_until("the hub's offline status", |c| {
+            c.on("status")
+                .last()
+                .is_some_and(|s| s["state"] == "offline")
+        })
         .await;
-    let status: serde_json::Value = serde_json::from_slice(&p).unwrap();
-    assert_eq!(status["hub_id"], HUB_ID);
+    assert_eq!(cloud.on("status").last().unwrap()["hub_id"], HUB_ID);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -453,7 +359,7 @@ async fn the_outbox_holds_every_record_while_the_broker_is_down_and_sends_them_o
     // The cloud's persistent session (and subscription) exists before the
     // outage, as a real cloud's does: what the hub sends on its return is
     // queued for the cloud even if the hub reconnects first.
-    let mut cloud = TestCloud::plain(broker.port).await;
+    let mut cloud = CloudClient::plain(broker.port).await;
     broker.stop();
     let hub = start_hub(mqtt_config(&broker.url()));
     let bodies: Vec<String> = (0..200)
@@ -476,12 +382,11 @@ async fn the_outbox_holds_every_record_while_the_broker_is_down_and_sends_them_o
     );
 
     broker.start_again();
-    let mut seen = HashSet::new();
-    while seen.len() < 200 {
-        let (_, p) = cloud.expect(|t, _| t.ends_with("/alerts")).await;
-        let body = open_hub_envelope(&p);
-        seen.insert(body["n"].as_i64().unwrap());
-    }
+    cloud
+        .wait_until("every queued record", |c| {
+            alert_ns(c).into_iter().collect::<HashSet<_>>() == (0..200).collect()
+        })
+        .await;
     hub.wait_until_all_sent("outbox never drained").await;
     hub.stop().await;
 }
@@ -494,11 +399,11 @@ async fn the_outbox_holds_every_record_while_the_broker_is_down_and_sends_them_o
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_acknowledged_while_the_store_refuses_writes_are_marked_sent_once_it_takes_them() {
     let (_broker, mut cloud, hub, locker) = rows_queued_then_writer_stalled(20).await;
-    let mut seen = HashSet::new();
-    while seen.len() < 20 {
-        let (_, p) = cloud.expect(|t, _| t.ends_with("/alerts")).await;
-        seen.insert(open_hub_envelope(&p)["n"].as_i64().unwrap());
-    }
+    cloud
+        .wait_until("every queued row", |c| {
+            alert_ns(c).into_iter().collect::<HashSet<_>>().len() >= 20
+        })
+        .await;
     // The writer fails the first waiting job after its BEGIN and then the
     // job itself each wait the busy timeout (5 s + 5 s): held for 25 s, the
     // two jobs queued at the reconnect (the fresh_session request, then the
@@ -520,21 +425,19 @@ async fn the_publisher_keeps_publishing_while_its_marks_wait_for_a_stalled_write
     const ROWS: i64 = 600;
     const HOLD_AT_MOST: Duration = Duration::from_secs(20);
     let (_broker, mut cloud, hub, locker) = rows_queued_then_writer_stalled(ROWS).await;
-    let mut order = Vec::new();
-    let held = tokio::time::timeout(HOLD_AT_MOST, async {
-        while order.len() < ROWS as usize {
-            let (_, p) = cloud.expect(|t, _| t.ends_with("/alerts")).await;
-            order.push(open_hub_envelope(&p)["n"].as_i64().unwrap());
-        }
-    })
+    let held = tokio::time::timeout(
+        HOLD_AT_MOST,
+        cloud.wait_until("every row", |c| alert_ns(c).len() >= ROWS as usize),
+    )
     .await;
+    cloud.drain();
     assert!(
         held.is_ok(),
         "only {} of {ROWS} rows went out while the writer was stalled",
-        order.len()
+        alert_ns(&cloud).len()
     );
     assert_eq!(
-        order,
+        alert_ns(&cloud),
         (0..ROWS).collect::<Vec<_>>(),
         "every row, in id order"
     );
@@ -562,9 +465,9 @@ async fn with_the_pubacks_held_back_the_hub_fills_its_whole_publish_window_and_n
         max_queued_messages: Some(10_000),
         ..Default::default()
     });
-    let mut cloud = TestCloud::plain(broker.port).await;
+    let mut cloud = CloudClient::plain(broker.port).await;
     let hub = start_hub(mqtt_config(&broker.url()));
-    cloud.expect(is_online).await;
+    cloud.wait_online().await;
     broker.pause();
     hub.store
         .write(Priority::Bulk, move |c| {
@@ -576,7 +479,7 @@ async fn with_the_pubacks_held_back_the_hub_fills_its_whole_publish_window_and_n
         })
         .await
         .unwrap();
-    let deadline = tokio::time::Instant::now() + TEST_TIMEOUT;
+    let deadline = tokio::time::Instant::now() + WAIT;
     while hub.flow().peak_publishing < window {
         assert!(
             tokio::time::Instant::now() < deadline,
@@ -598,19 +501,13 @@ async fn with_the_pubacks_held_back_the_hub_fills_its_whole_publish_window_and_n
         "nothing marked without a PUBACK"
     );
     broker.resume();
-    let mut order = Vec::with_capacity(rows as usize);
-    tokio::time::timeout(TEST_TIMEOUT, async {
-        while order.len() < rows as usize {
-            let (_, p) = cloud.expect(|t, _| t.ends_with("/alerts")).await;
-            if let Some(n) = open_hub_envelope(&p)["n"].as_i64() {
-                order.push(n);
-            }
-        }
-    })
-    .await
-    .expect("every row arrives once the broker answers");
+    cloud
+        .wait_until("every row, once the broker answers", |c| {
+            alert_ns(c).len() >= rows as usize
+        })
+        .await;
     assert_eq!(
-        order,
+        alert_ns(&cloud),
         (0..rows).collect::<Vec<_>>(),
         "every row, in id order"
     );
@@ -626,35 +523,33 @@ async fn recording_hub_for_a_flood(
     spike: Option<(u64, Duration)>,
     alone_every: Option<u64>,
     fail_once_at: Option<u64>,
-) -> (Mosquitto, TestCloud, Hub) {
+) -> (Mosquitto, CloudClient, Hub) {
     let broker = Mosquitto::start_with(BrokerOptions {
         max_queued_messages: Some(10_000),
         ..Default::default()
     });
-    let mut cloud = TestCloud::plain(broker.port).await;
-    let hub = start_hub_decider(
+    let mut cloud = CloudClient::plain(broker.port).await;
+    let hub = start_hub_with(
         mqtt_config(&broker.url()),
         ReceiveWindow::default(),
         RecordOnce {
-            ring: test_ring(),
-            delay: Duration::from_micros(200),
             spike,
-            commits: Default::default(),
             alone_every,
             fail_once_at,
-            failed: Default::default(),
+            ..RecordOnce::taking(Duration::from_micros(200))
         },
+        sync::client::KEEP_ALIVE,
     );
-    cloud.expect(is_online).await;
+    cloud.wait_online().await;
     (broker, cloud, hub)
 }
 
 /// `rows` alert rows queued while the broker is down; then another
 /// process takes SQLite's write lock (the returned connection) and the
 /// broker comes back, so the hub publishes them with its writer stalled.
-async fn rows_queued_then_writer_stalled(rows: i64) -> (Mosquitto, TestCloud, Hub, Connection) {
+async fn rows_queued_then_writer_stalled(rows: i64) -> (Mosquitto, CloudClient, Hub, Connection) {
     let mut broker = Mosquitto::start();
-    let cloud = TestCloud::plain(broker.port).await;
+    let cloud = CloudClient::plain(broker.port).await;
     broker.stop();
     let hub = start_hub(mqtt_config(&broker.url()));
     for i in 0..rows {
@@ -683,8 +578,8 @@ async fn release_and_wait_until_all_marked(locker: Connection, hub: Hub) {
 
 /// Publishes `n` distinct events as fast as the broker takes them, then
 /// waits until the hub has applied them all; returns their ids in order.
-async fn flood_and_wait(cloud: &TestCloud, hub: &Hub, n: usize) -> Vec<Uuid> {
-    let mut signer = test_cloud_signer();
+async fn flood_and_wait(cloud: &CloudClient, hub: &Hub, n: usize) -> Vec<Uuid> {
+    let mut signer = testkit::cloud::cloud();
     let mut sent = Vec::with_capacity(n);
     for i in 0..n {
         let e = signer.event(
@@ -692,9 +587,9 @@ async fn flood_and_wait(cloud: &TestCloud, hub: &Hub, n: usize) -> Vec<Uuid> {
             serde_json::json!({"holder_ref": format!("g-{i}")}),
         );
         sent.push(e.event_id);
-        cloud.publish(e.envelope).await;
+        cloud.publish_raw(e.envelope).await;
     }
-    tokio::time::timeout(TEST_TIMEOUT, async {
+    tokio::time::timeout(WAIT, async {
         while hub.applied() < n {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -718,7 +613,7 @@ async fn a_flood_faster_than_the_hub_commits_stays_within_its_receive_window() {
         max_queued_messages: Some(10_000),
         ..Default::default()
     });
-    let mut cloud = TestCloud::plain(broker.port).await;
+    let mut cloud = CloudClient::plain(broker.port).await;
     let window = ReceiveWindow {
         messages: WINDOW,
         bytes: 1 << 20,
@@ -726,9 +621,10 @@ async fn a_flood_faster_than_the_hub_commits_stays_within_its_receive_window() {
     let hub = start_hub_with(
         mqtt_config(&broker.url()),
         window,
-        Duration::from_micros(500),
+        RecordOnce::taking(Duration::from_micros(500)),
+        sync::client::KEEP_ALIVE,
     );
-    cloud.expect(is_online).await;
+    cloud.wait_online().await;
 
     flood_and_wait(&cloud, &hub, EVENTS).await;
 
@@ -773,28 +669,20 @@ async fn a_writer_stalled_longer_than_the_keep_alive_with_the_window_full_keeps_
         max_queued_messages: Some(10_000),
         ..Default::default()
     });
-    let mut cloud = TestCloud::plain(broker.port).await;
+    let mut cloud = CloudClient::plain(broker.port).await;
     let window = ReceiveWindow {
         messages: WINDOW,
         bytes: 1 << 20,
     };
-    let hub = start_hub_keep_alive(
+    let hub = start_hub_with(
         mqtt_config(&broker.url()),
         window,
-        RecordOnce {
-            ring: test_ring(),
-            // A slow card: the backlog the broker queued ahead of its
-            // PINGRESP takes many keep-alives to read.
-            delay: Duration::from_millis(3),
-            spike: None,
-            commits: Default::default(),
-            alone_every: None,
-            fail_once_at: None,
-            failed: Default::default(),
-        },
+        // A slow card: the backlog the broker queued ahead of its
+        // PINGRESP takes many keep-alives to read.
+        RecordOnce::taking(Duration::from_millis(3)),
         KEEP_ALIVE,
     );
-    cloud.expect(is_online).await;
+    cloud.wait_online().await;
     // The table the decider writes, so `applied` counts from the start.
     hub.store
         .write(Priority::Bulk, |c| {
@@ -911,12 +799,15 @@ async fn a_message_that_must_be_alone_gets_a_transaction_of_its_own_and_may_star
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_step1_rejection_is_answered_and_claims_nothing() {
     let broker = Mosquitto::start();
-    let mut cloud = TestCloud::plain(broker.port).await;
+    let mut cloud = CloudClient::plain(broker.port).await;
     let hub = start_hub(mqtt_config(&broker.url()));
-    cloud.expect(is_online).await;
-    cloud.publish(b"{not json".to_vec()).await;
-    let (_, p) = cloud.expect(|t, _| t.ends_with("/results")).await;
-    let body = open_hub_envelope(&p);
+    cloud.wait_online().await;
+    cloud.publish_raw(b"{not json".to_vec()).await;
+    cloud
+        .wait_until("the rejection", |c| !c.results().is_empty())
+        .await;
+    let body = cloud.results()[0];
+    assert_eq!(cloud.results().len(), 1);
     assert_eq!(body["outcome"], "rejected");
     assert_eq!(body["reason"], "bad_envelope");
     assert_eq!(body["event_id"], serde_json::Value::Null);
@@ -939,18 +830,12 @@ async fn tls_with_client_certificates_carries_events_and_results() {
 
     // The test cloud connects with the same client certificate (other id).
     let mut o = MqttOptions::new("test-cloud", "127.0.0.1", broker.port);
-    o.set_clean_session(false);
     let tls = lockhub::sync::client::tls_config(&cfg).unwrap();
     o.set_transport(rumqttc::Transport::Tls(rumqttc::TlsConfiguration::Rustls(
         Arc::new(tls),
     )));
-    let mut cloud = TestCloud::connect(o).await;
-    cloud.expect(is_online).await;
-    let mut signer = test_cloud_signer();
-    let e = signer.event("guest.erased", serde_json::json!({"holder_ref": "g-1"}));
-    cloud.publish(e.envelope.clone()).await;
-    let got = results_for(&mut cloud, &HashSet::from([e.event_id])).await;
-    assert_eq!(got[&e.event_id][0]["outcome"], "applied");
+    let mut cloud = CloudClient::connect(o).await;
+    one_event_applied(&mut cloud).await;
     hub.stop().await;
 }
 
@@ -970,14 +855,8 @@ async fn a_password_protected_broker_accepts_the_hub_with_its_password_file() {
     let hub = start_hub(cfg);
 
     let mut o = MqttOptions::new("test-cloud", "127.0.0.1", broker.port);
-    o.set_clean_session(false)
-        .set_credentials("hub", "s3cret-pass");
-    let mut cloud = TestCloud::connect(o).await;
-    cloud.expect(is_online).await;
-    let mut signer = test_cloud_signer();
-    let e = signer.event("guest.erased", serde_json::json!({"holder_ref": "g-1"}));
-    cloud.publish(e.envelope.clone()).await;
-    let got = results_for(&mut cloud, &HashSet::from([e.event_id])).await;
-    assert_eq!(got[&e.event_id][0]["outcome"], "applied");
+    o.set_credentials("hub", "s3cret-pass");
+    let mut cloud = CloudClient::connect(o).await;
+    one_event_applied(&mut cloud).await;
     hub.stop().await;
 }

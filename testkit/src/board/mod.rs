@@ -12,7 +12,7 @@ use firmware_bridge::BoardConfig;
 use lockhub::config::Policy;
 use lockhub::serial::{DoorSettings, PortSettings, SerialHandle, SerialSettings};
 use lockhub::sim::board::{SimBoard, SimEvent};
-use lockhub::time::Timestamp;
+use lockhub_proto::time::Timestamp;
 
 use self::pty::{Master, Pty};
 use crate::db::{Db, pin_keys};
