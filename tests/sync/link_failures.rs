@@ -1,7 +1,7 @@
 //! A broker the hub cannot trust or cannot reach is never silent
 //! (docs/protocol/mqtt.md 'Broker access'), against a real Mosquitto:
-//! - a broker whose certificate is from another CA, or for another name,
-//!   raises `broker_denied` (subject `connect`), says why at warn, and
+//! - a broker whose certificate is from another CA, for another name, or
+//!   expired, raises `broker_denied` (subject `connect`), says why at warn, and
 //!   `lockhub status` shows the reason;
 //! - a broker that cannot be reached (nothing listens on its port) is a
 //!   warn on the first failure and then quiet (debug) within the minute,
@@ -87,6 +87,17 @@ async fn a_broker_certificate_for_another_name_raises_broker_denied_with_the_rea
     let url = format!("mqtts://localhost:{}", broker.port);
     let mqtt = tls_lines(&pki.path("ca.crt"), &pki);
     untrusted(&url, mqtt, "does not name the host in mqtt.url").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_certificate_that_has_expired_raises_broker_denied_with_the_reason() {
+    let pki = TestPki::generate();
+    let broker = Mosquitto::start_with(BrokerOptions {
+        tls: Some(pki.expired_server()),
+        ..Default::default()
+    });
+    let mqtt = tls_lines(&pki.path("ca.crt"), &pki);
+    untrusted(&broker.url(), mqtt, "it has expired").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

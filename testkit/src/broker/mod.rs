@@ -398,6 +398,65 @@ impl TestPki {
         (d.join(format!("{name}.crt")), d.join(key))
     }
 
+    /// A server certificate for 127.0.0.1 from this CA that expired in
+    /// 2020 (`openssl ca` with fixed dates: `x509 -days` cannot go back),
+    /// as (ca, server cert, server key) for [`BrokerOptions::tls`].
+    pub fn expired_server(&self) -> (PathBuf, PathBuf, PathBuf) {
+        let d = self.dir.path();
+        std::fs::write(
+            d.join("ca.cnf"),
+            "[ca]\ndefault_ca = d\n[d]\ndatabase = index.txt\nnew_certs_dir = .\n\
+             serial = ca.serial\ndefault_md = sha256\npolicy = p\n[p]\ncommonName = supplied\n",
+        )
+        .expect("ca config");
+        std::fs::write(d.join("index.txt"), "").expect("ca index");
+        std::fs::write(d.join("ca.serial"), "01\n").expect("ca serial");
+        openssl(
+            d,
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                "expired.key",
+                "-out",
+                "expired.csr",
+                "-subj",
+                "/CN=127.0.0.1",
+            ],
+        );
+        openssl(
+            d,
+            &[
+                "ca",
+                "-batch",
+                "-config",
+                "ca.cnf",
+                "-cert",
+                "ca.crt",
+                "-keyfile",
+                "ca.key",
+                "-in",
+                "expired.csr",
+                "-out",
+                "expired.crt",
+                "-notext",
+                "-startdate",
+                "20200101000000Z",
+                "-enddate",
+                "20200102000000Z",
+                "-extfile",
+                "server.ext",
+            ],
+        );
+        (
+            self.path("ca.crt"),
+            self.path("expired.crt"),
+            self.path("expired.key"),
+        )
+    }
+
     /// (ca, server cert, server key) for [`BrokerOptions::tls`].
     pub fn server(&self) -> (PathBuf, PathBuf, PathBuf) {
         (
