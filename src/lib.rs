@@ -22,26 +22,13 @@
 //! `migrations/` holds the schema as append-only SQL files; the invariants of
 //! mqtt.md are enforced there, by SQLite, as the last line of defence.
 
-pub mod alert_clear;
-pub mod alloc;
-pub mod backoff;
 pub mod clock;
 pub mod config;
-pub mod daemon;
 pub mod door;
 pub mod drivers;
-pub mod entry;
 pub mod lifecycle;
-pub mod logging;
-pub mod maintenance;
-pub mod notify;
-pub mod osdp;
-pub mod provision;
-pub(crate) mod recorder;
-pub mod serial;
+pub mod ops;
+pub mod runtime;
 pub mod sim;
-pub mod status;
 pub mod store;
 pub mod sync;
-pub mod task;
-pub mod watch;

@@ -10,8 +10,8 @@ use std::process::ExitCode;
 #[command(name = "lockhub", version, about = "Offline-first door access hub")]
 struct Cli {
     /// Log line format on stderr: `text` for people, `json` for collectors.
-    #[arg(long, global = true, value_enum, default_value_t = lockhub::logging::LogFormat::Text)]
-    log_format: lockhub::logging::LogFormat,
+    #[arg(long, global = true, value_enum, default_value_t = lockhub::runtime::logging::LogFormat::Text)]
+    log_format: lockhub::runtime::logging::LogFormat,
     /// Log filter (`info`, `lockhub=debug,rumqttc=warn`, ...); overrides RUST_LOG.
     #[arg(long, global = true)]
     log_level: Option<String>,
@@ -135,7 +135,9 @@ fn osdp_install(path: &std::path::Path, reader: &str) -> ExitCode {
         Err(exit) => return exit,
     };
     let now = lockhub_proto::time::Timestamp::now_system();
-    match rt.block_on(lockhub::osdp::install::install(&config, reader, now)) {
+    match rt.block_on(lockhub::drivers::osdp::install::install(
+        &config, reader, now,
+    )) {
         Ok(done) => {
             let id = done.identity;
             println!(
@@ -155,7 +157,7 @@ fn osdp_install(path: &std::path::Path, reader: &str) -> ExitCode {
         }
         Err(e) => {
             eprintln!("lockhub osdp install: {e}");
-            use lockhub::osdp::install::InstallError as E;
+            use lockhub::drivers::osdp::install::InstallError as E;
             ExitCode::from(if matches!(e, E::UnknownReader(_) | E::NoKey(_)) {
                 2
             } else {
@@ -226,7 +228,7 @@ struct ProvisionArgs {
     password_file: Option<PathBuf>,
     /// A trusted cloud signer: ID=PUBLIC_KEY[,NOT_AFTER] (repeat for several).
     #[arg(long, value_name = "ID=KEY[,NOT_AFTER]")]
-    trust: Vec<lockhub::provision::TrustSpec>,
+    trust: Vec<lockhub::ops::provision::TrustSpec>,
     /// A PIN key: ID (generated) or ID=@FILE (base64url secret read from FILE).
     #[arg(long, value_name = "ID[=@FILE]")]
     pin_key: Vec<String>,
@@ -273,7 +275,7 @@ fn keys(path: &std::path::Path) -> ExitCode {
 /// `lockhub run`: logs to stderr; a config problem is exit 2, anything
 /// else that stops the daemon exit 1.
 fn run(path: &std::path::Path) -> ExitCode {
-    // Logging is already set up by main (--log-format, --log-level; src/logging.rs).
+    // Logging is already set up by main (--log-format, --log-level; src/runtime/logging.rs).
     let config = match load_config(path) {
         Ok(c) => c,
         Err(exit) => return exit,
@@ -292,7 +294,7 @@ fn run(path: &std::path::Path) -> ExitCode {
                 _ = int.recv() => {}
             }
         };
-        lockhub::daemon::run(config, shutdown).await?;
+        lockhub::runtime::daemon::run(config, shutdown).await?;
         Ok(())
     });
     match result {
@@ -305,10 +307,10 @@ fn run(path: &std::path::Path) -> ExitCode {
 }
 
 fn main() -> ExitCode {
-    // Before any thread allocates (see lockhub::alloc for why).
-    lockhub::alloc::tune();
+    // Before any thread allocates (see lockhub::runtime::alloc for why).
+    lockhub::runtime::alloc::tune();
     let cli = Cli::parse();
-    if let Err(e) = lockhub::logging::init(cli.log_format, cli.log_level.as_deref()) {
+    if let Err(e) = lockhub::runtime::logging::init(cli.log_format, cli.log_level.as_deref()) {
         eprintln!("lockhub: {e}");
         return ExitCode::from(2);
     }
@@ -326,7 +328,7 @@ fn main() -> ExitCode {
                     config,
                     reason,
                 },
-        } => match lockhub::alert_clear::clear(&config, &condition, &subject, &reason) {
+        } => match lockhub::ops::alert_clear::clear(&config, &condition, &subject, &reason) {
             Ok(c) => {
                 println!(
                     "cleared {} {} at {}",
@@ -382,7 +384,7 @@ fn main() -> ExitCode {
                 ExitCode::from(if e.is_input_problem() { 2 } else { 1 })
             }
         },
-        Command::Status { config, json } => match lockhub::status::status(&config) {
+        Command::Status { config, json } => match lockhub::ops::status::status(&config) {
             Ok(s) => {
                 if json {
                     println!("{}", s.to_json());
@@ -399,8 +401,8 @@ fn main() -> ExitCode {
     }
 }
 
-fn provision(a: ProvisionArgs) -> Result<(), lockhub::provision::ProvisionError> {
-    use lockhub::provision::{self as p, Bundle, MqttSpec, Request};
+fn provision(a: ProvisionArgs) -> Result<(), lockhub::ops::provision::ProvisionError> {
+    use lockhub::ops::provision::{self as p, Bundle, MqttSpec, Request};
     let mut req = match &a.bundle {
         Some(path) => Request::from(Bundle::read(path)?),
         None => Request {

@@ -637,7 +637,7 @@ impl Checkpointer {
                             let _ = wal.pages.compare_exchange(pages, 0, Relaxed, Relaxed);
                             // The hub has gone idle: the heap too gives back
                             // what the burst left.
-                            crate::alloc::trim();
+                            crate::runtime::alloc::trim();
                         }
                         // A reader or the writer was in the way: next tick.
                         Ok(_) => {}
@@ -1029,8 +1029,10 @@ impl Store {
         F: Fn(&Connection) -> Result<(), StoreError> + Send + Sync + 'static,
     {
         let f = Arc::new(f);
-        let mut backoff =
-            crate::backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        let mut backoff = crate::runtime::backoff::Backoff::new(
+            Duration::from_millis(100),
+            Duration::from_secs(5),
+        );
         let mut failures = 0u32;
         let mut refused_since: Option<tokio::time::Instant> = None;
         loop {

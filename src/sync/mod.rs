@@ -278,11 +278,11 @@ impl SyncHandle {
         {
             let _ = tokio::time::timeout(SHUTDOWN_TIMEOUT, done_rx).await;
         }
-        crate::task::join_or_abort(self.poll, Duration::from_secs(1)).await;
+        crate::runtime::task::join_or_abort(self.poll, Duration::from_secs(1)).await;
         // The poll task is gone, so the ingest channel is closed: ingest
         // finishes its batch (committed work is kept; its acks are moot).
         for task in self.others {
-            crate::task::join_or_abort(task, SHUTDOWN_TIMEOUT).await;
+            crate::runtime::task::join_or_abort(task, SHUTDOWN_TIMEOUT).await;
         }
     }
 }

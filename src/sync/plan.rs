@@ -6,7 +6,7 @@
 //! [`Duration`] since any fixed origin) and what the store said, and act on
 //! what comes back. That keeps every timing rule testable without a runtime.
 
-use crate::backoff::{Backoff, Jitter};
+use crate::runtime::backoff::{Backoff, Jitter};
 use lockhub_proto::outputs::{SyncReason, SyncRequest};
 use std::time::Duration;
 

@@ -1,14 +1,14 @@
-//! What the two door drivers ([`crate::serial`] for lock boards,
-//! [`crate::osdp`] for readers) share below their protocols: the time
+//! What the two door drivers ([`crate::drivers::serial`] for lock boards,
+//! [`crate::drivers::osdp`] for readers) share below their protocols: the time
 //! source their audit rows are stamped with, opening the serial device
 //! each one's wire runs on, and the handle that stops a running driver.
 //!
 //! Why a module of its own: the drivers sit side by side in one layer and
 //! never use each other (ARCHITECTURE.md, Layers), so a piece both need
 //! lives here, above them. Their other shared parts have homes of their
-//! own: which keypad entry is decided when ([`crate::entry`]), the records
-//! nobody waits for ([`crate::recorder`]), the door sensor and the flood
-//! limit ([`crate::watch`]).
+//! own: which keypad entry is decided when ([`crate::door::entry`]), the records
+//! nobody waits for ([`crate::door::recorder`]), the door sensor and the flood
+//! limit ([`crate::door::sensor`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -19,6 +19,9 @@ use tokio::task::JoinHandle;
 use tokio_serial::{SerialPortBuilderExt, SerialStream};
 
 use lockhub_proto::time::Timestamp;
+
+pub mod osdp;
+pub mod serial;
 
 /// The effective time for audit rows and decisions (mqtt.md 'Time'): the
 /// daemon passes its clock here, tests a plain function.
@@ -55,7 +58,7 @@ impl DriverHandle {
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
         for task in self.lines.into_iter().chain(self.recorders) {
-            crate::task::join_or_abort(task, SHUTDOWN_TIMEOUT).await;
+            crate::runtime::task::join_or_abort(task, SHUTDOWN_TIMEOUT).await;
         }
     }
 }

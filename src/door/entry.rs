@@ -4,7 +4,7 @@
 //! first) before the driver answers. The wire answers are the drivers'; the
 //! decision, the lockout, the audit and the 2 s bound are all here and in
 //! [`crate::store::door`]. The flood limit and the door sensor, which the
-//! drivers share too, are [`crate::watch`]'s.
+//! drivers share too, are [`crate::door::sensor`]'s.
 //!
 //! Logs carry the driver's label (serial or bus name), the door and key id;
 //! never a PIN or a PIN tag.

@@ -11,7 +11,7 @@
 //!   contact from an input (pure).
 //! - [`bus`]: one tokio task per `[[osdp]]` bus: polls its readers in turn
 //!   and turns their events into alerts, identity, link state and door
-//!   actions (decided through [`crate::entry`], like a lock board's).
+//!   actions (decided through [`crate::door::entry`], like a lock board's).
 //! - [`keypad`]: PIN entry from key presses: digits, clear, submit, 10 s idle (pure).
 //! - [`install`]: `lockhub osdp install`: SCBK-D -> osdp_KEYSET -> proof.
 //!

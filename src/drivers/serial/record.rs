@@ -1,9 +1,9 @@
 //! What a serial port records without waiting: the audit rows, alerts
 //! and link bookkeeping its tasks hand to the port's recorder
-//! ([`crate::recorder`]: in order, never turning away an audit row or an
+//! ([`crate::door::recorder`]: in order, never turning away an audit row or an
 //! alert while there is room).
 
-use crate::recorder::{DoorRecord, Recordable};
+use crate::door::recorder::{DoorRecord, Recordable};
 use crate::store::alerts::Change;
 use crate::store::door::{DoorEvent, record_door_event};
 use crate::store::links::{self, LinkState};

@@ -202,7 +202,10 @@ pub async fn install(
     {
         SessionEnd::Ready(mut fresh, _) => {
             match link
-                .command(&mut fresh, Command::Keyset(crate::osdp::cp::NewKey(key)))
+                .command(
+                    &mut fresh,
+                    Command::Keyset(crate::drivers::osdp::cp::NewKey(key)),
+                )
                 .await?
             {
                 Outcome::Ack => {}

@@ -944,7 +944,7 @@ impl Reader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::osdp::sc::tests::PdSide;
+    use crate::drivers::osdp::sc::tests::PdSide;
 
     const KEY: Key = [0x42; 16];
     const T: Timing = Timing::CONTRACT;

@@ -1,12 +1,12 @@
 //! The serial driver's answers to decided keypad entries. Which entry is
-//! decided when, and deciding it, are [`crate::entry`]'s (shared with the
-//! OSDP driver); the door sensor and the flood limit are [`crate::watch`]'s.
+//! decided when, and deciding it, are [`crate::door::entry`]'s (shared with the
+//! OSDP driver); the door sensor and the flood limit are [`crate::door::sensor`]'s.
 
 use firmware_bridge::{DenyReason as WireDeny, Pin};
 
 use super::PortShared;
 use super::port::DoorTarget;
-use crate::entry::{self, Answer};
+use crate::door::entry::{self, Answer};
 
 /// What to answer a decided keypad entry.
 #[derive(Debug, Clone, PartialEq, Eq)]

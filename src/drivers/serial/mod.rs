@@ -4,9 +4,9 @@
 //! - [`port`]: open and reopen the port with backoff; the read/write loop
 //!   around a fresh [`firmware_bridge::HubLink`] per opening.
 //! - [`doors`]: a decided keypad entry -> `Unlock`/`Deny`. Which entry is
-//!   decided when, and deciding it, are [`crate::entry`]'s, shared with the
+//!   decided when, and deciding it, are [`crate::door::entry`]'s, shared with the
 //!   OSDP driver. The door sensor (forced, held open, kept durably) and
-//!   the keypad flood limit are [`crate::watch`]'s, shared with other door
+//!   the keypad flood limit are [`crate::door::sensor`]'s, shared with other door
 //!   drivers; the port applies them to its board's door indexes.
 //! - `record`: audit rows and alerts nobody waits for, written in order by
 //!   one task per port so the loop never waits on the disk.
@@ -32,7 +32,7 @@ use firmware_bridge::LinkConfig;
 use tokio::sync::{Notify, watch};
 
 use crate::config::{Config, PinKey, Policy};
-use crate::recorder::Recorder;
+use crate::door::recorder::Recorder;
 use crate::store::Store;
 use lockhub_proto::time::Timestamp;
 use port::DoorTarget;
@@ -155,7 +155,7 @@ impl PortShared {
 pub type SerialHandle = crate::drivers::DriverHandle;
 
 /// Starts one task per port and its recorder. (The `keypad_lockout` alert
-/// of a lockout that ended is cleared by [`crate::maintenance`].)
+/// of a lockout that ended is cleared by [`crate::runtime::maintenance`].)
 /// `outbox_wake` is notified after audit rows and alerts commit, so
 /// the publisher sends them at once.
 pub fn spawn(
@@ -169,7 +169,7 @@ pub fn spawn(
     let mut recorders = Vec::new();
     for port in settings.ports {
         let (recorder, queue) = Recorder::new(&port.name);
-        recorders.push(tokio::spawn(crate::recorder::run(
+        recorders.push(tokio::spawn(crate::door::recorder::run(
             store.clone(),
             queue,
             outbox_wake.clone(),

@@ -6,8 +6,8 @@
 //! 5 s.
 //!
 //! Doors: a reader's keypad opens the first door configured on it. A
-//! submitted entry goes through the flood limit ([`crate::watch`]) and the
-//! per-door decision queue and decision ([`crate::entry`]), exactly as a
+//! submitted entry goes through the flood limit ([`crate::door::sensor`]) and the
+//! per-door decision queue and decision ([`crate::door::entry`]), exactly as a
 //! lock board's Keypad does; a grant, committed, becomes an osdp_OUT, then
 //! LED and buzzer feedback. The door contact is the reader's input, kept
 //! durably like a board's door sensor (`door_state`).
@@ -29,18 +29,18 @@ use super::cp::{self, Caps, Event, Fault, Identity, Outcome, Reader, Security, T
 use super::door as cmds;
 use super::keypad::{Entry, Submitted};
 use super::packet::{self, Deframer};
-use crate::backoff::Backoff;
 use crate::config::{Config, PinKey, Policy, ReaderDoorConfig};
+use crate::door::entry::{self, Answer, DecisionQueue, Queued};
+use crate::door::recorder::{DoorRecord, Recordable, Recorder};
+use crate::door::sensor::{Admit, DoorWatch, FloodLimit};
 use crate::drivers::{DriverHandle, TimeSource, open};
-use crate::entry::{self, Answer, DecisionQueue, Queued};
-use crate::recorder::{DoorRecord, Recordable, Recorder};
+use crate::runtime::backoff::Backoff;
 use crate::store::alerts::{self, Change};
 use crate::store::door::{DoorEvent, record_door_event};
 use crate::store::door::{door_states, record_card_denied};
 use crate::store::links::CounterWrites;
 use crate::store::osdp::{self as db, ReaderIdentity, ReaderLink};
 use crate::store::{Store, StoreError};
-use crate::watch::{Admit, DoorWatch, FloodLimit};
 use lockhub_proto::outputs::Condition;
 
 /// A Secure Channel that has held this long clears `reader_link_fault`
@@ -142,7 +142,7 @@ pub type OsdpHandle = DriverHandle;
 
 type Job = Box<dyn Fn(&rusqlite::Connection) -> Result<(), StoreError> + Send + Sync>;
 
-/// A bus's record for its recorder ([`crate::recorder`]): written in
+/// A bus's record for its recorder ([`crate::door::recorder`]): written in
 /// order, and, unless it is bookkeeping, tried again until it is written.
 struct BusRecord {
     what: String,
@@ -195,7 +195,7 @@ pub fn spawn(
     });
     for bus in settings.buses.clone() {
         let (recorder, queue) = Recorder::new(&bus.name);
-        recorders.push(tokio::spawn(crate::recorder::run(
+        recorders.push(tokio::spawn(crate::door::recorder::run(
             store.clone(),
             queue,
             outbox_wake.clone(),
@@ -401,7 +401,7 @@ impl BusTask {
         self.epoch.elapsed().as_millis() as u64
     }
 
-    /// Queues an audit row or an alert (see [`crate::recorder`] for when a
+    /// Queues an audit row or an alert (see [`crate::door::recorder`] for when a
     /// full queue drops one).
     fn record(&self, what: String, job: Job) {
         self.push(what, job, false);

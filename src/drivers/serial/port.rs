@@ -7,7 +7,7 @@
 //! board, a finished door decision, a 20 ms tick (resends, pings, liveness,
 //! held-open doors), or shutdown; then it writes whatever the link queued.
 //! Nothing in that loop waits on the store: decisions run in their own
-//! tasks (one at a time per door, see [`crate::entry::DecisionQueue`]) and audit writes
+//! tasks (one at a time per door, see [`crate::door::entry::DecisionQueue`]) and audit writes
 //! that need no answer go through the port's recorder. So a keypad at one
 //! door never delays frames from another, and a slow disk never stops the
 //! acks, pings and other ports.
@@ -16,7 +16,7 @@
 //! A USB adapter that is unplugged leaves a descriptor whose reads return
 //! `Ok(0)` forever (or `EIO`); a pseudo-terminal whose master closed does the
 //! same. Either ends the session: the port is closed and opened again by
-//! path, with [`Backoff`](crate::backoff::Backoff), so a board that comes back under the same path
+//! path, with [`Backoff`](crate::runtime::backoff::Backoff), so a board that comes back under the same path
 //! (`/dev/serial/by-id/...` is a symlink the kernel re-points) is picked up.
 //!
 //! ## Doors across openings
@@ -28,8 +28,8 @@
 //! change, and every door again after the hub's Hello.) A session that ends
 //! still finishes every decision it acked (see `Session::finish`).
 
-use crate::backoff::Backoff;
 use crate::drivers::open;
+use crate::runtime::backoff::Backoff;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,11 +45,11 @@ use tokio_serial::SerialStream;
 use super::doors::Reply;
 use super::record::Record;
 use super::{DoorSettings, PortShared, SerialError};
-use crate::entry::{DecisionQueue, Queued};
+use crate::door::entry::{DecisionQueue, Queued};
+use crate::door::sensor::{Admit, DoorWatch, FloodLimit};
 use crate::store::alerts::Change;
 use crate::store::door::DoorEvent;
 use crate::store::links::{CounterWrites, LinkState};
-use crate::watch::{Admit, DoorWatch, FloodLimit};
 use lockhub_proto::outputs::Condition;
 
 /// How often the loop advances timers when the line is quiet. Well under

@@ -7,10 +7,10 @@
 
 use crate::clock::SharedClock;
 use crate::config::Config;
-use crate::maintenance::Maintenance;
-use crate::notify;
-use crate::osdp::{self, bus::OsdpSettings};
-use crate::serial::{self, SerialSettings};
+use crate::drivers::osdp::{self, bus::OsdpSettings};
+use crate::drivers::serial::{self, SerialSettings};
+use crate::runtime::maintenance::Maintenance;
+use crate::runtime::notify;
 use crate::store::{Priority, Store, StoreError, floor};
 use crate::sync::{self, SyncError, SyncSettings, decide};
 use std::future::Future;
@@ -84,7 +84,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         policy: config.policy,
         trust_ring: config.trust.clone(),
         outbox_wake: sync.outbox_notify(),
-        configured: Arc::new(crate::maintenance::Configured::of(&config)),
+        configured: Arc::new(crate::runtime::maintenance::Configured::of(&config)),
     };
     // Before the doors start: what an earlier config left raised ends
     // first, so no driver's alert of this run can be taken for it.

@@ -13,12 +13,12 @@
 //!   within about a second, signed with the hub's key, which this command
 //!   never needs to read.
 //! - **No secrets.** Like `lockhub status`, it reads only `[hub]` from
-//!   `hub.toml` ([`crate::status::Target`]).
+//!   `hub.toml` ([`crate::ops::status::Target`]).
 //! - **The hub's time.** Times are the hub's effective time: the system
 //!   clock, or the durable floor if that is later (mqtt.md 'Time').
 
 use crate::clock::Clock;
-use crate::status::{StatusError, Target};
+use crate::ops::status::{StatusError, Target};
 use crate::store::alerts;
 use crate::store::{self, StoreError, floor};
 use lockhub_proto::outputs::Condition;

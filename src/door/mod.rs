@@ -30,6 +30,10 @@ use lockhub_proto::crypto::pin_tag;
 use lockhub_proto::time::Timestamp;
 use std::fmt;
 
+pub mod entry;
+pub(crate) mod recorder;
+pub mod sensor;
+
 /// Shortest and longest PIN the board sends (serial.md 'Keypad').
 pub const PIN_DIGITS: std::ops::RangeInclusive<usize> = 4..=12;
 
