@@ -261,7 +261,7 @@ fn keys(path: &std::path::Path) -> ExitCode {
         Ok(c) => c,
         Err(exit) => return exit,
     };
-    let listed = lockhub::store::open_read_only(&config.database_path())
+    let listed = lockhub::store::open::open_read_only(&config.database_path())
         .and_then(|conn| lockhub::store::keys::print_keys(&conn, &mut std::io::stdout().lock()));
     match listed {
         Ok(()) => ExitCode::SUCCESS,

@@ -28,7 +28,7 @@ use tokio::sync::Notify;
 
 use crate::door::sensor::{DoorAlarm, DoorState};
 use crate::store::door::{record_flood, record_sensor, record_storage_failure, record_unlock};
-use crate::store::{Priority, Store, StoreError};
+use crate::store::{Priority, Store, error::StoreError};
 use lockhub_proto::time::Timestamp;
 
 /// Records waiting for the store, per port or bus, past which bookkeeping

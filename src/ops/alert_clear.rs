@@ -20,7 +20,7 @@
 use crate::clock::Clock;
 use crate::ops::status::{StatusError, Target};
 use crate::store::alerts;
-use crate::store::{self, StoreError, floor};
+use crate::store::{self, error::StoreError, floor};
 use lockhub_proto::outputs::Condition;
 use lockhub_proto::time::Timestamp;
 use std::path::Path;
@@ -91,7 +91,7 @@ pub fn clear(
         return Err(ClearError::BadReason);
     }
     let target = Target::from_config(config)?;
-    let mut conn = store::open_operator(&target.database)?;
+    let mut conn = store::open::open_operator(&target.database)?;
     let tx = conn
         .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
         .map_err(StoreError::from)?;

@@ -48,7 +48,7 @@ pub enum StatusError {
     #[error("database {path}: {source}")]
     Store {
         path: PathBuf,
-        source: crate::store::StoreError,
+        source: crate::store::error::StoreError,
     },
 }
 
@@ -265,8 +265,8 @@ pub struct Status {
 
 /// Opens the database read-only (never creating or migrating it).
 pub fn open_read_only(path: &Path) -> Result<Connection, StatusError> {
-    crate::store::open_read_only(path).map_err(|e| match e {
-        crate::store::StoreError::NoDatabase(p) => StatusError::NoDatabase(p),
+    crate::store::open::open_read_only(path).map_err(|e| match e {
+        crate::store::error::StoreError::NoDatabase(p) => StatusError::NoDatabase(p),
         source => StatusError::Store {
             path: path.to_owned(),
             source,

@@ -11,7 +11,7 @@ use crate::drivers::osdp::{self, bus::OsdpSettings};
 use crate::drivers::serial::{self, SerialSettings};
 use crate::runtime::maintenance::Maintenance;
 use crate::runtime::notify;
-use crate::store::{Priority, Store, StoreError, floor};
+use crate::store::{Priority, Store, error::StoreError, floor};
 use crate::sync::{self, SyncError, SyncSettings, decide};
 use std::future::Future;
 use std::sync::Arc;

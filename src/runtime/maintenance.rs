@@ -18,7 +18,7 @@
 use crate::clock::{SharedClock, Trust};
 use crate::config::{Config, Policy};
 use crate::store::alerts;
-use crate::store::{Priority, Store, StoreError, door, floor, sweep};
+use crate::store::{Priority, Store, door, error::StoreError, floor, sweep};
 use lockhub_proto::outputs::Condition;
 use lockhub_proto::verify;
 use lockhub_proto::verify::Signer;

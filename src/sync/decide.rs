@@ -8,7 +8,7 @@ use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::store::apply::{self, ApplyContext};
 use crate::store::outbox::Queued;
-use crate::store::{Alone, Store, StoreError};
+use crate::store::{Alone, Store, error::StoreError};
 use lockhub_proto::event::{self, EventKind, EventResult, Outcome, SchemaContext, SchemaError};
 use lockhub_proto::time::Timestamp;
 use lockhub_proto::verify::Signer;

@@ -48,7 +48,7 @@ use crate::config::MqttConfig;
 use crate::store::alerts;
 use crate::store::outbox::{self, Topic};
 use crate::store::runtime::{self, BrokerState};
-use crate::store::{Priority, Store, StoreError};
+use crate::store::{Priority, Store, error::StoreError};
 use client::{Access, Gate, LinkEvent, PollSettings, PollSinks};
 use ed25519_dalek::SigningKey;
 use ingest::{Decide, Decided, IngestSinks};

@@ -40,7 +40,7 @@ use crate::store::door::{DoorEvent, record_door_event};
 use crate::store::door::{door_states, record_card_denied};
 use crate::store::links::CounterWrites;
 use crate::store::osdp::{self as db, ReaderIdentity, ReaderLink};
-use crate::store::{Store, StoreError};
+use crate::store::{Store, error::StoreError};
 use lockhub_proto::outputs::Condition;
 
 /// A Secure Channel that has held this long clears `reader_link_fault`

@@ -18,7 +18,7 @@ use crate::config::Config;
 use crate::drivers::open;
 use crate::store::alerts;
 use crate::store::osdp::{self as db, ReaderIdentity};
-use crate::store::{Priority, Store, StoreError};
+use crate::store::{Priority, Store, error::StoreError};
 use lockhub_proto::outputs::Condition;
 use lockhub_proto::time::Timestamp;
 

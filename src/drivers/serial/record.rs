@@ -62,7 +62,7 @@ impl From<DoorRecord> for Record {
 }
 
 impl Recordable for Record {
-    fn apply(&self, conn: &rusqlite::Connection) -> Result<(), crate::store::StoreError> {
+    fn apply(&self, conn: &rusqlite::Connection) -> Result<(), crate::store::error::StoreError> {
         match self {
             Record::Door(rec) => rec.apply(conn),
             Record::DoorEvent { kind, door, at } => {
