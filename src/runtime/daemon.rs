@@ -7,7 +7,7 @@
 
 use crate::clock::SharedClock;
 use crate::config::Config;
-use crate::drivers::osdp::{self, bus::OsdpSettings};
+use crate::drivers::osdp::{self, bus::settings::OsdpSettings};
 use crate::drivers::serial::{self, SerialSettings};
 use crate::runtime::maintenance::Maintenance;
 use crate::runtime::notify;

@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::bus::{Wire, exchange};
+use super::bus::wire::{Wire, exchange};
 use super::cp::{Command, Event, Identity, Outcome, Reader, Security, Timing};
 use super::packet::Deframer;
 use super::sc::Key;

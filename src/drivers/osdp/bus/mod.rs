@@ -43,6 +43,15 @@ use crate::store::osdp::{self as db, ReaderIdentity, ReaderLink};
 use crate::store::{Store, error::StoreError};
 use lockhub_proto::outputs::Condition;
 
+mod doors;
+mod restore;
+pub mod settings;
+pub(crate) mod wire;
+
+use restore::*;
+use settings::*;
+use wire::{Wire, exchange};
+
 /// A Secure Channel that has held this long clears `reader_link_fault`
 /// (mqtt.md 'Alerts').
 const LINK_FAULT_CLEARS_AFTER: Duration = Duration::from_secs(60);
@@ -53,89 +62,6 @@ const READ_CHUNK: usize = 256;
 /// Decisions finished and not yet acted on, per bus (at most one in flight
 /// per reader, so this only needs to hold a bus's worth).
 const DECIDED_QUEUE: usize = 32;
-
-/// One reader as the bus task needs it.
-#[derive(Clone)]
-pub struct ReaderSettings {
-    pub name: String,
-    pub address: u8,
-    pub security: Security,
-    pub doors: Vec<ReaderDoorConfig>,
-}
-
-impl std::fmt::Debug for ReaderSettings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReaderSettings")
-            .field("name", &self.name)
-            .field("address", &self.address)
-            .field("security", &self.security)
-            .finish_non_exhaustive()
-    }
-}
-
-/// One `[[osdp]]` bus and its readers.
-#[derive(Debug, Clone)]
-pub struct BusSettings {
-    pub name: String,
-    pub path: PathBuf,
-    pub baud: u32,
-    pub readers: Vec<ReaderSettings>,
-}
-
-/// Everything the OSDP driver needs from the config.
-#[derive(Debug, Clone)]
-pub struct OsdpSettings {
-    pub buses: Vec<BusSettings>,
-    pub policy: Policy,
-    pub pin_keys: Arc<[PinKey]>,
-    pub timing: Timing,
-    /// Reopen delays: 100 ms doubling to 5 s, as for serial ports.
-    pub backoff_initial: Duration,
-    pub backoff_max: Duration,
-}
-
-impl OsdpSettings {
-    pub fn from_config(config: &Config) -> Self {
-        let buses = config
-            .osdp
-            .iter()
-            .map(|b| BusSettings {
-                name: b.name.clone(),
-                path: b.port.clone(),
-                baud: b.baud,
-                readers: config
-                    .readers
-                    .iter()
-                    .filter(|r| r.bus == b.name)
-                    .map(|r| ReaderSettings {
-                        name: r.name.clone(),
-                        address: r.address,
-                        // A reader with a key always uses it: never plain
-                        // text, never SCBK-D (osdp.md).
-                        security: match config.reader_key(&r.name) {
-                            Some(k) => Security::Secure(k.scbk),
-                            None => Security::Plaintext,
-                        },
-                        doors: config
-                            .reader_doors
-                            .iter()
-                            .filter(|d| d.reader == r.name)
-                            .cloned()
-                            .collect(),
-                    })
-                    .collect(),
-            })
-            .collect();
-        OsdpSettings {
-            buses,
-            policy: config.policy,
-            pin_keys: config.secrets.pin_keys.clone().into(),
-            timing: Timing::CONTRACT,
-            backoff_initial: Duration::from_millis(100),
-            backoff_max: Duration::from_secs(5),
-        }
-    }
-}
 
 /// The running OSDP driver. Drop it or call [`DriverHandle::shutdown`].
 pub type OsdpHandle = DriverHandle;
@@ -204,76 +130,6 @@ pub fn spawn(
         buses.push(tokio::spawn(task.run(stop_rx.clone())));
     }
     OsdpHandle::new(stop, buses, recorders)
-}
-
-/// What earlier runs left about the readers, read once at start through
-/// one connection (a read that fails leaves a reader `Unread`, so
-/// quarantined until it can be read).
-struct Earlier {
-    /// A reader missing here could not be read ([`Recorded::Unread`]).
-    known: HashMap<String, Recorded>,
-    /// Readers whose `reader_link_fault` is still raised: a healthy
-    /// channel ends it.
-    faulty: Vec<String>,
-    /// Readers whose `reader_replaced` is still raised: quarantined until
-    /// `lockhub osdp install`, whichever reader answers (osdp.md).
-    replaced: Vec<String>,
-}
-
-impl Earlier {
-    fn read<'a>(store: &Store, readers: impl Iterator<Item = &'a str>) -> Earlier {
-        let mut earlier = Earlier {
-            known: HashMap::new(),
-            faulty: Vec::new(),
-            replaced: Vec::new(),
-        };
-        let conn = match store.reader() {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot read what earlier runs recorded about the readers");
-                return earlier;
-            }
-        };
-        for r in readers {
-            match Recorded::read(&conn, r) {
-                Ok(id) => {
-                    earlier.known.insert(r.to_owned(), id);
-                }
-                Err(e) => {
-                    tracing::error!(reader = %r, error = %e, "cannot read the reader's recorded identity");
-                }
-            }
-        }
-        let raised = |condition: Condition| {
-            alerts::raised_subjects(&conn, condition).unwrap_or_else(|e| {
-                tracing::error!(error = %e, ?condition, "cannot read the raised alerts");
-                Vec::new()
-            })
-        };
-        earlier.faulty = raised(Condition::ReaderLinkFault);
-        earlier.replaced = raised(Condition::ReaderReplaced);
-        earlier
-    }
-}
-
-/// What the database holds as a reader's identity, the reference its PDID
-/// is compared with (osdp.md, `reader_replaced`).
-#[derive(Debug, Clone, Copy)]
-enum Recorded {
-    Identity(ReaderIdentity),
-    /// Keyed by hand, never installed: its first authenticated identity
-    /// becomes the reference.
-    Nothing,
-    /// The read failed. Until a read succeeds the reader is quarantined:
-    /// it may be a stranger, and its identity must not become the
-    /// reference.
-    Unread,
-}
-
-impl Recorded {
-    fn read(conn: &rusqlite::Connection, reader: &str) -> Result<Recorded, StoreError> {
-        Ok(db::identity(conn, reader)?.map_or(Recorded::Nothing, Recorded::Identity))
-    }
 }
 
 /// The bus task's view of one reader, beyond the protocol.
@@ -539,42 +395,6 @@ impl BusTask {
         tracing::info!(bus = %self.name, "osdp bus task stopped");
     }
 
-    /// Each door's last reported state, as the previous run left it (read
-    /// on a reader connection, so a stalled writer does not hold the bus).
-    async fn restore_doors(&mut self) {
-        let names: Vec<String> = self
-            .slots
-            .iter()
-            .filter_map(|s| s.door.as_ref().map(|d| d.name.clone()))
-            .collect();
-        let store = self.ctx.store.clone();
-        let loaded = tokio::task::spawn_blocking(move || {
-            let conn = store.reader()?;
-            door_states(&conn, &names)
-        })
-        .await;
-        match loaded {
-            Ok(Ok(states)) => {
-                let (now_ms, now) = (self.ms(), (self.now)());
-                for (name, state) in states {
-                    if let Some(s) = self
-                        .slots
-                        .iter_mut()
-                        .find(|s| s.door.as_ref().is_some_and(|d| d.name == name))
-                    {
-                        s.watch = DoorWatch::restore(state, now_ms, now);
-                    }
-                }
-            }
-            Ok(Err(e)) => {
-                tracing::error!(bus = %self.name, error = %e, "cannot read the doors' last states")
-            }
-            Err(e) => {
-                tracing::error!(bus = %self.name, error = %e, "cannot read the doors' last states")
-            }
-        }
-    }
-
     /// The task is stopping: every entry still waiting is decided and on
     /// record (a grant that can no longer reach the reader is recorded
     /// unconfirmed), and the flood counts are written.
@@ -808,174 +628,6 @@ impl BusTask {
         }
     }
 
-    /// A submitted entry: past the flood limit it is denied undecided;
-    /// otherwise decided now, or queued behind the one in flight.
-    fn submit(&mut self, i: usize, entry: Submitted) {
-        let (door, _) = self.target(i);
-        let key = i as u8;
-        let now = self.ms();
-        if let Admit::Flood { row } = self.flood.admit(key, now) {
-            drop(entry);
-            if let Some(count) = row {
-                tracing::warn!(bus = %self.name, door = %door, count, "keypad flood");
-                self.records.flood(&door, count, (self.now)());
-            }
-            self.feedback(i, &cmds::denied());
-            return;
-        }
-        tracing::info!(bus = %self.name, reader = %self.slots[i].cfg.name, door = %door, "keypad entry");
-        match self.queue.push(key, (entry, Instant::now())) {
-            Queued::Start(e) => self.start_decision(i, e),
-            Queued::Waiting => {}
-            Queued::Full(_) => {
-                // Fail closed: only a stuck store gets here. Still on record.
-                tracing::error!(bus = %self.name, door = %door, "too many keypad entries waiting; denied undecided");
-                self.records.undecided(&door, (self.now)());
-                self.feedback(i, &cmds::denied());
-            }
-        }
-    }
-
-    /// What reader `i`'s PIN entries are decided for: its door, or, for a
-    /// reader that serves none, its place on the bus, which is decided
-    /// `unknown_door` like a serial Keypad for a door index no door has
-    /// (serial.md): denied, audited, no lockout consulted or counted.
-    fn target(&self, i: usize) -> (String, bool) {
-        let s = &self.slots[i];
-        match &s.door {
-            Some(d) => (d.name.clone(), true),
-            None => (format!("{}:{}", self.name, s.cfg.address), false),
-        }
-    }
-
-    fn start_decision(&mut self, i: usize, (entry, received): (Submitted, Instant)) {
-        let (door, known) = self.target(i);
-        let ctx = self.ctx.clone();
-        let tx = self.decided_tx.clone();
-        let records = self.records.clone();
-        let bus = self.name.clone();
-        tokio::spawn(async move {
-            let pin: &[u8] = match &entry {
-                Submitted::Pin(p) => p,
-                // Not 4..=12 digits: the decision's own bad_format.
-                Submitted::BadFormat => &[],
-            };
-            let answer = entry::decide(
-                &ctx.store,
-                &ctx.pin_keys,
-                ctx.policy,
-                entry::Entry {
-                    driver: &bus,
-                    door: &door,
-                    known,
-                    pin,
-                    at: (ctx.now)(),
-                    received,
-                },
-                ctx.wake.as_deref(),
-            )
-            .await;
-            drop(entry);
-            if let Err(mpsc::error::SendError((_, Answer::Unlock { key_id }))) =
-                tx.send((i, answer)).await
-            {
-                // The bus task is gone: the grant is on record, the output
-                // never went out.
-                records.unlock(&door, key_id, false, (ctx.now)());
-            }
-        });
-    }
-
-    fn on_decided(&mut self, i: usize, answer: Answer) {
-        match answer {
-            // Only a known door is ever granted (`target`).
-            Answer::Unlock { key_id } => {
-                if let Some(door) = self.slots[i].door.clone() {
-                    self.unlock(i, &door, key_id);
-                }
-            }
-            Answer::Deny => self.feedback(i, &cmds::denied()),
-            Answer::LockedOut => self.feedback(i, &cmds::locked_out()),
-        }
-        if let Some(next) = self.queue.done(i as u8) {
-            self.start_decision(i, next);
-        }
-    }
-
-    /// Sends a committed grant's output to the reader, then its feedback.
-    fn unlock(&mut self, i: usize, door: &ReaderDoorConfig, key_id: String) {
-        let sent = if self.slots[i].trusted() {
-            self.slots[i].cp.send(cmds::unlock(door)).ok()
-        } else {
-            None
-        };
-        match sent {
-            Some(token) => {
-                let now = self.ms();
-                let s = &mut self.slots[i];
-                s.outputs.insert(token, key_id);
-                s.watch.unlock_sent(now, door.unlock_ms);
-                self.feedback(i, &cmds::granted(door));
-            }
-            None => {
-                tracing::warn!(bus = %self.name, door = %door.name, "the reader's session ended before the output went out");
-                self.record_unlock(&door.name, key_id, false);
-            }
-        }
-    }
-
-    /// LED and buzzer after the output, best effort: a reader without them
-    /// NAKs and is not faulted.
-    fn feedback(&mut self, i: usize, commands: &[cp::Command]) {
-        for c in commands {
-            if self.slots[i].cp.send(c.clone()).is_err() {
-                break;
-            }
-        }
-    }
-
-    fn output_done(&mut self, i: usize, token: u64, outcome: Outcome) {
-        let Some(key_id) = self.slots[i].outputs.remove(&token) else {
-            return;
-        };
-        let Some(door) = self.slots[i].door.clone() else {
-            return;
-        };
-        let confirmed = match &outcome {
-            Outcome::Ack => true,
-            Outcome::OutputStatus(status) => cmds::output_on(status, door.output),
-            Outcome::Nak(_) | Outcome::Failed => false,
-        };
-        if !confirmed {
-            tracing::warn!(bus = %self.name, door = %door.name, outcome = ?outcome, "osdp_OUT not confirmed");
-        }
-        self.record_unlock(&door.name, key_id, confirmed);
-    }
-
-    fn record_unlock(&self, door: &str, key_id: String, confirmed: bool) {
-        self.records.unlock(door, key_id, confirmed, (self.now)());
-    }
-
-    /// An input report: the door contact, when the door has one.
-    fn inputs(&mut self, i: usize, inputs: &[bool]) {
-        if self.slots[i].quarantined {
-            return;
-        }
-        let Some(door) = self.slots[i].door.clone() else {
-            return;
-        };
-        let Some(open) = cmds::contact_open(&door, inputs) else {
-            return;
-        };
-        let now = self.ms();
-        let at = (self.now)();
-        let report = self.slots[i].watch.report(open, now, at);
-        tracing::info!(bus = %self.name, door = %door.name, open, "door contact");
-        if let Some((state, alarm)) = report {
-            self.records.door_state(&door.name, state, alarm, at);
-        }
-    }
-
     fn identity(&mut self, i: usize, id: Identity) {
         let name = self.slots[i].cfg.name.clone();
         let seen = ReaderIdentity {
@@ -1057,89 +709,6 @@ impl BusTask {
             // Back to normal (also after a restart, for an alert raised
             // before it): the alert ends (mqtt.md 'Alerts').
             self.clear(Condition::Tamper, &name);
-        }
-    }
-}
-
-/// The bus's speed and the reader's reply timeout, for [`exchange`].
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Wire {
-    pub baud: u32,
-    pub reply_timeout: Duration,
-}
-
-impl Wire {
-    /// One character on the wire (8N1: ten bits).
-    fn char_time(self) -> Duration {
-        Duration::from_micros(10_000_000 / u64::from(self.baud.max(1)))
-    }
-}
-
-/// A command that has not reached the port's buffer by then (the longest
-/// packet takes 0.3 s at 9600 baud) means a wedged adapter.
-const WRITE_TIMEOUT: Duration = Duration::from_secs(1);
-/// Quiet on the line, after the last byte of a reply that is under way,
-/// before the reply counts as cut short.
-const INTER_BYTE_GAP: Duration = Duration::from_millis(20);
-
-/// One exchange with one reader: puts `bytes` on the wire and feeds what
-/// comes back to `reader` until it has its reply or the reply timeout
-/// passes. Packets from other addresses (or our own command, echoed by an
-/// RS-485 adapter) are not part of it. Times are ms since `epoch`.
-///
-/// The 200 ms are the reader's to start answering (osdp.md): they run from
-/// when the command has left the wire (the write only fills the tty's
-/// buffer: at 9600 baud a 30-byte command takes 31 ms more), and a reply
-/// that is arriving gets its bytes' own wire time, up to a packet's worth.
-pub(crate) async fn exchange(
-    port: &mut tokio_serial::SerialStream,
-    reader: &mut Reader,
-    addr: u8,
-    deframer: &mut Deframer,
-    bytes: &[u8],
-    epoch: Instant,
-    wire: Wire,
-) -> Result<Vec<Event>, std::io::Error> {
-    let ms = || epoch.elapsed().as_millis() as u64;
-    let mut buf = [0u8; READ_CHUNK];
-    let mut events = Vec::new();
-    // A new exchange: whatever is half-received is noise.
-    deframer.clear();
-    // A wedged adapter must not wedge the bus: the session ends, readers
-    // go offline on their own clocks, the port is opened again.
-    tokio::time::timeout(WRITE_TIMEOUT, port.write_all(bytes))
-        .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "write timed out"))??;
-    let sent = tokio::time::Instant::now()
-        + wire.char_time() * u32::try_from(bytes.len()).unwrap_or(u32::MAX);
-    let mut deadline = sent + wire.reply_timeout;
-    let latest = deadline + wire.char_time() * packet::MAX_PACKET as u32;
-    loop {
-        match tokio::time::timeout_at(deadline, port.read(&mut buf)).await {
-            Err(_) => {
-                events.extend(reader.on_timeout(ms()));
-                return Ok(events);
-            }
-            Ok(Err(e)) => return Err(e),
-            Ok(Ok(0)) => {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    "the port reads end-of-file",
-                ));
-            }
-            Ok(Ok(got)) => {
-                for pkt in deframer.push(&buf[..got]) {
-                    if pkt.is_reply() && pkt.addr() == addr {
-                        events.extend(reader.on_reply(&pkt, ms()));
-                    }
-                }
-                if !reader.awaiting_reply() {
-                    return Ok(events);
-                }
-                // Bytes keep coming: let them finish, within a packet's time.
-                let more = tokio::time::Instant::now() + INTER_BYTE_GAP + wire.char_time() * 4;
-                deadline = deadline.max(more.min(latest));
-            }
         }
     }
 }
