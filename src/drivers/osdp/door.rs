@@ -2,7 +2,7 @@
 //! and Door contact), as pure functions: the osdp_OUT for a grant, the LED
 //! and buzzer feedback, the door contact from an input report.
 
-use super::cp::{Command, LedSpec, color};
+use super::cp::codec::{Command, LedSpec, color};
 use crate::config::ReaderDoorConfig;
 
 /// osdp_OUT control code 0x05: temporary on, then back to the permanent

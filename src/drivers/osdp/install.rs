@@ -11,7 +11,8 @@
 use std::time::{Duration, Instant};
 
 use super::bus::wire::{Wire, exchange};
-use super::cp::{Command, Event, Identity, Outcome, Reader, Security, Timing};
+use super::cp::codec::{Command, NewKey};
+use super::cp::{Event, Identity, Outcome, Reader, Security, Timing};
 use super::packet::Deframer;
 use super::sc::Key;
 use crate::config::Config;
@@ -202,10 +203,7 @@ pub async fn install(
     {
         SessionEnd::Ready(mut fresh, _) => {
             match link
-                .command(
-                    &mut fresh,
-                    Command::Keyset(crate::drivers::osdp::cp::NewKey(key)),
-                )
+                .command(&mut fresh, Command::Keyset(NewKey(key)))
                 .await?
             {
                 Outcome::Ack => {}

@@ -123,7 +123,7 @@ impl BusTask {
 
     /// LED and buzzer after the output, best effort: a reader without them
     /// NAKs and is not faulted.
-    pub(super) fn feedback(&mut self, i: usize, commands: &[cp::Command]) {
+    pub(super) fn feedback(&mut self, i: usize, commands: &[cp::codec::Command]) {
         for c in commands {
             if self.slots[i].cp.send(c.clone()).is_err() {
                 break;
