@@ -228,7 +228,7 @@ struct ProvisionArgs {
     password_file: Option<PathBuf>,
     /// A trusted cloud signer: ID=PUBLIC_KEY[,NOT_AFTER] (repeat for several).
     #[arg(long, value_name = "ID=KEY[,NOT_AFTER]")]
-    trust: Vec<lockhub::ops::provision::TrustSpec>,
+    trust: Vec<lockhub::ops::provision::bundle::TrustSpec>,
     /// A PIN key: ID (generated) or ID=@FILE (base64url secret read from FILE).
     #[arg(long, value_name = "ID[=@FILE]")]
     pin_key: Vec<String>,
@@ -402,7 +402,8 @@ fn main() -> ExitCode {
 }
 
 fn provision(a: ProvisionArgs) -> Result<(), lockhub::ops::provision::ProvisionError> {
-    use lockhub::ops::provision::{self as p, Bundle, MqttSpec, Request};
+    use lockhub::ops::provision::bundle::{Bundle, MqttSpec};
+    use lockhub::ops::provision::{self as p, Request};
     let mut req = match &a.bundle {
         Some(path) => Request::from(Bundle::read(path)?),
         None => Request {
@@ -428,10 +429,10 @@ fn provision(a: ProvisionArgs) -> Result<(), lockhub::ops::provision::ProvisionE
         },
     };
     for k in &a.pin_key {
-        req.pin_keys.push(p::parse_pin_key_arg(k)?);
+        req.pin_keys.push(p::cli::parse_pin_key_arg(k)?);
     }
     if let Some(f) = &a.hub_key_file {
-        req.hub_key = Some(p::read_secret_file(f)?);
+        req.hub_key = Some(p::cli::read_secret_file(f)?);
     }
     let secrets = a.secrets.unwrap_or_else(|| {
         a.config
@@ -454,7 +455,7 @@ fn provision(a: ProvisionArgs) -> Result<(), lockhub::ops::provision::ProvisionE
             serde_json::to_string_pretty(&done).unwrap_or_default()
         );
     } else {
-        print!("{}", p::summary(&done));
+        print!("{}", p::cli::summary(&done));
     }
     Ok(())
 }
