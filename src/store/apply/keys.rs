@@ -113,7 +113,7 @@ pub(super) fn check_in(
 /// holder. The rows stay. The holder_ref is remembered (`erased_holders`),
 /// so a grant for it that arrives later is stored without its name
 /// ([`write_grant`]). `secure_delete` on the writer zeroes the freed bytes;
-/// [`super::Store::scrub_wal`] clears the WAL after the commit, and only then
+/// [`crate::store::Store::scrub_wal`] clears the WAL after the commit, and only then
 /// is the result published (`erased`: it is held until then).
 ///
 /// `applied` when a name was erased or the holder newly remembered (an
