@@ -107,6 +107,7 @@ impl<T> DecisionQueue<T> {
     }
 
     /// Whether a decision is in flight at `door`.
+    #[cfg(any(test, feature = "testing"))]
     pub fn busy(&self, door: u8) -> bool {
         self.doors.get(&door).is_some_and(|s| s.busy)
     }

@@ -73,6 +73,7 @@ pub enum DenyReason {
 }
 
 impl DenyReason {
+    #[cfg(any(test, feature = "testing"))]
     pub const ALL: [DenyReason; 7] = [
         DenyReason::UnknownDoor,
         DenyReason::BadFormat,
@@ -96,6 +97,7 @@ impl DenyReason {
     }
 
     /// Whether this denial counts toward the door's lockout (module docs).
+    #[cfg(any(test, feature = "testing"))]
     pub fn counts_toward_lockout(self) -> bool {
         matches!(
             self,
@@ -274,6 +276,7 @@ impl Decision {
     /// A denial that starts a lockout already answers 2 (locked out): from
     /// that moment every entry is refused, and the person at the door should
     /// learn it now rather than on the next try.
+    #[cfg(any(test, feature = "testing"))]
     pub fn wire_deny_reason(&self) -> Option<u8> {
         match self {
             Decision::Unlock(_) => None,

@@ -21,7 +21,9 @@ use tokio_serial::{SerialPortBuilderExt, SerialStream};
 use lockhub_proto::time::Timestamp;
 
 pub mod osdp;
-pub mod serial;
+internal! {
+    mod serial;
+}
 
 /// The effective time for audit rows and decisions (mqtt.md 'Time'): the
 /// daemon passes its clock here, tests a plain function.

@@ -4,9 +4,11 @@
 //! ([`alloc`]) and the log subscriber ([`logging`]).
 
 pub mod alloc;
-pub mod backoff;
 pub mod daemon;
 pub mod logging;
-pub mod maintenance;
-pub mod notify;
-pub mod task;
+internal! {
+    mod backoff;
+    mod maintenance;
+    mod notify;
+    mod task;
+}

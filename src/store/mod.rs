@@ -45,24 +45,26 @@
 //! Store functions are plain `fn(&Connection, ...) -> Result<_, StoreError>`
 //! in the submodules; callers run them on the writer with [`Store::write`].
 
-pub mod alerts;
-pub mod apply;
-pub mod audit;
 mod checkpoint;
-pub mod door;
 pub mod error;
-pub mod floor;
-pub mod health;
 pub mod keys;
-pub mod links;
 mod migrate;
 pub mod open;
-pub mod osdp;
-pub mod outbox;
 mod paced;
-pub mod runtime;
-pub mod sweep;
 mod writer;
+internal! {
+    mod alerts;
+    mod apply;
+    mod audit;
+    mod door;
+    mod floor;
+    mod health;
+    mod links;
+    mod osdp;
+    mod outbox;
+    mod runtime;
+    mod sweep;
+}
 
 pub use migrate::pending as migration_pending;
 pub use migrate::{MIGRATIONS, schema_version};

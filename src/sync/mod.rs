@@ -126,6 +126,7 @@ pub struct SyncHandle {
     outbox_wake: Arc<Notify>,
     poll: JoinHandle<()>,
     others: Vec<JoinHandle<()>>,
+    #[cfg(any(test, feature = "testing"))]
     gate: Arc<Gate>,
 }
 
@@ -245,6 +246,7 @@ pub fn start<D: Decide>(
         outbox_wake,
         poll,
         others,
+        #[cfg(any(test, feature = "testing"))]
         gate,
     })
 }
@@ -260,6 +262,7 @@ impl SyncHandle {
     }
 
     /// What the hub has taken in from the broker so far.
+    #[cfg(any(test, feature = "testing"))]
     pub fn flow(&self) -> client::FlowStats {
         self.gate.flow()
     }

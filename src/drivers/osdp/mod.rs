@@ -43,10 +43,12 @@
 //! Logs carry bus and reader names and addresses; never a key, a PIN or a
 //! key press.
 
-pub mod bus;
-pub mod cp;
-pub mod door;
 pub mod install;
-pub mod keypad;
-pub mod packet;
-pub mod sc;
+internal! {
+    mod bus;
+    mod cp;
+    mod door;
+    mod keypad;
+    mod packet;
+    mod sc;
+}

@@ -194,6 +194,7 @@ impl Packet {
     }
 
     /// The security block's data (after its length and type).
+    #[cfg(any(test, feature = "testing"))]
     pub fn scb_data(&self) -> &[u8] {
         if self.scb_len > 2 {
             &self.raw[7..5 + self.scb_len]

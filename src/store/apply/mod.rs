@@ -112,6 +112,7 @@ pub struct SeqStatus {
 ///
 /// Returns `Err` only for storage failures: then the writer rolls the job
 /// back, nothing is claimed, and the event must not be acked.
+#[cfg(any(test, feature = "testing"))]
 pub fn apply_event(
     conn: &Connection,
     ctx: &ApplyContext,

@@ -39,6 +39,7 @@ pub mod reply {
 
 /// NAK reasons with a rule of their own (osdp.md 'Sequence numbers').
 pub mod nak {
+    #[cfg(any(test, feature = "testing"))]
     pub const UNKNOWN_COMMAND: u8 = 3;
     pub const SEQUENCE: u8 = 4;
     pub const SECURE_CHANNEL: u8 = 6;
@@ -167,12 +168,4 @@ impl Command {
         }
     }
 
-    pub(super) fn name(&self) -> &'static str {
-        match self {
-            Command::Out { .. } => "osdp_OUT",
-            Command::Led(_) => "osdp_LED",
-            Command::Buzzer { .. } => "osdp_BUZ",
-            Command::Keyset(_) => "osdp_KEYSET",
-        }
-    }
 }

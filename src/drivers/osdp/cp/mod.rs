@@ -260,6 +260,7 @@ impl Reader {
         }
     }
 
+    #[cfg(any(test, feature = "testing"))]
     pub fn addr(&self) -> u8 {
         self.addr
     }
@@ -272,10 +273,6 @@ impl Reader {
 
     pub fn is_secure(&self) -> bool {
         self.channel.is_some()
-    }
-
-    pub fn is_offline(&self) -> bool {
-        self.offline
     }
 
     /// A command of this reader timed out (or was BUSY) and goes again
@@ -757,10 +754,6 @@ impl Reader {
         }
     }
 
-    /// A queued command's name, for logs.
-    pub fn command_name(c: &Command) -> &'static str {
-        c.name()
-    }
 }
 
 impl Reader {
