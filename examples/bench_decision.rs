@@ -17,7 +17,7 @@
 use lockhub::config::Policy;
 use lockhub::door::{Decision, pin_tags};
 use lockhub::store::door::{DoorEntry, door_entry, evaluate};
-use lockhub::store::{Priority, Store, StoreError};
+use lockhub::store::{Priority, Store, error::StoreError};
 use lockhub_proto::crypto::pin_tag;
 use lockhub_proto::time::Timestamp;
 use rusqlite::Connection;

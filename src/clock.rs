@@ -117,6 +117,7 @@ impl Clock {
     }
 
     /// The latest verified `issued_at` advanced to `mono`, if any.
+    #[cfg(any(test, feature = "testing"))]
     pub fn cloud_floor(&self, mono: Duration) -> Option<Timestamp> {
         (self.cloud_base != i64::MIN)
             .then(|| Timestamp(self.cloud_base.saturating_add(micros(mono))))
@@ -216,6 +217,7 @@ impl LiveClock {
         self.clock.trust(Timestamp::now_system(), self.mono())
     }
 
+    #[cfg(any(test, feature = "testing"))]
     pub fn trusted(&self) -> bool {
         self.trust() == Trust::Trusted
     }

@@ -22,26 +22,35 @@
 //! `migrations/` holds the schema as append-only SQL files; the invariants of
 //! mqtt.md are enforced there, by SQLite, as the last line of defence.
 
-pub mod alert_clear;
-pub mod alloc;
-pub mod backoff;
-pub mod clock;
+//! ## Public surface
+//! The library's public API is what the `lockhub` binary (`src/main.rs`)
+//! needs. Every other module is declared with [`internal!`]: `pub` only
+//! with the `testing` feature, which testkit turns on for the tests, the
+//! benchmarks and the demo, and `pub(crate)` otherwise, so a build of the
+//! daemon reports the code nothing uses.
+
+/// Declares internal modules: `pub` with the `testing` feature (the tests,
+/// benches and demo reach inside through testkit), `pub(crate)` without it.
+macro_rules! internal {
+    ($(mod $name:ident;)*) => {
+        $(
+            #[cfg(feature = "testing")]
+            pub mod $name;
+            #[cfg(not(feature = "testing"))]
+            pub(crate) mod $name;
+        )*
+    };
+}
+
 pub mod config;
-pub mod daemon;
-pub mod door;
 pub mod drivers;
-pub mod entry;
-pub mod lifecycle;
-pub mod logging;
-pub mod maintenance;
-pub mod notify;
-pub mod osdp;
-pub mod provision;
-pub(crate) mod recorder;
-pub mod serial;
+pub mod ops;
+pub mod runtime;
 pub mod sim;
-pub mod status;
 pub mod store;
-pub mod sync;
-pub mod task;
-pub mod watch;
+internal! {
+    mod clock;
+    mod door;
+    mod lifecycle;
+    mod sync;
+}

@@ -16,8 +16,8 @@ const GLOBAL: &str = "Global options";
 #[command(name = "lockhub", version, about = "Offline-first door access hub")]
 struct Cli {
     /// Log line format on stderr: `text` for people, `json` for collectors.
-    #[arg(long, global = true, value_enum, default_value_t = lockhub::logging::LogFormat::Text, help_heading = GLOBAL)]
-    log_format: lockhub::logging::LogFormat,
+    #[arg(long, global = true, value_enum, default_value_t = lockhub::runtime::logging::LogFormat::Text, help_heading = GLOBAL)]
+    log_format: lockhub::runtime::logging::LogFormat,
     /// Log filter (`info`, `lockhub=debug,rumqttc=warn`, ...); overrides RUST_LOG.
     #[arg(long, global = true, value_name = "FILTER", help_heading = GLOBAL)]
     log_level: Option<String>,
@@ -175,7 +175,9 @@ fn osdp_install(path: &std::path::Path, reader: &str) -> ExitCode {
         Err(exit) => return exit,
     };
     let now = lockhub_proto::time::Timestamp::now_system();
-    match rt.block_on(lockhub::osdp::install::install(&config, reader, now)) {
+    match rt.block_on(lockhub::drivers::osdp::install::install(
+        &config, reader, now,
+    )) {
         Ok(done) => {
             let id = done.identity;
             println!(
@@ -195,7 +197,7 @@ fn osdp_install(path: &std::path::Path, reader: &str) -> ExitCode {
         }
         Err(e) => {
             eprintln!("lockhub osdp install: {e}");
-            use lockhub::osdp::install::InstallError as E;
+            use lockhub::drivers::osdp::install::InstallError as E;
             ExitCode::from(if matches!(e, E::UnknownReader(_) | E::NoKey(_)) {
                 2
             } else {
@@ -265,7 +267,7 @@ struct ProvisionArgs {
     password_file: Option<PathBuf>,
     /// A trusted cloud signer: ID=PUBLIC_KEY[,NOT_AFTER] (repeat for several).
     #[arg(long, value_name = "ID=KEY[,NOT_AFTER]")]
-    trust: Vec<lockhub::provision::TrustSpec>,
+    trust: Vec<lockhub::ops::provision::bundle::TrustSpec>,
     /// A PIN key: ID (generated) or ID=@FILE (base64url secret read from FILE).
     #[arg(long, value_name = "ID[=@FILE]")]
     pin_key: Vec<String>,
@@ -299,7 +301,7 @@ fn keys(path: &std::path::Path, json: bool) -> ExitCode {
         Err(exit) => return exit,
     };
     let out = &mut std::io::stdout().lock();
-    let listed = lockhub::store::open_read_only(&config.database_path()).and_then(|conn| {
+    let listed = lockhub::store::open::open_read_only(&config.database_path()).and_then(|conn| {
         if json {
             lockhub::store::keys::print_keys_json(&conn, out)
         } else {
@@ -318,7 +320,7 @@ fn keys(path: &std::path::Path, json: bool) -> ExitCode {
 /// `lockhub run`: logs to stderr; a config problem is exit 2, anything
 /// else that stops the daemon exit 1.
 fn run(path: &std::path::Path) -> ExitCode {
-    // Logging is already set up by main (--log-format, --log-level; src/logging.rs).
+    // Logging is already set up by main (--log-format, --log-level; src/runtime/logging.rs).
     let config = match load_config(path) {
         Ok(c) => c,
         Err(exit) => return exit,
@@ -337,7 +339,7 @@ fn run(path: &std::path::Path) -> ExitCode {
                 _ = int.recv() => {}
             }
         };
-        lockhub::daemon::run(config, shutdown).await?;
+        lockhub::runtime::daemon::run(config, shutdown).await?;
         Ok(())
     });
     match result {
@@ -350,10 +352,10 @@ fn run(path: &std::path::Path) -> ExitCode {
 }
 
 fn main() -> ExitCode {
-    // Before any thread allocates (see lockhub::alloc for why).
-    lockhub::alloc::tune();
+    // Before any thread allocates (see lockhub::runtime::alloc for why).
+    lockhub::runtime::alloc::tune();
     let cli = Cli::parse();
-    if let Err(e) = lockhub::logging::init(cli.log_format, cli.log_level.as_deref()) {
+    if let Err(e) = lockhub::runtime::logging::init(cli.log_format, cli.log_level.as_deref()) {
         eprintln!("lockhub: {e}");
         return ExitCode::from(2);
     }
@@ -371,21 +373,23 @@ fn main() -> ExitCode {
                     config,
                     reason,
                 },
-        } => match lockhub::alert_clear::clear(&config.config, &condition, &subject, &reason) {
-            Ok(c) => {
-                println!(
-                    "cleared {} {} at {}",
-                    c.condition.as_str(),
-                    c.subject,
-                    c.at.to_rfc3339()
-                );
-                ExitCode::SUCCESS
+        } => {
+            match lockhub::ops::alert_clear::clear(&config.config, &condition, &subject, &reason) {
+                Ok(c) => {
+                    println!(
+                        "cleared {} {} at {}",
+                        c.condition.as_str(),
+                        c.subject,
+                        c.at.to_rfc3339()
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("lockhub alert clear: {e}");
+                    ExitCode::from(e.exit_code())
+                }
             }
-            Err(e) => {
-                eprintln!("lockhub alert clear: {e}");
-                ExitCode::from(e.exit_code())
-            }
-        },
+        }
         Command::CheckConfig { file, config } => {
             let file = file.unwrap_or(config.config);
             check_config(&file)
@@ -424,7 +428,7 @@ fn main() -> ExitCode {
                 ExitCode::from(if e.is_input_problem() { 2 } else { 1 })
             }
         },
-        Command::Status { config, json } => match lockhub::status::status(&config.config) {
+        Command::Status { config, json } => match lockhub::ops::status::status(&config.config) {
             Ok(s) => {
                 if json {
                     println!("{}", s.to_json());
@@ -441,8 +445,9 @@ fn main() -> ExitCode {
     }
 }
 
-fn provision(a: ProvisionArgs) -> Result<(), lockhub::provision::ProvisionError> {
-    use lockhub::provision::{self as p, Bundle, MqttSpec, Request};
+fn provision(a: ProvisionArgs) -> Result<(), lockhub::ops::provision::ProvisionError> {
+    use lockhub::ops::provision::bundle::{Bundle, MqttSpec};
+    use lockhub::ops::provision::{self as p, Request};
     let mut req = match &a.bundle {
         Some(path) => Request::from(Bundle::read(path)?),
         None => Request {
@@ -468,10 +473,10 @@ fn provision(a: ProvisionArgs) -> Result<(), lockhub::provision::ProvisionError>
         },
     };
     for k in &a.pin_key {
-        req.pin_keys.push(p::parse_pin_key_arg(k)?);
+        req.pin_keys.push(p::cli::parse_pin_key_arg(k)?);
     }
     if let Some(f) = &a.hub_key_file {
-        req.hub_key = Some(p::read_secret_file(f)?);
+        req.hub_key = Some(p::cli::read_secret_file(f)?);
     }
     let secrets = a.secrets.unwrap_or_else(|| {
         a.config
@@ -494,7 +499,7 @@ fn provision(a: ProvisionArgs) -> Result<(), lockhub::provision::ProvisionError>
             serde_json::to_string_pretty(&done).unwrap_or_default()
         );
     } else {
-        print!("{}", p::summary(&done));
+        print!("{}", p::cli::summary(&done));
     }
     Ok(())
 }

@@ -7,7 +7,7 @@
 //! ```
 //!
 //! What runs, and why each part is the one it is:
-//! - **The daemon** is [`lockhub::daemon::run`], the same function `lockhub
+//! - **The daemon** is [`lockhub::runtime::daemon::run`], the same function `lockhub
 //!   run` calls, with a config loaded by [`lockhub::config::load`] from a
 //!   `hub.toml` this demo writes into a temporary data folder (with
 //!   `secrets.toml` and the MQTT password file at mode 0600, every secret
@@ -305,7 +305,7 @@ async fn demo(opts: Options) -> Result<(), Failure> {
     broker.admit_all()?;
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let daemon = tokio::spawn(lockhub::daemon::run(config, async {
+    let daemon = tokio::spawn(lockhub::runtime::daemon::run(config, async {
         let _ = stop_rx.await;
     }));
     say(

@@ -3,4 +3,6 @@
 //! the demo and the benchmarks use them; so can an installer checking wiring.
 
 pub mod board;
+/// Only the tests, benchmarks and the demo sign events as a cloud.
+#[cfg(feature = "testing")]
 pub mod cloud;

@@ -123,7 +123,7 @@ pub(crate) fn clock_at(conn: &Connection, now: Timestamp) -> Result<ClockAt, Sto
 
 /// Computes the health figures from `conn` (a reader of the database at
 /// `database`) at `now`, the system clock. Called by the publisher for
-/// the retained status and by [`crate::status::gather`] for `lockhub status`.
+/// the retained status and by [`crate::ops::status::gather`] for `lockhub status`.
 pub fn health(conn: &Connection, database: &Path, now: Timestamp) -> Result<Health, StoreError> {
     let run = runtime::read(conn)?;
     let (watermark, head_seq): (i64, i64) = conn.query_row(

@@ -123,10 +123,12 @@ impl Queued {
     }
 
     /// How many rows are queued.
+    #[cfg(any(test, feature = "testing"))]
     pub fn len(&self) -> usize {
         self.rows.len()
     }
 
+    #[cfg(any(test, feature = "testing"))]
     pub fn is_empty(&self) -> bool {
         self.rows.is_empty()
     }

@@ -8,7 +8,7 @@ use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::store::apply::{self, ApplyContext};
 use crate::store::outbox::Queued;
-use crate::store::{Alone, Store, StoreError};
+use crate::store::{Alone, Store, error::StoreError};
 use lockhub_proto::event::{self, EventKind, EventResult, Outcome, SchemaContext, SchemaError};
 use lockhub_proto::time::Timestamp;
 use lockhub_proto::verify::Signer;
@@ -238,7 +238,7 @@ pub async fn scrub_until_done(store: Store) -> bool {
 /// seq above it was seen, and the last checkpoint's head.
 pub fn initial_seq(conn: &Connection) -> Result<SeqStart, StoreError> {
     let s = apply::seq_status(conn)?;
-    let (_, gap) = apply::watermark_and_gap(conn)?;
+    let (_, gap) = apply::seq::watermark_and_gap(conn)?;
     Ok(SeqStart {
         view: SeqView {
             watermark: s.watermark,

@@ -49,7 +49,7 @@
 use super::client::{Gate, Inbound};
 use super::plan::SeqView;
 use crate::store::outbox::Queued;
-use crate::store::{Alone, JOB_SLICE, Priority, Store, StoreError};
+use crate::store::{Alone, JOB_SLICE, Priority, Store, error::StoreError};
 use rusqlite::Connection;
 use std::collections::VecDeque;
 use std::future::Future;

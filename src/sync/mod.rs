@@ -48,7 +48,7 @@ use crate::config::MqttConfig;
 use crate::store::alerts;
 use crate::store::outbox::{self, Topic};
 use crate::store::runtime::{self, BrokerState};
-use crate::store::{Priority, Store, StoreError};
+use crate::store::{Priority, Store, error::StoreError};
 use client::{Access, Gate, LinkEvent, LinkNews, PollSettings, PollSinks};
 use ed25519_dalek::SigningKey;
 use ingest::{Decide, Decided, IngestSinks};
@@ -126,6 +126,7 @@ pub struct SyncHandle {
     outbox_wake: Arc<Notify>,
     poll: JoinHandle<()>,
     others: Vec<JoinHandle<()>>,
+    #[cfg(any(test, feature = "testing"))]
     gate: Arc<Gate>,
 }
 
@@ -245,6 +246,7 @@ pub fn start<D: Decide>(
         outbox_wake,
         poll,
         others,
+        #[cfg(any(test, feature = "testing"))]
         gate,
     })
 }
@@ -260,6 +262,7 @@ impl SyncHandle {
     }
 
     /// What the hub has taken in from the broker so far.
+    #[cfg(any(test, feature = "testing"))]
     pub fn flow(&self) -> client::FlowStats {
         self.gate.flow()
     }
@@ -278,11 +281,11 @@ impl SyncHandle {
         {
             let _ = tokio::time::timeout(SHUTDOWN_TIMEOUT, done_rx).await;
         }
-        crate::task::join_or_abort(self.poll, Duration::from_secs(1)).await;
+        crate::runtime::task::join_or_abort(self.poll, Duration::from_secs(1)).await;
         // The poll task is gone, so the ingest channel is closed: ingest
         // finishes its batch (committed work is kept; its acks are moot).
         for task in self.others {
-            crate::task::join_or_abort(task, SHUTDOWN_TIMEOUT).await;
+            crate::runtime::task::join_or_abort(task, SHUTDOWN_TIMEOUT).await;
         }
     }
 }

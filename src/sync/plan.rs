@@ -6,7 +6,7 @@
 //! [`Duration`] since any fixed origin) and what the store said, and act on
 //! what comes back. That keeps every timing rule testable without a runtime.
 
-use crate::backoff::{Backoff, Jitter};
+use crate::runtime::backoff::{Backoff, Jitter};
 use lockhub_proto::outputs::{SyncReason, SyncRequest};
 use std::time::Duration;
 
@@ -71,6 +71,7 @@ pub struct SyncPlanner {
 
 impl SyncPlanner {
     /// A planner that asks at once (no jitter): for tests of the rules.
+    #[cfg(any(test, feature = "testing"))]
     pub fn new(view: SeqView) -> Self {
         Self::with_jitter(view, Duration::ZERO, 0)
     }
@@ -104,6 +105,7 @@ impl SyncPlanner {
     }
 
     /// The seq state the planner last heard of.
+    #[cfg(any(test, feature = "testing"))]
     pub fn view(&self) -> SeqView {
         self.view
     }
@@ -543,6 +545,7 @@ impl<K: PartialEq> HealthSchedule<K> {
     }
 
     /// Forget the last one (a new connection publishes at once).
+    #[cfg(any(test, feature = "testing"))]
     pub fn reset(&mut self) {
         self.last = None;
     }

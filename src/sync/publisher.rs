@@ -45,7 +45,7 @@ use crate::clock::SharedClock;
 use crate::store::alerts;
 use crate::store::health::{self, BROKER_LINK, Health, HealthKey};
 use crate::store::outbox;
-use crate::store::{Priority, Store, StoreError};
+use crate::store::{Priority, Store, error::StoreError};
 use ed25519_dalek::SigningKey;
 use lockhub_proto::crypto;
 use lockhub_proto::outputs::Condition;

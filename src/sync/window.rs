@@ -115,6 +115,7 @@ impl Outstanding {
     }
 
     /// Whether nothing is outstanding.
+    #[cfg(any(test, feature = "testing"))]
     pub fn is_empty(&self) -> bool {
         self.queue.is_empty()
     }

@@ -61,7 +61,7 @@ impl Db {
     /// Runs `f` on the writer and waits for its commit.
     pub fn write<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&Connection) -> Result<T, lockhub::store::StoreError> + Send + 'static,
+        f: impl FnOnce(&Connection) -> Result<T, lockhub::store::error::StoreError> + Send + 'static,
     ) -> T {
         self.store.write_blocking(Priority::Bulk, f).unwrap()
     }

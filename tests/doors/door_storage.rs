@@ -25,7 +25,7 @@ fn denied(door: u8) -> impl Fn(&SimEvent) -> bool {
 }
 
 /// The hub on a store at `db` with doors 101 (index 0) and 102 (index 1).
-async fn hub_on(db: &Db) -> (lockhub::serial::SerialHandle, Sim, PtyKeep) {
+async fn hub_on(db: &Db) -> (lockhub::drivers::serial::SerialHandle, Sim, PtyKeep) {
     let pty = Pty::open();
     let s = settings(
         vec![port(

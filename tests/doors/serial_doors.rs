@@ -32,12 +32,12 @@ fn denies(sim: &Sim, door: u8, reason: DenyReason) -> usize {
 }
 
 /// One board with doors 101 (index 0) and 102 (index 1), three doors wired.
-async fn one_board(policy: Policy) -> (Db, lockhub::serial::SerialHandle, Sim, PtyKeep) {
+async fn one_board(policy: Policy) -> (Db, lockhub::drivers::serial::SerialHandle, Sim, PtyKeep) {
     board_on(Db::open_with(policy)).await
 }
 
 /// [`one_board`] on a store prepared beforehand (as an earlier run left it).
-async fn board_on(db: Db) -> (Db, lockhub::serial::SerialHandle, Sim, PtyKeep) {
+async fn board_on(db: Db) -> (Db, lockhub::drivers::serial::SerialHandle, Sim, PtyKeep) {
     let policy = db.policy;
     let pty = Pty::open();
     let s = settings(

@@ -4,7 +4,7 @@
 
 use lockhub::door::{Decision, pin_tags};
 use lockhub::store::door::{DoorEntry, DoorOutcome, door_entry};
-use lockhub::store::{Priority, StoreError};
+use lockhub::store::{Priority, error::StoreError};
 use rusqlite::Connection;
 use std::sync::mpsc;
 use std::thread::JoinHandle;

@@ -6,7 +6,7 @@
 
 use lockhub::config::MqttConfig;
 use lockhub::store::outbox::{self, Queued, Topic};
-use lockhub::store::{Alone, Priority, Store, StoreError};
+use lockhub::store::{Alone, Priority, Store, error::StoreError};
 use lockhub::sync::ingest::{Decide, Decided};
 use lockhub::sync::plan::{BacklogLimits, SeqStart};
 use lockhub::sync::window::ReceiveWindow;

@@ -95,6 +95,7 @@ impl Gate {
     }
 
     /// The current connection's epoch, if connected.
+    #[cfg(any(test, feature = "testing"))]
     pub fn epoch(&self) -> Option<u64> {
         self.state
             .lock()

@@ -46,10 +46,16 @@ pub mod options;
 pub mod poll;
 pub mod state;
 
-pub use gate::{FlowStats, Gate, GateRefusal};
+#[cfg(any(test, feature = "testing"))]
+pub use gate::FlowStats;
+pub use gate::{Gate, GateRefusal};
 pub use options::{
-    CLIENT_INFLIGHT, KEEP_ALIVE, MAX_INCOMING_PACKET, MAX_OUTGOING_PACKET, REQUEST_CAPACITY,
-    WillSource, mqtt_options, offline_will, online_status_payload, status_payload, tls_config,
+    CLIENT_INFLIGHT, KEEP_ALIVE, REQUEST_CAPACITY, WillSource, mqtt_options, offline_will,
+    online_status_payload, status_payload,
 };
+#[cfg(feature = "testing")]
+pub use options::{MAX_INCOMING_PACKET, MAX_OUTGOING_PACKET, tls_config};
 pub use poll::{Inbound, LinkEvent, LinkNews, PollSettings, PollSinks, poll_loop};
-pub use state::{Access, PollState};
+pub use state::Access;
+#[cfg(feature = "testing")]
+pub use state::PollState;

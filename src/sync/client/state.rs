@@ -8,7 +8,7 @@
 //! resubscribe backoffs, a session to drop because an oversized message
 //! poisoned it, and the last refusal by the broker (so repeats are quieter).
 
-use crate::backoff::Backoff;
+use crate::runtime::backoff::Backoff;
 use crate::sync::plan::reconnect_backoff;
 use crate::sync::window::{Outstanding, ReceiveWindow};
 use rumqttc::{ConnectReturnCode, Publish, QoS, SubscribeReasonCode};

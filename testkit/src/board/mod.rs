@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use firmware_bridge::BoardConfig;
 use lockhub::config::Policy;
-use lockhub::serial::{DoorSettings, PortSettings, SerialHandle, SerialSettings};
+use lockhub::drivers::serial::{DoorSettings, PortSettings, SerialHandle, SerialSettings};
 use lockhub::sim::board::{SimBoard, SimEvent};
 use lockhub_proto::time::Timestamp;
 
@@ -69,7 +69,7 @@ pub fn settings(ports: Vec<PortSettings>, policy: Policy) -> SerialSettings {
 }
 
 pub fn start(db: &Db, settings: SerialSettings) -> SerialHandle {
-    lockhub::serial::spawn(
+    lockhub::drivers::serial::spawn(
         settings,
         db.store.clone(),
         Arc::new(Timestamp::now_system),

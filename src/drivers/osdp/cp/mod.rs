@@ -1,0 +1,1247 @@
+//! The Control Panel's state machine for one reader: what to send next,
+//! what a reply means, when a reader is offline. No I/O, no clock, no
+//! randomness of its own: the bus task passes the time (monotonic ms), the
+//! random challenge and every packet, and acts on the [`Event`]s returned.
+//!
+//! A session is: osdp_CHLNG (sequence 0) -> osdp_CCRYPT (the reader's
+//! cryptogram, checked) -> osdp_SCRYPT -> osdp_RMAC_I (checked), then, under
+//! the channel, osdp_ID, osdp_CAP, osdp_LSTAT, osdp_ISTAT, then polls and
+//! queued commands. Anything that breaks the channel ends the session; the
+//! next one starts from sequence 0 after a backoff. Nothing here ever
+//! retries with another key or in plain text: the key is fixed at
+//! construction ([`Security`]).
+
+use std::collections::VecDeque;
+
+use super::packet::{self, Packet, scs};
+use super::sc::{Channel, Key, SCBK_D, SessionKeys};
+
+pub mod codec;
+
+use codec::*;
+
+/// The contract's timings; tests may not shorten them (they are what the
+/// reader sees), but they are in one place.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    pub reply_timeout_ms: u64,
+    pub resends: u8,
+    pub offline_after_ms: u64,
+    pub probe_every_ms: u64,
+    pub backoff_initial_ms: u64,
+    pub backoff_max_ms: u64,
+}
+
+impl Timing {
+    /// osdp.md: 200 ms per reply, two resends, offline after 8 s, an
+    /// offline reader probed at most every 5 s.
+    pub const CONTRACT: Timing = Timing {
+        reply_timeout_ms: 200,
+        resends: 2,
+        offline_after_ms: 8_000,
+        probe_every_ms: 5_000,
+        backoff_initial_ms: 200,
+        backoff_max_ms: 5_000,
+    };
+}
+
+/// How a reader's link is protected; fixed for its lifetime.
+#[derive(Clone)]
+pub enum Security {
+    /// A Secure Channel with this SCBK (`lockhub run`).
+    Secure(Key),
+    /// A Secure Channel with SCBK-D in install mode (`lockhub osdp install`).
+    Install,
+    /// No Secure Channel (`insecure_plaintext = true` and no key).
+    Plaintext,
+}
+
+impl std::fmt::Debug for Security {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Security::Secure(_) => "Secure(key redacted)",
+            Security::Install => "Install",
+            Security::Plaintext => "Plaintext",
+        })
+    }
+}
+
+/// osdp_PDID: who the reader says it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity {
+    pub vendor: u32,
+    pub model: u8,
+    pub version: u8,
+    pub serial: u32,
+    pub firmware: u32,
+}
+
+/// What osdp_PDCAP says about the features the hub uses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Caps {
+    /// Function 1: contact status monitoring, number of inputs.
+    pub inputs: u8,
+    /// Function 2: output control, number of outputs.
+    pub outputs: u8,
+}
+
+/// Why a session ended as a link fault (`reader_link_fault`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The reader's cryptogram or R-MAC_I did not verify: another key.
+    Cryptogram,
+    /// A reply's MAC did not verify, or its data did not decrypt.
+    Mac,
+    /// A plaintext reply other than a NAK while the channel was up.
+    Plaintext,
+    /// The reader refused or does not offer a Secure Channel.
+    Refused,
+    /// A handshake reply that makes no sense.
+    Handshake,
+}
+
+/// How a queued command ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Ack,
+    /// osdp_OSTATR: one byte per output, 1 = on.
+    OutputStatus(Vec<u8>),
+    Nak(u8),
+    /// No reply after the resends, or the session ended first.
+    Failed,
+}
+
+/// What happened, for the bus task to act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A valid reply after none for a while (or the first one).
+    Online,
+    /// No valid reply for `offline_after_ms`.
+    Offline,
+    /// The Secure Channel is up (or, for a plaintext reader, the session).
+    SessionUp {
+        secure: bool,
+    },
+    /// The session ended (the channel is down until a new handshake).
+    SessionDown,
+    LinkFault(Fault),
+    Identity(Identity),
+    Caps(Caps),
+    /// The session's introduction is done: polls and commands from now on.
+    Ready,
+    /// osdp_LSTATR: tamper and power (`None` when the reader NAKed).
+    Local {
+        tamper: bool,
+        power: bool,
+    },
+    /// osdp_ISTATR: one entry per input, true = active.
+    Inputs(Vec<bool>),
+    /// Key presses (osdp_KEYPAD), raw codes.
+    Keys(KeyPresses),
+    /// A card read (osdp_RAW or osdp_FMT); its data is not kept.
+    Card,
+    /// A queued command finished.
+    Done {
+        token: u64,
+        outcome: Outcome,
+    },
+}
+
+/// Key presses as the reader sent them: PIN digits, so their `Debug`
+/// shows only how many.
+#[derive(Clone, PartialEq, Eq)]
+pub struct KeyPresses(pub Vec<u8>);
+
+impl std::fmt::Debug for KeyPresses {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "KeyPresses({} keys)", self.0.len())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Start,
+    Chlng,
+    Scrypt,
+    Id,
+    Cap,
+    Lstat,
+    Istat,
+    Ready,
+}
+
+#[derive(Debug)]
+struct Pending {
+    bytes: Vec<u8>,
+    seq: u8,
+    code: u8,
+    /// Sends so far (the first one included).
+    sends: u8,
+    resend: bool,
+    /// The queued command this is, if any.
+    token: Option<u64>,
+}
+
+/// A handshake in progress.
+struct Handshake {
+    rnd_a: [u8; 8],
+    keys: Option<SessionKeys>,
+    cp_cryptogram: [u8; 16],
+}
+
+/// Queued commands per reader: feedback and an output per decision, never
+/// more than a few at once; past this a command is refused, not queued.
+pub const COMMAND_QUEUE: usize = 8;
+
+/// Why [`Reader::send`] refused a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    #[error("the reader's session is not up")]
+    NotReady,
+    #[error("the reader's command queue is full")]
+    Full,
+}
+
+/// One reader as the CP sees it.
+pub struct Reader {
+    addr: u8,
+    security: Security,
+    timing: Timing,
+    step: Step,
+    next_seq: u8,
+    channel: Option<Channel>,
+    handshake: Option<Handshake>,
+    pending: Option<Pending>,
+    queue: VecDeque<(u64, Command)>,
+    next_token: u64,
+    /// No new session before this time (backoff, offline probing).
+    wait_until: u64,
+    backoff_ms: u64,
+    last_valid_ms: u64,
+    seen: bool,
+    offline: bool,
+    last_probe_ms: Option<u64>,
+    /// Replies dropped: wrong sequence, nothing pending, undecodable.
+    pub stray_replies: u64,
+}
+
+impl std::fmt::Debug for Reader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reader")
+            .field("addr", &self.addr)
+            .field("security", &self.security)
+            .field("step", &self.step)
+            .field("offline", &self.offline)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Reader {
+    pub fn new(addr: u8, security: Security, timing: Timing, now: u64) -> Self {
+        assert!(addr < packet::BROADCAST, "a reader address is 0..=126");
+        Reader {
+            addr,
+            security,
+            timing,
+            step: Step::Start,
+            next_seq: 0,
+            channel: None,
+            handshake: None,
+            pending: None,
+            queue: VecDeque::new(),
+            next_token: 0,
+            wait_until: now,
+            backoff_ms: 0,
+            last_valid_ms: now,
+            seen: false,
+            offline: false,
+            last_probe_ms: None,
+            stray_replies: 0,
+        }
+    }
+
+    #[cfg(any(test, feature = "testing"))]
+    pub fn addr(&self) -> u8 {
+        self.addr
+    }
+
+    /// The session is up and introduced: key presses count, outputs may be
+    /// driven.
+    pub fn is_ready(&self) -> bool {
+        self.step == Step::Ready
+    }
+
+    pub fn is_secure(&self) -> bool {
+        self.channel.is_some()
+    }
+
+    /// A command of this reader timed out (or was BUSY) and goes again
+    /// next: the bus gives it the next turn, so an osdp_OUT fails within
+    /// about a second whatever the other readers do (osdp.md).
+    pub fn resend_due(&self) -> bool {
+        self.pending.as_ref().is_some_and(|p| p.resend)
+    }
+
+    /// Whether a command is on the wire awaiting its reply.
+    pub fn awaiting_reply(&self) -> bool {
+        self.pending.as_ref().is_some_and(|p| !p.resend)
+    }
+
+    /// Queues a command; only while the session is ready. An osdp_OUT goes
+    /// ahead of any queued feedback (behind earlier outputs), and makes room
+    /// by dropping the newest feedback if it must: feedback goes after the
+    /// osdp_OUT and never delays it (osdp.md 'Opening the door'), and a
+    /// committed grant must not become `door.unlock_unconfirmed` because
+    /// LED and buzzer commands filled the queue.
+    pub fn send(&mut self, command: Command) -> Result<u64, SendError> {
+        if !self.is_ready() {
+            return Err(SendError::NotReady);
+        }
+        let is_out = |c: &Command| matches!(c, Command::Out { .. });
+        let output = is_out(&command);
+        if self.queue.len() >= COMMAND_QUEUE {
+            let feedback = self.queue.iter().rposition(|(_, c)| !is_out(c));
+            match feedback {
+                Some(at) if output => {
+                    self.queue.remove(at);
+                }
+                _ => return Err(SendError::Full),
+            }
+        }
+        self.next_token += 1;
+        let at = if output {
+            self.queue
+                .iter()
+                .position(|(_, c)| !is_out(c))
+                .unwrap_or(self.queue.len())
+        } else {
+            self.queue.len()
+        };
+        self.queue.insert(at, (self.next_token, command));
+        Ok(self.next_token)
+    }
+
+    /// Offline detection; call on every turn.
+    pub fn tick(&mut self, now: u64) -> Vec<Event> {
+        let mut ev = Vec::new();
+        if !self.offline && now.saturating_sub(self.last_valid_ms) >= self.timing.offline_after_ms {
+            self.offline = true;
+            ev.push(Event::Offline);
+            if self.step != Step::Start || self.pending.is_some() {
+                self.end_session(now, 0, &mut ev);
+            }
+        }
+        ev
+    }
+
+    /// The bytes to put on the wire now, if any: a resend, or the next
+    /// command. `rnd` is a fresh random challenge, used when a session
+    /// starts.
+    pub fn next(&mut self, now: u64, rnd: [u8; 8]) -> Option<Vec<u8>> {
+        if let Some(p) = &mut self.pending {
+            if p.resend {
+                p.resend = false;
+                p.sends += 1;
+                return Some(p.bytes.clone());
+            }
+            return None;
+        }
+        if now < self.wait_until {
+            return None;
+        }
+        let (code, scb, data, token): (u8, Vec<u8>, Vec<u8>, Option<u64>) = match self.step {
+            Step::Start => {
+                if self.offline {
+                    if let Some(t) = self.last_probe_ms
+                        && now < t + self.timing.probe_every_ms
+                    {
+                        return None;
+                    }
+                    self.last_probe_ms = Some(now);
+                }
+                self.next_seq = 0;
+                match self.security {
+                    Security::Plaintext => {
+                        self.step = Step::Id;
+                        (cmd::ID, vec![], vec![0], None)
+                    }
+                    _ => {
+                        self.handshake = Some(Handshake {
+                            rnd_a: rnd,
+                            keys: None,
+                            cp_cryptogram: [0; 16],
+                        });
+                        self.step = Step::Chlng;
+                        (
+                            cmd::CHLNG,
+                            vec![3, scs::CHLNG, self.key_byte()],
+                            rnd.to_vec(),
+                            None,
+                        )
+                    }
+                }
+            }
+            Step::Scrypt => {
+                let hs = self.handshake.as_ref()?;
+                (
+                    cmd::SCRYPT,
+                    vec![3, scs::SCRYPT, self.key_byte()],
+                    hs.cp_cryptogram.to_vec(),
+                    None,
+                )
+            }
+            Step::Chlng => return None,
+            Step::Id => (cmd::ID, vec![], vec![0], None),
+            Step::Cap => (cmd::CAP, vec![], vec![0], None),
+            Step::Lstat => (cmd::LSTAT, vec![], vec![], None),
+            Step::Istat => (cmd::ISTAT, vec![], vec![], None),
+            Step::Ready => match self.queue.pop_front() {
+                Some((token, c)) => {
+                    let (code, data) = c.encode();
+                    (code, vec![], data, Some(token))
+                }
+                None => (cmd::POLL, vec![], vec![], None),
+            },
+        };
+        let seq = self.next_seq;
+        self.next_seq = if seq == 3 { 1 } else { seq + 1 };
+        let bytes = self.encode(seq, &scb, code, &data);
+        self.pending = Some(Pending {
+            bytes: bytes.clone(),
+            seq,
+            code,
+            sends: 1,
+            resend: false,
+            token,
+        });
+        Some(bytes)
+    }
+
+    fn key_byte(&self) -> u8 {
+        match self.security {
+            Security::Install => 0x00,
+            _ => 0x01,
+        }
+    }
+
+    fn key(&self) -> Key {
+        match &self.security {
+            Security::Secure(k) => *k,
+            _ => SCBK_D,
+        }
+    }
+
+    fn encode(&mut self, seq: u8, scb: &[u8], code: u8, data: &[u8]) -> Vec<u8> {
+        match &mut self.channel {
+            Some(ch) if scb.is_empty() => {
+                let (scb, body) = if data.is_empty() {
+                    ([2, scs::CMD_MAC], Vec::new())
+                } else {
+                    ([2, scs::CMD_ENC], ch.encrypt_command(data))
+                };
+                let mut mac = |p: &[u8]| ch.mac_command(p);
+                packet::encode(self.addr, seq, &scb, code, &body, Some(&mut mac))
+            }
+            _ => packet::encode(self.addr, seq, scb, code, data, None),
+        }
+    }
+
+    /// No reply within the reply timeout.
+    pub fn on_timeout(&mut self, now: u64) -> Vec<Event> {
+        let mut ev = Vec::new();
+        let Some(p) = &mut self.pending else {
+            return ev;
+        };
+        if p.sends <= self.timing.resends {
+            p.resend = true;
+            return ev;
+        }
+        let p = self.pending.take().expect("pending");
+        if let Some(token) = p.token {
+            ev.push(Event::Done {
+                token,
+                outcome: Outcome::Failed,
+            });
+        }
+        // Whether the reader acted on it is unknown, and with it the MAC
+        // chain: start over.
+        let backoff = self.next_backoff();
+        self.end_session(now, backoff, &mut ev);
+        ev
+    }
+
+    fn next_backoff(&mut self) -> u64 {
+        self.backoff_ms = if self.backoff_ms == 0 {
+            self.timing.backoff_initial_ms
+        } else {
+            (self.backoff_ms * 2).min(self.timing.backoff_max_ms)
+        };
+        self.backoff_ms
+    }
+
+    fn end_session(&mut self, now: u64, wait_ms: u64, ev: &mut Vec<Event>) {
+        let was_up = self.step == Step::Ready || self.channel.is_some();
+        self.channel = None;
+        self.handshake = None;
+        self.step = Step::Start;
+        self.next_seq = 0;
+        if let Some(p) = self.pending.take()
+            && let Some(token) = p.token
+        {
+            ev.push(Event::Done {
+                token,
+                outcome: Outcome::Failed,
+            });
+        }
+        // A queued output must not fire after a new handshake, seconds
+        // after the grant: it fails now (door.unlock_unconfirmed).
+        for (token, _) in self.queue.drain(..) {
+            ev.push(Event::Done {
+                token,
+                outcome: Outcome::Failed,
+            });
+        }
+        self.wait_until = now + wait_ms;
+        if was_up {
+            ev.push(Event::SessionDown);
+        }
+    }
+
+    fn fault(&mut self, now: u64, f: Fault, ev: &mut Vec<Event>) {
+        ev.push(Event::LinkFault(f));
+        let backoff = self.next_backoff();
+        self.end_session(now, backoff, ev);
+    }
+
+    /// A CRC-valid reply from this reader's address.
+    pub fn on_reply(&mut self, pkt: &Packet, now: u64) -> Vec<Event> {
+        let mut ev = Vec::new();
+        let Some(p) = &self.pending else {
+            self.stray_replies += 1;
+            return ev;
+        };
+        if !pkt.is_reply() || pkt.addr() != self.addr {
+            self.stray_replies += 1;
+            return ev;
+        }
+        if pkt.code() == reply::BUSY && (pkt.seq() == p.seq || pkt.seq() == 0) {
+            // Resend, but a BUSY is no sign of life: it is plain text and
+            // carries no MAC, so anything spliced onto the wire could keep
+            // a dead or stolen reader from going offline by saying it.
+            let p = self.pending.as_mut().expect("pending");
+            p.resend = true;
+            if p.sends > self.timing.resends {
+                return self.on_timeout(now);
+            }
+            return ev;
+        }
+        if pkt.seq() != p.seq {
+            self.stray_replies += 1;
+            return ev;
+        }
+        let p = self.pending.take().expect("pending");
+        // It answers: not offline, whatever the reply turns out to be.
+        self.alive(now, &mut ev);
+
+        // Authenticate before anything is believed.
+        let data: Vec<u8> = match (&mut self.channel, pkt.scb_type()) {
+            (Some(ch), Some(t)) if t == scs::REPLY_MAC || t == scs::REPLY_ENC => {
+                let mac = pkt.mac().expect("SCB 16/18 carries a MAC");
+                if !ch.verify_reply(pkt.mac_input(), &mac) {
+                    self.fault(now, Fault::Mac, &mut ev);
+                    return ev;
+                }
+                if t == scs::REPLY_ENC {
+                    match ch.decrypt_reply(pkt.data()) {
+                        Some(d) => d,
+                        None => {
+                            self.fault(now, Fault::Mac, &mut ev);
+                            return ev;
+                        }
+                    }
+                } else if pkt.data().is_empty() || pkt.code() == reply::NAK {
+                    pkt.data().to_vec()
+                } else {
+                    // Authentic but in the clear: payloads are encrypted
+                    // (osdp.md), or a reader's PIN digits cross the wire as
+                    // they are. Treated like a plaintext reply.
+                    self.fault(now, Fault::Plaintext, &mut ev);
+                    return ev;
+                }
+            }
+            (Some(_), None) if pkt.code() == reply::NAK => {
+                // The reader lost the channel: a new session at once.
+                if let Some(token) = p.token {
+                    ev.push(Event::Done {
+                        token,
+                        outcome: Outcome::Nak(pkt.data().first().copied().unwrap_or(0)),
+                    });
+                }
+                self.end_session(now, 0, &mut ev);
+                return ev;
+            }
+            (Some(_), _) => {
+                if let Some(token) = p.token {
+                    ev.push(Event::Done {
+                        token,
+                        outcome: Outcome::Failed,
+                    });
+                }
+                self.fault(now, Fault::Plaintext, &mut ev);
+                return ev;
+            }
+            (None, _) => match self.step {
+                Step::Chlng | Step::Scrypt => {
+                    return self.handshake_reply(pkt, now, ev);
+                }
+                _ if matches!(self.security, Security::Plaintext) && pkt.scb_type().is_none() => {
+                    pkt.data().to_vec()
+                }
+                _ => {
+                    self.fault(now, Fault::Plaintext, &mut ev);
+                    return ev;
+                }
+            },
+        };
+        self.dispatch(p, pkt.code(), &data, now, &mut ev);
+        ev
+    }
+
+    fn alive(&mut self, now: u64, ev: &mut Vec<Event>) {
+        self.last_valid_ms = now;
+        if self.offline || !self.seen {
+            self.offline = false;
+            self.seen = true;
+            self.last_probe_ms = None;
+            ev.push(Event::Online);
+        }
+    }
+
+    fn handshake_reply(&mut self, pkt: &Packet, now: u64, mut ev: Vec<Event>) -> Vec<Event> {
+        let key = self.key();
+        let Some(hs) = &mut self.handshake else {
+            self.fault(now, Fault::Handshake, &mut ev);
+            return ev;
+        };
+        match (self.step, pkt.code(), pkt.scb_type()) {
+            (Step::Chlng, reply::CCRYPT, Some(scs::CCRYPT)) if pkt.data().len() >= 32 => {
+                let d = pkt.data();
+                let rnd_b: [u8; 8] = d[8..16].try_into().expect("8 bytes");
+                let keys = SessionKeys::derive(&key, &hs.rnd_a);
+                if !keys.pd_cryptogram_ok(&hs.rnd_a, &rnd_b, &d[16..32]) {
+                    self.fault(now, Fault::Cryptogram, &mut ev);
+                    return ev;
+                }
+                hs.cp_cryptogram = keys.cp_cryptogram(&hs.rnd_a, &rnd_b);
+                hs.keys = Some(keys);
+                self.step = Step::Scrypt;
+            }
+            (Step::Scrypt, reply::RMAC_I, Some(scs::RMAC_I)) if pkt.data().len() >= 16 => {
+                let keys = hs.keys.take().expect("keys after CCRYPT");
+                let expect = keys.rmac_i(&hs.cp_cryptogram);
+                let got: [u8; 16] = pkt.data()[..16].try_into().expect("16 bytes");
+                if super::sc::ct_eq(&expect, &got) {
+                    self.channel = Some(Channel::new(keys, got));
+                    self.handshake = None;
+                    self.backoff_ms = 0;
+                    self.step = Step::Id;
+                    ev.push(Event::SessionUp { secure: true });
+                } else {
+                    self.fault(now, Fault::Cryptogram, &mut ev);
+                }
+            }
+            (_, reply::NAK, None) => self.fault(now, Fault::Refused, &mut ev),
+            _ => self.fault(now, Fault::Handshake, &mut ev),
+        }
+        ev
+    }
+
+    fn dispatch(&mut self, p: Pending, code: u8, data: &[u8], now: u64, ev: &mut Vec<Event>) {
+        if code == reply::NAK {
+            let reason = data.first().copied().unwrap_or(0);
+            if let Some(token) = p.token {
+                ev.push(Event::Done {
+                    token,
+                    outcome: Outcome::Nak(reason),
+                });
+            }
+            match (reason, p.code) {
+                (nak::SEQUENCE | nak::SECURE_CHANNEL, _) => self.end_session(now, 0, ev),
+                // Missing feature: state unknown, not a fault.
+                (_, cmd::LSTAT | cmd::ISTAT) => self.advance(ev),
+                (_, cmd::ID | cmd::CAP) => {
+                    let backoff = self.next_backoff();
+                    self.end_session(now, backoff, ev);
+                }
+                _ => {}
+            }
+            return;
+        }
+        match self.step {
+            Step::Id => {
+                if code == reply::PDID
+                    && let Some(id) = Identity::parse(data)
+                {
+                    ev.push(Event::Identity(id));
+                    self.step = Step::Cap;
+                } else {
+                    self.fault(now, Fault::Handshake, ev);
+                }
+                return;
+            }
+            Step::Cap => {
+                if code == reply::PDCAP {
+                    ev.push(Event::Caps(Caps::parse(data)));
+                    self.step = Step::Lstat;
+                } else {
+                    self.fault(now, Fault::Handshake, ev);
+                }
+                return;
+            }
+            Step::Lstat | Step::Istat => {
+                self.report(code, data, ev);
+                self.advance(ev);
+                return;
+            }
+            _ => {}
+        }
+        match p.token {
+            Some(token) => {
+                let outcome = match code {
+                    reply::ACK => Outcome::Ack,
+                    reply::OSTATR => Outcome::OutputStatus(data.to_vec()),
+                    // Not a confirmation (osdp.md: ACK, or OSTATR showing the
+                    // output on); whatever news it carries still counts.
+                    _ => {
+                        self.report(code, data, ev);
+                        Outcome::Failed
+                    }
+                };
+                ev.push(Event::Done { token, outcome });
+            }
+            None => self.report(code, data, ev),
+        }
+    }
+
+    /// Replies that carry the reader's news (to a poll, or solicited).
+    fn report(&mut self, code: u8, data: &[u8], ev: &mut Vec<Event>) {
+        match code {
+            reply::LSTATR if data.len() >= 2 => ev.push(Event::Local {
+                tamper: data[0] != 0,
+                power: data[1] != 0,
+            }),
+            reply::ISTATR => ev.push(Event::Inputs(data.iter().map(|&b| b != 0).collect())),
+            reply::KEYPAD if data.len() >= 2 => {
+                let n = usize::from(data[1]).min(data.len() - 2);
+                ev.push(Event::Keys(KeyPresses(data[2..2 + n].to_vec())));
+            }
+            reply::RAW | reply::FMT => ev.push(Event::Card),
+            _ => {}
+        }
+    }
+
+    fn advance(&mut self, ev: &mut Vec<Event>) {
+        self.step = match self.step {
+            Step::Lstat => Step::Istat,
+            Step::Istat => {
+                ev.push(Event::Ready);
+                Step::Ready
+            }
+            s => s,
+        };
+        if self.step == Step::Ready && matches!(self.security, Security::Plaintext) {
+            ev.push(Event::SessionUp { secure: false });
+        }
+    }
+
+}
+
+impl Reader {
+    /// The port was lost or reopened: the session is over (the reader will
+    /// see sequence 0 and a new handshake).
+    pub fn restart(&mut self, now: u64) -> Vec<Event> {
+        let mut ev = Vec::new();
+        self.end_session(now, 0, &mut ev);
+        ev
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::drivers::osdp::sc::tests::PdSide;
+
+    const KEY: Key = [0x42; 16];
+    const T: Timing = Timing::CONTRACT;
+
+    #[test]
+    fn key_presses_and_a_new_key_never_show_in_debug_output() {
+        let keys = format!("{:?}", Event::Keys(KeyPresses(b"4829".to_vec())));
+        assert!(!keys.contains("52") && !keys.contains("4829"), "{keys}");
+        assert!(keys.contains("4 keys"), "{keys}");
+        let keyset = format!("{:?}", Command::Keyset(NewKey([0xAB; 16])));
+        assert!(
+            !keyset.contains("171") && !keyset.contains("AB"),
+            "{keyset}"
+        );
+    }
+
+    /// A reader's side, just enough to answer the CP: the handshake, MACs,
+    /// encryption, and canned replies.
+    struct FakePd {
+        addr: u8,
+        key: Key,
+        rnd_a: [u8; 8],
+        pd: Option<PdSide>,
+        /// The next reply to a poll (code, data).
+        poll_reply: (u8, Vec<u8>),
+        /// Answer this command code with a NAK of this reason.
+        nak: Option<(u8, u8)>,
+        /// Send reply data under a MAC but unencrypted (SCS_16).
+        data_in_clear: bool,
+        /// Answer osdp_OUT with this instead of an ACK.
+        out_reply: Option<(u8, Vec<u8>)>,
+        seqs: Vec<u8>,
+        key_bytes: Vec<u8>,
+    }
+
+    impl FakePd {
+        fn new(key: Key) -> Self {
+            FakePd {
+                addr: 5,
+                key,
+                rnd_a: [0; 8],
+                pd: None,
+                poll_reply: (reply::ACK, vec![]),
+                nak: None,
+                data_in_clear: false,
+                out_reply: None,
+                seqs: vec![],
+                key_bytes: vec![],
+            }
+        }
+
+        fn answer(&mut self, cmd: &[u8]) -> Packet {
+            let c = Packet::parse(&cmd[1..]).expect("the CP sends valid packets");
+            assert_eq!(c.addr(), self.addr);
+            assert!(!c.is_reply());
+            self.seqs.push(c.seq());
+            let seq = c.seq();
+            let rnd_b = [7u8; 8];
+            let plain = |code: u8, scb: &[u8], data: &[u8]| {
+                Packet::parse(&packet::encode(self.addr | 0x80, seq, scb, code, data, None)[1..])
+                    .unwrap()
+            };
+            if let Some((code, reason)) = self.nak
+                && code == c.code()
+                && self.pd.is_none()
+            {
+                return plain(reply::NAK, &[], &[reason]);
+            }
+            match c.code() {
+                cmd::CHLNG => {
+                    self.key_bytes.push(c.scb_data()[0]);
+                    self.rnd_a = c.data().try_into().unwrap();
+                    self.pd = None;
+                    let keys = SessionKeys::derive(&self.key, &self.rnd_a);
+                    let mut d = vec![0xCC; 8];
+                    d.extend_from_slice(&rnd_b);
+                    d.extend_from_slice(&keys.cryptogram(&self.rnd_a, &rnd_b));
+                    return plain(reply::CCRYPT, &[3, scs::CCRYPT, 1], &d);
+                }
+                cmd::SCRYPT => {
+                    let keys = SessionKeys::derive(&self.key, &self.rnd_a);
+                    let cp_c: [u8; 16] = c.data().try_into().unwrap();
+                    self.pd = Some(PdSide::new(&self.key, &self.rnd_a, &cp_c));
+                    return plain(reply::RMAC_I, &[3, scs::RMAC_I, 1], &keys.rmac_i(&cp_c));
+                }
+                _ => {}
+            }
+            let pd = self
+                .pd
+                .as_mut()
+                .expect("commands after the handshake are secure");
+            assert!(
+                pd.verify_command(c.mac_input(), &c.mac().unwrap()),
+                "the CP's MAC"
+            );
+            let data = if c.scb_type() == Some(scs::CMD_ENC) {
+                pd.decrypt_command(c.data()).unwrap()
+            } else {
+                c.data().to_vec()
+            };
+            let (code, rdata) = match (self.nak, c.code()) {
+                (Some((n, reason)), code) if n == code => (reply::NAK, vec![reason]),
+                (_, cmd::ID) => (
+                    reply::PDID,
+                    vec![1, 2, 3, 4, 5, 0xDD, 0xCC, 0xBB, 0xAA, 1, 2, 3],
+                ),
+                (_, cmd::CAP) => (reply::PDCAP, vec![1, 1, 2, 2, 1, 1]),
+                (_, cmd::LSTAT) => (reply::LSTATR, vec![0, 0]),
+                (_, cmd::ISTAT) => (reply::ISTATR, vec![0, 1]),
+                (_, cmd::POLL) => self.poll_reply.clone(),
+                (_, cmd::OUT) => {
+                    assert_eq!(data.len(), 4);
+                    self.out_reply.clone().unwrap_or((reply::ACK, vec![]))
+                }
+                _ => (reply::ACK, vec![]),
+            };
+            let (scb, body) = if rdata.is_empty() || self.data_in_clear {
+                ([2, scs::REPLY_MAC], rdata)
+            } else {
+                ([2, scs::REPLY_ENC], pd.encrypt_reply(&rdata))
+            };
+            let mut mac = |p: &[u8]| pd.mac_reply(p);
+            Packet::parse(
+                &packet::encode(self.addr | 0x80, seq, &scb, code, &body, Some(&mut mac))[1..],
+            )
+            .unwrap()
+        }
+    }
+
+    /// Runs exchanges until `until` holds or `max` exchanges; returns every
+    /// event. Time advances 10 ms per exchange.
+    fn drive(
+        r: &mut Reader,
+        pd: &mut FakePd,
+        now: &mut u64,
+        max: usize,
+        until: impl Fn(&Reader) -> bool,
+    ) -> Vec<Event> {
+        let mut ev = Vec::new();
+        for _ in 0..max {
+            if until(r) {
+                break;
+            }
+            *now += 10;
+            ev.extend(r.tick(*now));
+            if let Some(bytes) = r.next(*now, [9; 8]) {
+                let reply = pd.answer(&bytes);
+                ev.extend(r.on_reply(&reply, *now));
+            }
+        }
+        ev
+    }
+
+    /// A reader at address 5 with its Secure Channel up against a fake
+    /// with the right key, and the time the handshake ended.
+    fn secure_session() -> (Reader, FakePd, u64) {
+        let mut r = Reader::new(5, Security::Secure(KEY), T, 0);
+        let mut pd = FakePd::new(KEY);
+        let mut now = 0;
+        drive(&mut r, &mut pd, &mut now, 20, Reader::is_ready);
+        assert!(r.is_ready(), "the session opens");
+        (r, pd, now)
+    }
+
+    /// The door's unlock as the door driver sends it (control 0x05, 5 s).
+    fn unlock() -> Command {
+        Command::Out {
+            output: 0,
+            control: 5,
+            timer: 50,
+        }
+    }
+
+    #[test]
+    fn a_session_opens_the_channel_then_introduces_the_reader() {
+        let mut r = Reader::new(5, Security::Secure(KEY), T, 0);
+        let mut pd = FakePd::new(KEY);
+        let mut now = 0;
+        let ev = drive(&mut r, &mut pd, &mut now, 20, Reader::is_ready);
+        assert!(r.is_ready() && r.is_secure());
+        assert!(ev.contains(&Event::SessionUp { secure: true }));
+        assert!(ev.contains(&Event::Caps(Caps {
+            inputs: 2,
+            outputs: 1
+        })));
+        assert!(ev.iter().any(
+            |e| matches!(e, Event::Identity(id) if id.serial == 0xAABBCCDD && id.vendor == 0x030201)
+        ));
+        assert!(ev.contains(&Event::Inputs(vec![false, true])));
+        assert_eq!(pd.key_bytes, [1], "the reader's own key, never SCBK-D");
+    }
+
+    #[test]
+    fn sequence_numbers_go_0_1_2_3_1_2_and_a_resend_reuses_its_number() {
+        let mut r = Reader::new(5, Security::Secure(KEY), T, 0);
+        let mut pd = FakePd::new(KEY);
+        let mut now = 0;
+        drive(&mut r, &mut pd, &mut now, 9, |_| false);
+        assert_eq!(pd.seqs, [0, 1, 2, 3, 1, 2, 3, 1, 2]);
+        let first = r.next(now, [9; 8]).unwrap();
+        assert!(r.on_timeout(now + 200).is_empty());
+        let again = r.next(now + 200, [9; 8]).unwrap();
+        assert_eq!(
+            first, again,
+            "a resend is the same packet, same sequence number"
+        );
+    }
+
+    #[test]
+    fn a_reader_with_another_key_is_faulted_and_never_tried_with_the_install_key() {
+        let mut r = Reader::new(5, Security::Secure(KEY), T, 0);
+        let mut pd = FakePd::new([0x43; 16]);
+        let mut now = 0;
+        let ev = drive(&mut r, &mut pd, &mut now, 500, |_| false);
+        assert!(!r.is_ready() && !r.is_secure());
+        let faults = ev
+            .iter()
+            .filter(|e| **e == Event::LinkFault(Fault::Cryptogram))
+            .count();
+        assert!(
+            faults >= 3,
+            "it keeps trying with its own key, with backoff ({faults})"
+        );
+        assert!(faults < 50, "backoff between attempts ({faults})");
+        assert!(
+            pd.key_bytes.iter().all(|&b| b == 1),
+            "never SCBK-D: {:?}",
+            pd.key_bytes
+        );
+        assert!(
+            !ev.iter()
+                .any(|e| matches!(e, Event::Keys(_) | Event::Identity(_)))
+        );
+        assert!(!ev.contains(&Event::Offline), "it answers: not offline");
+        assert_eq!(r.send(unlock()), Err(SendError::NotReady));
+    }
+
+    #[test]
+    fn a_reply_with_a_bad_mac_ends_the_session_as_a_link_fault() {
+        let (mut r, mut pd, now) = secure_session();
+        let bytes = r.next(now, [9; 8]).unwrap();
+        let good = pd.answer(&bytes);
+        let mut raw = good.mac_input().to_vec();
+        raw.extend_from_slice(&[0, 0, 0, 0]);
+        let crc = packet::crc16(&raw);
+        raw.extend_from_slice(&crc.to_le_bytes());
+        let forged = Packet::parse(&raw).unwrap();
+        let ev = r.on_reply(&forged, now);
+        assert!(ev.contains(&Event::LinkFault(Fault::Mac)));
+        assert!(!r.is_ready() && !r.is_secure());
+    }
+
+    #[test]
+    fn key_presses_in_plain_text_while_the_channel_is_up_are_a_fault_not_keys() {
+        let (mut r, _, now) = secure_session();
+        let bytes = r.next(now, [9; 8]).unwrap();
+        let seq = Packet::parse(&bytes[1..]).unwrap().seq();
+        let forged = Packet::parse(
+            &packet::encode(5 | 0x80, seq, &[], reply::KEYPAD, &[0, 2, 0x31, 0x0D], None)[1..],
+        )
+        .unwrap();
+        let ev = r.on_reply(&forged, now);
+        assert!(ev.contains(&Event::LinkFault(Fault::Plaintext)), "{ev:?}");
+        assert!(!ev.iter().any(|e| matches!(e, Event::Keys(_))));
+    }
+
+    #[test]
+    fn key_presses_under_a_good_mac_but_not_encrypted_are_a_fault_not_keys() {
+        let (mut r, mut pd, mut now) = secure_session();
+        pd.data_in_clear = true;
+        pd.poll_reply = (reply::KEYPAD, vec![0, 2, 0x31, 0x0D]);
+        let ev = drive(&mut r, &mut pd, &mut now, 3, |_| false);
+        assert!(ev.contains(&Event::LinkFault(Fault::Plaintext)), "{ev:?}");
+        assert!(!ev.iter().any(|e| matches!(e, Event::Keys(_))));
+        assert!(!r.is_secure());
+    }
+
+    #[test]
+    fn an_output_answered_by_anything_but_ack_or_its_status_is_not_confirmed_and_the_news_is_kept()
+    {
+        let (mut r, mut pd, mut now) = secure_session();
+        pd.out_reply = Some((reply::KEYPAD, vec![0, 1, 0x31]));
+        let token = r.send(unlock()).unwrap();
+        let ev = drive(&mut r, &mut pd, &mut now, 5, |_| false);
+        assert!(
+            ev.contains(&Event::Done {
+                token,
+                outcome: Outcome::Failed
+            }),
+            "{ev:?}"
+        );
+        assert!(ev.contains(&Event::Keys(KeyPresses(vec![0x31]))), "{ev:?}");
+    }
+
+    #[test]
+    fn an_output_goes_ahead_of_queued_feedback_and_a_full_queue_of_feedback_makes_room_for_it() {
+        let (mut r, _, now) = secure_session();
+        let beep = || Command::Buzzer {
+            tone: 2,
+            on: 1,
+            off: 1,
+            count: 2,
+        };
+        for _ in 0..COMMAND_QUEUE {
+            r.send(beep()).unwrap();
+        }
+        assert_eq!(
+            r.send(beep()),
+            Err(SendError::Full),
+            "feedback waits its turn"
+        );
+        r.send(unlock()).unwrap();
+        let bytes = r.next(now, [9; 8]).unwrap();
+        assert_eq!(Packet::parse(&bytes[1..]).unwrap().code(), cmd::OUT);
+    }
+
+    #[test]
+    fn a_plaintext_nak_restarts_the_session_without_a_fault() {
+        let (mut r, _, now) = secure_session();
+        let bytes = r.next(now, [9; 8]).unwrap();
+        let seq = Packet::parse(&bytes[1..]).unwrap().seq();
+        let nak = Packet::parse(&packet::encode(5 | 0x80, seq, &[], reply::NAK, &[6], None)[1..])
+            .unwrap();
+        let ev = r.on_reply(&nak, now);
+        assert!(ev.contains(&Event::SessionDown));
+        assert!(!ev.iter().any(|e| matches!(e, Event::LinkFault(_))));
+        // The next command is a new handshake from sequence 0.
+        let next = r.next(now, [9; 8]).unwrap();
+        let p = Packet::parse(&next[1..]).unwrap();
+        assert_eq!((p.code(), p.seq()), (cmd::CHLNG, 0));
+    }
+
+    #[test]
+    fn a_nak_to_local_status_means_unknown_and_the_session_goes_on() {
+        let mut r = Reader::new(5, Security::Secure(KEY), T, 0);
+        let mut pd = FakePd::new(KEY);
+        pd.nak = Some((cmd::LSTAT, nak::UNKNOWN_COMMAND));
+        let mut now = 0;
+        let ev = drive(&mut r, &mut pd, &mut now, 20, Reader::is_ready);
+        assert!(r.is_ready());
+        assert!(!ev.iter().any(|e| matches!(e, Event::Local { .. })));
+    }
+
+    #[test]
+    fn an_output_is_acknowledged_or_fails_after_two_resends() {
+        let (mut r, mut pd, mut now) = secure_session();
+        let token = r.send(unlock()).unwrap();
+        let ev = drive(&mut r, &mut pd, &mut now, 1, |_| false);
+        assert!(
+            ev.contains(&Event::Done {
+                token,
+                outcome: Outcome::Ack
+            }),
+            "{ev:?}"
+        );
+
+        let token = r
+            .send(Command::Out {
+                output: 1,
+                control: 5,
+                timer: 656,
+            })
+            .unwrap();
+        let first = r.next(now, [9; 8]).unwrap();
+        let mut sends = 1;
+        let mut ev = Vec::new();
+        for k in 1..=3 {
+            ev.extend(r.on_timeout(now + 200 * k));
+            // The bus gives a resend the next turn (`resend_due`).
+            assert_eq!(r.resend_due(), k < 3, "after timeout {k}");
+            if let Some(b) = r.next(now + 200 * k, [9; 8]) {
+                assert!(!r.resend_due());
+                assert_eq!(b, first);
+                sends += 1;
+            }
+        }
+        assert_eq!(sends, 3, "the first send and two resends");
+        assert!(ev.contains(&Event::Done {
+            token,
+            outcome: Outcome::Failed
+        }));
+        assert!(!r.is_ready(), "the session starts over");
+    }
+
+    #[test]
+    fn queued_outputs_fail_when_the_session_ends_rather_than_fire_later() {
+        let (mut r, _, now) = secure_session();
+        let token = r.send(unlock()).unwrap();
+        let ev = r.restart(now);
+        assert!(ev.contains(&Event::Done {
+            token,
+            outcome: Outcome::Failed
+        }));
+    }
+
+    #[test]
+    fn a_silent_reader_goes_offline_after_8_s_and_is_probed_at_most_every_5_s() {
+        let (mut r, mut pd, mut now) = secure_session();
+        let last_reply = now;
+        let mut sent_at = Vec::new();
+        let mut offline_at = None;
+        while now < last_reply + 30_000 {
+            now += 10;
+            for e in r.tick(now) {
+                if e == Event::Offline {
+                    offline_at = Some(now);
+                }
+            }
+            if r.next(now, [9; 8]).is_some() {
+                sent_at.push(now);
+            }
+            if r.awaiting_reply() {
+                now += 200;
+                r.on_timeout(now);
+            }
+        }
+        let off = offline_at.expect("offline");
+        assert_eq!(off - last_reply, 8_000);
+        let probes: Vec<u64> = sent_at.into_iter().filter(|&t| t > off).collect();
+        assert!(probes.len() >= 4, "{probes:?}");
+        // 22 s offline: at most one probe (three sends) per 5 s.
+        assert!(probes.len() <= 3 * (22_000 / 5_000 + 1), "{probes:?}");
+        // Each probe is a CHLNG and its two resends, then at least 5 s of rest.
+        let starts: Vec<u64> = probes
+            .windows(2)
+            .filter(|w| w[1] - w[0] > 1_000)
+            .map(|w| w[1] - w[0])
+            .collect();
+        assert!(
+            starts.iter().all(|&gap| gap >= 5_000),
+            "probes too often: {starts:?}"
+        );
+        // It comes back on the first valid reply.
+        let bytes = loop {
+            now += 10;
+            if let Some(b) = r.next(now, [9; 8]) {
+                break b;
+            }
+        };
+        let ev = r.on_reply(&pd.answer(&bytes), now);
+        assert!(ev.contains(&Event::Online));
+    }
+
+    #[test]
+    fn a_device_that_only_ever_answers_busy_does_not_keep_the_reader_online() {
+        let (mut r, _, mut now) = secure_session();
+        let last_reply = now;
+        let mut ev = Vec::new();
+        while now < last_reply + 20_000 {
+            now += 10;
+            ev.extend(r.tick(now));
+            if let Some(bytes) = r.next(now, [9; 8]) {
+                let seq = Packet::parse(&bytes[1..]).unwrap().seq();
+                let raw = packet::encode(5 | 0x80, seq, &[], reply::BUSY, &[], None);
+                ev.extend(r.on_reply(&Packet::parse(&raw[1..]).unwrap(), now));
+            }
+        }
+        let offline = ev.iter().position(|e| *e == Event::Offline);
+        assert!(offline.is_some(), "{ev:?}");
+        assert!(
+            !ev[offline.unwrap()..].contains(&Event::Online),
+            "BUSY is no sign of life: {ev:?}"
+        );
+        assert!(!r.is_ready());
+    }
+
+    #[test]
+    fn a_plaintext_reader_is_introduced_without_a_handshake() {
+        let mut r = Reader::new(5, Security::Plaintext, T, 0);
+        let now = 10;
+        let bytes = r.next(now, [9; 8]).unwrap();
+        let p = Packet::parse(&bytes[1..]).unwrap();
+        assert_eq!((p.code(), p.scb_type()), (cmd::ID, None));
+    }
+}

@@ -1,0 +1,192 @@
+//! The hub's serial driver: one task per configured `[[serial]]` port,
+//! speaking `serial.md` with the lock board on it.
+//!
+//! - [`port`]: open and reopen the port with backoff; the read/write loop
+//!   around a fresh [`firmware_bridge::HubLink`] per opening.
+//! - [`doors`]: a decided keypad entry -> `Unlock`/`Deny`. Which entry is
+//!   decided when, and deciding it, are [`crate::door::entry`]'s, shared with the
+//!   OSDP driver. The door sensor (forced, held open, kept durably) and
+//!   the keypad flood limit are [`crate::door::sensor`]'s, shared with other door
+//!   drivers; the port applies them to its board's door indexes.
+//! - `record`: audit rows and alerts nobody waits for, written in order by
+//!   one task per port so the loop never waits on the disk.
+//!
+//! The wire types, framing and link rules are `firmware_bridge`'s; nothing
+//! here redefines them. Decisions and lockouts are the store's
+//! ([`crate::store::door`]); this module makes sure each distinct Keypad is
+//! decided exactly once, that the decision is committed before the board
+//! hears it, and that one port, door or slow write never holds up another.
+//!
+//! Logs carry the serial name, door names and key ids; never a PIN, a PIN
+//! tag or a secret.
+
+pub mod doors;
+pub mod port;
+mod record;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use firmware_bridge::LinkConfig;
+use tokio::sync::{Notify, watch};
+
+use crate::config::{Config, PinKey, Policy};
+use crate::door::recorder::Recorder;
+use crate::store::Store;
+use lockhub_proto::time::Timestamp;
+use port::DoorTarget;
+use record::Record;
+
+pub use crate::drivers::TimeSource;
+
+/// The serial boundary's errors: why a port session ended.
+#[derive(Debug, thiserror::Error)]
+pub enum SerialError {
+    #[error("read failed: {0}")]
+    Read(std::io::Error),
+    #[error("the port reads end-of-file: the device is gone")]
+    Eof,
+    #[error("write failed: {0}")]
+    Write(std::io::Error),
+    #[error("write timed out")]
+    WriteTimeout,
+}
+
+/// One `[[door]]` on a port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DoorSettings {
+    pub name: String,
+    pub index: u8,
+    pub unlock_ms: u16,
+}
+
+/// One `[[serial]]` port and its doors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortSettings {
+    pub name: String,
+    pub path: PathBuf,
+    pub baud: u32,
+    pub doors: Vec<DoorSettings>,
+}
+
+/// Everything the serial driver needs from the config.
+#[derive(Debug, Clone)]
+pub struct SerialSettings {
+    pub ports: Vec<PortSettings>,
+    pub policy: Policy,
+    pub pin_keys: Arc<[PinKey]>,
+    /// The contract's timings ([`LinkConfig::hub`]); tests may shorten them.
+    pub link: LinkConfig,
+    /// Reopen delays: 100 ms doubling to 5 s.
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+}
+
+impl SerialSettings {
+    pub fn from_config(config: &Config) -> Self {
+        let ports = config
+            .serials
+            .iter()
+            .map(|s| PortSettings {
+                name: s.name.clone(),
+                path: s.port.clone(),
+                baud: s.baud,
+                doors: config
+                    .doors
+                    .iter()
+                    .filter(|d| d.serial == s.name)
+                    .map(|d| DoorSettings {
+                        name: d.name.clone(),
+                        index: d.index,
+                        unlock_ms: d.unlock_ms,
+                    })
+                    .collect(),
+            })
+            .collect();
+        SerialSettings {
+            ports,
+            policy: config.policy,
+            pin_keys: config.secrets.pin_keys.clone().into(),
+            link: LinkConfig::hub(),
+            backoff_initial: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What every task of one port shares.
+pub(crate) struct PortShared {
+    pub port: PortSettings,
+    pub policy: Policy,
+    pub pin_keys: Arc<[PinKey]>,
+    pub link: LinkConfig,
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+    pub store: Store,
+    now: TimeSource,
+    outbox_wake: Option<Arc<Notify>>,
+    recorder: Recorder<Record>,
+}
+
+impl PortShared {
+    pub fn now(&self) -> Timestamp {
+        (self.now)()
+    }
+
+    pub fn door(&self, index: u8) -> DoorTarget {
+        DoorTarget::for_index(&self.port.name, &self.port.doors, index)
+    }
+
+    /// Queues a record without waiting (see `record` for what a full queue
+    /// drops).
+    pub fn record(&self, rec: Record) {
+        self.recorder.push(rec);
+    }
+
+    pub fn wake_outbox(&self) {
+        if let Some(w) = &self.outbox_wake {
+            w.notify_one();
+        }
+    }
+}
+
+/// The running serial driver. Drop it or call [`DriverHandle::shutdown`].
+pub type SerialHandle = crate::drivers::DriverHandle;
+
+/// Starts one task per port and its recorder. (The `keypad_lockout` alert
+/// of a lockout that ended is cleared by [`crate::runtime::maintenance`].)
+/// `outbox_wake` is notified after audit rows and alerts commit, so
+/// the publisher sends them at once.
+pub fn spawn(
+    settings: SerialSettings,
+    store: Store,
+    now: TimeSource,
+    outbox_wake: Option<Arc<Notify>>,
+) -> SerialHandle {
+    let (stop, stop_rx) = watch::channel(false);
+    let mut ports = Vec::new();
+    let mut recorders = Vec::new();
+    for port in settings.ports {
+        let (recorder, queue) = Recorder::new(&port.name);
+        recorders.push(tokio::spawn(crate::door::recorder::run(
+            store.clone(),
+            queue,
+            outbox_wake.clone(),
+        )));
+        let shared = Arc::new(PortShared {
+            port,
+            policy: settings.policy,
+            pin_keys: settings.pin_keys.clone(),
+            link: settings.link,
+            backoff_initial: settings.backoff_initial,
+            backoff_max: settings.backoff_max,
+            store: store.clone(),
+            now: now.clone(),
+            outbox_wake: outbox_wake.clone(),
+            recorder,
+        });
+        ports.push(tokio::spawn(port::run_port(shared, stop_rx.clone())));
+    }
+    SerialHandle::new(stop, ports, recorders)
+}
