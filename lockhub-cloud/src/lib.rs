@@ -12,3 +12,5 @@
 //! |---|---|---|
 //! | state | [`store`] | the [`store::Store`] trait (one transaction per method) and its SQLite backend |
 pub mod store;
+pub mod request;
+pub mod signer;
