@@ -52,6 +52,7 @@
 //! stderr. Hidden flag for the test: `--data-dir DIR` uses and keeps `DIR`.
 
 /// The board's pseudo-terminal, the serial tests' own.
+use lockhub_proto::topics::Leaf;
 use testkit::board::pty;
 /// The OSDP reader of step 8: the PyPI `libosdp` PeripheralDevice
 /// (testkit/osdp/peer.py), when scripts/test has installed it.
@@ -272,14 +273,14 @@ async fn demo(opts: Options) -> Result<(), Failure> {
             broker.pid()
         ),
     );
-    let (client, inbound, cloud_poll) = cloud_client(port, &config.topic("#"));
+    let (client, inbound, cloud_poll) = cloud_client(port, &config.topics().all());
     let mut w = World {
         sim: SimBoard::new(master, BoardConfig::new(1, DOORS.len() as u8)),
         _slave: slave,
         board_events: Vec::new(),
         inbound,
         client,
-        events_topic: config.topic("events"),
+        events_topic: config.topic(Leaf::Events),
         cloud,
         sent: Vec::new(),
         hub_public,

@@ -10,9 +10,11 @@
 //! | [`time`] | [`time::Timestamp`] (µs since the epoch), RFC 3339 |
 //! | [`crypto`] | PIN tags (HMAC-SHA256), base64url, domain-separated Ed25519, hub envelopes (made and opened) |
 //! | [`event`] | the cloud's events and the hub's results as plain data; the id rules; body parsing (step 4) |
+//! | [`topics`] | the seven topic leaves, `P/S/H/leaf` built and parsed back strictly |
 //! | [`verify`] | step 1 of an event: size, envelope, signer, `verify_strict`, ids; the trust-ring entry [`verify::Signer`] |
 
 pub mod crypto;
 pub mod event;
 pub mod time;
+pub mod topics;
 pub mod verify;

@@ -15,6 +15,7 @@ use ed25519_dalek::SigningKey;
 use lockhub_proto::crypto;
 use lockhub_proto::event::SchemaContext;
 use lockhub_proto::time::Timestamp;
+use lockhub_proto::topics::{HubTopics, Leaf};
 use lockhub_proto::verify::Signer;
 use std::collections::HashMap;
 use std::fmt;
@@ -280,12 +281,14 @@ impl Config {
         )
     }
 
+    /// This hub's topics, `P/S/H/<leaf>`.
+    pub fn topics(&self) -> HubTopics {
+        HubTopics::new(&self.mqtt.topic_prefix, self.hub.site_id, &self.hub.hub_id)
+    }
+
     /// `P/S/H/<leaf>` for this hub.
-    pub fn topic(&self, leaf: &str) -> String {
-        format!(
-            "{}/{}/{}/{}",
-            self.mqtt.topic_prefix, self.hub.site_id, self.hub.hub_id, leaf
-        )
+    pub fn topic(&self, leaf: Leaf) -> String {
+        self.topics().topic(leaf)
     }
 
     /// The SQLite file inside `data_dir`.
@@ -383,8 +386,6 @@ pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
 // Loading
 // ---------------------------------------------------------------------------
 
-/// The default `mqtt.topic_prefix`.
-pub const DEFAULT_TOPIC_PREFIX: &str = "lockhub/v1";
 /// The default port of `mqtt://`.
 pub const MQTT_PORT: u16 = 1883;
 /// The default port of `mqtts://`.

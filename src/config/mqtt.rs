@@ -129,7 +129,7 @@ pub(super) fn read_mqtt(
         }),
     };
     let topic_prefix = match t.get("topic_prefix") {
-        None => Some(DEFAULT_TOPIC_PREFIX.to_owned()),
+        None => Some(lockhub_proto::topics::DEFAULT_PREFIX.to_owned()),
         Some(_) => t.str(d, "topic_prefix", false).and_then(|(s, span)| {
             let bad = s.is_empty()
                 || s.starts_with('/')

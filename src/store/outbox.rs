@@ -8,6 +8,7 @@
 
 use super::StoreError;
 use lockhub_proto::time::Timestamp;
+use lockhub_proto::topics::Leaf;
 use rusqlite::{Connection, OptionalExtension, params};
 
 /// The hub -> cloud topics that carry signed envelopes.
@@ -20,23 +21,28 @@ pub enum Topic {
 }
 
 impl Topic {
-    /// The topic's last path segment, also its name in the `outbox` table.
-    pub fn as_str(self) -> &'static str {
+    /// The topic leaf it is published on.
+    pub fn leaf(self) -> Leaf {
         match self {
-            Topic::Results => "results",
-            Topic::Audit => "audit",
-            Topic::Alerts => "alerts",
-            Topic::Sync => "sync",
+            Topic::Results => Leaf::Results,
+            Topic::Audit => Leaf::Audit,
+            Topic::Alerts => Leaf::Alerts,
+            Topic::Sync => Leaf::Sync,
         }
     }
 
+    /// The topic's last path segment, also its name in the `outbox` table.
+    pub fn as_str(self) -> &'static str {
+        self.leaf().as_str()
+    }
+
     pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "results" => Topic::Results,
-            "audit" => Topic::Audit,
-            "alerts" => Topic::Alerts,
-            "sync" => Topic::Sync,
-            _ => return None,
+        Some(match Leaf::parse(s)? {
+            Leaf::Results => Topic::Results,
+            Leaf::Audit => Topic::Audit,
+            Leaf::Alerts => Topic::Alerts,
+            Leaf::Sync => Topic::Sync,
+            Leaf::Events | Leaf::Proof | Leaf::Status => return None,
         })
     }
 }

@@ -53,6 +53,7 @@ use client::{Access, Gate, LinkEvent, PollSettings, PollSinks};
 use ed25519_dalek::SigningKey;
 use ingest::{Decide, Decided, IngestSinks};
 use lockhub_proto::time::Timestamp;
+use lockhub_proto::topics::{HubTopics, Leaf};
 use plan::{AlertChange, BacklogLimits, SeqStart, StaleTracker, SyncPlanner};
 use publisher::{Publisher, PublisherCommand, PublisherConfig};
 use std::path::PathBuf;
@@ -92,7 +93,7 @@ pub struct SyncSettings {
     pub mqtt: MqttConfig,
     pub hub_id: String,
     /// `P/S/H/`, with the trailing slash.
-    pub topic_base: String,
+    pub topics: HubTopics,
     pub hub_key: SigningKey,
     pub cloud_stale: Duration,
     pub backlog: BacklogLimits,
@@ -107,7 +108,7 @@ impl SyncSettings {
         SyncSettings {
             mqtt: config.mqtt.clone(),
             hub_id: config.hub.hub_id.clone(),
-            topic_base: config.topic(""),
+            topics: config.topics(),
             hub_key: config.secrets.hub_key.clone(),
             cloud_stale: Duration::from_secs(u64::from(config.policy.cloud_stale_s)),
             backlog: BacklogLimits::default(),
@@ -138,8 +139,8 @@ pub fn start<D: Decide>(
     seq: SeqStart,
     clock: SharedClock,
 ) -> Result<SyncHandle, SyncError> {
-    let status_topic = format!("{}status", settings.topic_base);
-    let events_topic = format!("{}events", settings.topic_base);
+    let status_topic = settings.topics.topic(Leaf::Status);
+    let events_topic = settings.topics.topic(Leaf::Events);
     let offline = client::status_payload(&settings.hub_id, false, clock.now());
     let mut options = client::mqtt_options(&settings.mqtt, &status_topic, offline)?;
     options.set_keep_alive(settings.keep_alive);
@@ -160,7 +161,7 @@ pub fn start<D: Decide>(
         PublisherConfig {
             hub_id: settings.hub_id.clone(),
             hub_key: settings.hub_key.clone(),
-            topic_base: settings.topic_base.clone(),
+            topics: settings.topics.clone(),
             limits: settings.backlog,
         },
         store.clone(),

@@ -48,6 +48,7 @@ use crate::store::outbox;
 use crate::store::{Priority, Store, StoreError};
 use ed25519_dalek::SigningKey;
 use lockhub_proto::crypto;
+use lockhub_proto::topics::{HubTopics, Leaf};
 use rusqlite::Connection;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -98,8 +99,8 @@ const BACKLOG_SUBJECT: &str = "outbox";
 pub struct PublisherConfig {
     pub hub_id: String,
     pub hub_key: SigningKey,
-    /// `P/S/H/` (with the trailing slash): leaves are appended.
-    pub topic_base: String,
+    /// `P/S/H/`: this hub's topics.
+    pub topics: HubTopics,
     pub limits: BacklogLimits,
 }
 
@@ -107,7 +108,7 @@ impl std::fmt::Debug for PublisherConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PublisherConfig")
             .field("hub_id", &self.hub_id)
-            .field("topic_base", &self.topic_base)
+            .field("topics", &self.topics)
             .finish_non_exhaustive()
     }
 }
@@ -214,8 +215,8 @@ impl Publisher {
         })
     }
 
-    fn topic(&self, leaf: &str) -> String {
-        format!("{}{}", self.cfg.topic_base, leaf)
+    fn topic(&self, leaf: Leaf) -> String {
+        self.cfg.topics.topic(leaf)
     }
 
     /// Runs until shut down (or until every input is gone).
@@ -368,7 +369,7 @@ impl Publisher {
             let health = self.health_now();
             let payload =
                 online_status_payload(&self.cfg.hub_id, self.clock.now(), health.as_ref());
-            let topic = format!("{}status", self.cfg.topic_base);
+            let topic = self.topic(Leaf::Status);
             let bytes = topic.len() + payload.len();
             let link = self.link.as_mut().expect("checked above");
             match self.gate.publish(link.epoch, &topic, true, payload) {
@@ -405,7 +406,7 @@ impl Publisher {
         let full_batch = rows.len() == room;
         for row in rows {
             let envelope = crypto::hub_envelope(&self.cfg.hub_id, &self.cfg.hub_key, &row.body);
-            let topic = format!("{}{}", self.cfg.topic_base, row.topic.as_str());
+            let topic = self.topic(row.topic.leaf());
             let bytes = topic.len() + envelope.len();
             let link = self.link.as_mut().expect("link checked above");
             if !WINDOW.admits(link.in_flight(), link.bytes, bytes) {
@@ -517,7 +518,7 @@ impl Publisher {
             return;
         };
         let payload = status_payload(&self.cfg.hub_id, false, self.clock.now());
-        let topic = self.topic("status");
+        let topic = self.topic(Leaf::Status);
         let deadline = tokio::time::Instant::now() + OFFLINE_ACK_TIMEOUT;
         loop {
             match self.gate.publish(epoch, &topic, true, payload.clone()) {

@@ -2,6 +2,7 @@
 
 use lockhub::config::{self, Config, ConfigError, ConfigErrors, Policy};
 use lockhub_proto::crypto;
+use lockhub_proto::topics::Leaf;
 use std::path::Path;
 use std::process::Command;
 use testkit::files::{Fixture, HUB_ID, HUB_PUBLIC_KEY, SECRETS_TOML, SITE_ID, edit, set_mode};
@@ -66,7 +67,7 @@ fn the_vectors_config_loads_with_defaults() {
     assert_eq!(c.mqtt.client_id, HUB_ID);
     assert_eq!(c.mqtt.topic_prefix, "lockhub/v1");
     assert_eq!(
-        c.topic("events"),
+        c.topic(Leaf::Events),
         format!("lockhub/v1/{SITE_ID}/{HUB_ID}/events")
     );
     assert_eq!(c.trust.len(), 1);
@@ -129,7 +130,7 @@ fn optional_mqtt_keys_and_not_after_are_read() {
     assert_eq!(c.mqtt.port, 1883);
     assert_eq!(c.mqtt.client_id, "lobby");
     assert_eq!(
-        c.topic("status"),
+        c.topic(Leaf::Status),
         format!("acme/lockhub/{SITE_ID}/{HUB_ID}/status")
     );
     assert_eq!(c.mqtt.username.as_deref(), Some("hub"));

@@ -14,6 +14,7 @@ use lockhub::sync::window::ReceiveWindow;
 use lockhub::sync::{self, SyncHandle, SyncSettings};
 use lockhub_proto::event::{EventResult, Outcome};
 use lockhub_proto::time::Timestamp;
+use lockhub_proto::topics::HubTopics;
 use lockhub_proto::verify::Signer;
 use lockhub_proto::verify::{self, VerifiedEvent, VerifyContext};
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
@@ -230,7 +231,7 @@ fn start_hub_keep_alive(
     let settings = SyncSettings {
         mqtt,
         hub_id: HUB_ID.to_owned(),
-        topic_base: topic(""),
+        topics: HubTopics::new(PREFIX, SITE_ID.parse().unwrap(), HUB_ID),
         hub_key: hub_key(),
         cloud_stale: Duration::from_secs(900),
         backlog: BacklogLimits::default(),
