@@ -17,8 +17,10 @@
 //! itself: every wait has a deadline, and the hubs and broker are ended on
 //! the way out.
 
-use lockhub::sim::cloud::{Cloud, GrantSpec, SignedEvent};
+use lockhub::sim::cloud::Cloud;
 use lockhub_proto::crypto;
+use lockhub_proto::sign::{GrantSpec, SignedEvent};
+use lockhub_proto::topics::{self, Leaf};
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -80,8 +82,7 @@ fn start_hub(i: usize, port: u16) -> Daemon {
         extra: String::new(),
     }
     .write(dir.path());
-    let mut seed = [11u8; 32];
-    seed[..8].copy_from_slice(&(i as u64).to_le_bytes());
+    let seed = hub_seed(i);
     write_private(
         &dir.path().join("secrets.toml"),
         &secrets_toml(&seed, &[("k1", &PIN_KEY)], ""),
@@ -130,20 +131,28 @@ enum Heard {
     Sync(usize, u64, String),
 }
 
+/// Hub `i`'s key seed (its secrets file).
+fn hub_seed(i: usize) -> [u8; 32] {
+    let mut seed = [11u8; 32];
+    seed[..8].copy_from_slice(&(i as u64).to_le_bytes());
+    seed
+}
+
 fn parse(topic: &str, payload: &[u8]) -> Option<Heard> {
-    let rest = topic.strip_prefix(&format!("lockhub/v1/{SITE}/"))?;
-    let (hub, leaf) = rest.split_once('/')?;
-    let i: usize = hub.strip_prefix("hub-")?.parse().ok()?;
+    let t = topics::parse_topic(topics::DEFAULT_PREFIX, topic).ok()?;
+    let i: usize = t.hub_id.strip_prefix("hub-")?.parse().ok()?;
     let v: serde_json::Value = serde_json::from_slice(payload).ok()?;
-    let body = |v: &serde_json::Value| -> Option<serde_json::Value> {
-        let b = crypto::b64u_decode(v["body"].as_str()?)?;
+    // What the cloud does with every hub message: the signature first.
+    let body = || -> Option<serde_json::Value> {
+        let key = ed25519_dalek::SigningKey::from_bytes(&hub_seed(i)).verifying_key();
+        let b = crypto::open_hub_envelope(payload, t.hub_id, &key).ok()?;
         serde_json::from_slice(&b).ok()
     };
-    match leaf {
-        "status" if v["state"] == "online" => Some(Heard::Online(i)),
-        "results" => Some(Heard::Result(i, body(&v)?["event_id"].as_str()?.to_owned())),
-        "sync" => {
-            let b = body(&v)?;
+    match t.leaf {
+        Leaf::Status if v["state"] == "online" => Some(Heard::Online(i)),
+        Leaf::Results => Some(Heard::Result(i, body()?["event_id"].as_str()?.to_owned())),
+        Leaf::Sync => {
+            let b = body()?;
             Some(Heard::Sync(
                 i,
                 b["from_seq"].as_u64()?,
@@ -205,7 +214,7 @@ async fn until(
 
 async fn publish(c: &AsyncClient, i: usize, e: &SignedEvent) {
     c.publish(
-        format!("lockhub/v1/{SITE}/{}/events", hub_id(i)),
+        topics::topic(topics::DEFAULT_PREFIX, SITE, &hub_id(i), Leaf::Events),
         QoS::AtLeastOnce,
         false,
         e.envelope.clone(),

@@ -158,7 +158,7 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
         issued.len(),
         t.elapsed().as_secs_f64()
     );
-    let envelopes = |e: &[lockhub::sim::cloud::SignedEvent]| -> Arc<Vec<Vec<u8>>> {
+    let envelopes = |e: &[lockhub_proto::sign::SignedEvent]| -> Arc<Vec<Vec<u8>>> {
         Arc::new(e.iter().map(|e| e.envelope.clone()).collect())
     };
     let resync = envelopes(&batches);

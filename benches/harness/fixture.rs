@@ -6,9 +6,10 @@
 
 use ed25519_dalek::SigningKey;
 use lockhub::config::Policy;
-use lockhub::sim::cloud::{Cloud, GrantSpec, SignedEvent};
+use lockhub::sim::cloud::Cloud;
 use lockhub_proto::crypto;
 use lockhub_proto::event::SchemaContext;
+use lockhub_proto::sign::{GrantSpec, SignedEvent};
 use lockhub_proto::time::Timestamp;
 use lockhub_proto::verify::Signer;
 use lockhub_proto::verify::VerifyContext;

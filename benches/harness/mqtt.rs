@@ -2,6 +2,7 @@
 //! a fast publisher of pre-signed envelopes, and an ack-only subscriber that
 //! stands for "the best any hub could do" on the same broker.
 
+use lockhub_proto::topics::{self, Leaf};
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,18 +16,19 @@ const PUBLISHER_INFLIGHT: u16 = 1000;
 pub const PHASE_TIMEOUT: Duration = Duration::from_secs(300);
 
 pub fn events_topic() -> String {
-    format!(
-        "lockhub/v1/{}/{}/events",
-        super::fixture::SITE_ID,
-        super::fixture::HUB_ID
-    )
+    bench_topic(Leaf::Events)
 }
 
 pub fn status_topic() -> String {
-    format!(
-        "lockhub/v1/{}/{}/status",
+    bench_topic(Leaf::Status)
+}
+
+fn bench_topic(leaf: Leaf) -> String {
+    topics::topic(
+        topics::DEFAULT_PREFIX,
         super::fixture::SITE_ID,
-        super::fixture::HUB_ID
+        super::fixture::HUB_ID,
+        leaf,
     )
 }
 

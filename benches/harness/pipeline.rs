@@ -6,11 +6,11 @@
 //! reach, and splits its time into verify vs. apply.
 
 use super::fixture;
-use lockhub::sim::cloud::SignedEvent;
 use lockhub::store::apply::{ApplyContext, apply_event_queued};
 use lockhub::store::outbox::Queued;
 use lockhub::store::{Priority, Store};
 use lockhub_proto::event::parse_body_in_order;
+use lockhub_proto::sign::SignedEvent;
 use lockhub_proto::time::Timestamp;
 use lockhub_proto::verify::verify_envelope;
 use std::collections::VecDeque;

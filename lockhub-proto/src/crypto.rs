@@ -13,6 +13,10 @@ use ed25519_dalek::{Signature, Signer as _, SigningKey, VerifyingKey};
 use hmac::{KeyInit, Mac};
 use sha2::{Digest, Sha256};
 
+/// The version of both envelopes (the cloud's and the hub's): what `v` says
+/// in every envelope made here, and the only one an opener accepts.
+pub const ENVELOPE_VERSION: u64 = 1;
+
 /// Domain separator for cloud event signatures.
 pub const EVENT_CONTEXT: &[u8] = b"lockhub-event-v1";
 /// Domain separator for everything the hub signs.
@@ -105,7 +109,7 @@ pub fn sign(context: &[u8], key: &SigningKey, body: &[u8]) -> [u8; 64] {
 pub fn hub_envelope(hub_id: &str, key: &SigningKey, body: &[u8]) -> Vec<u8> {
     let sig = sign(HUB_CONTEXT, key, body);
     serde_json::to_vec(&serde_json::json!({
-        "v": 1,
+        "v": ENVELOPE_VERSION,
         "hub_id": hub_id,
         "body": b64u_encode(body),
         "sig": b64u_encode(&sig),
@@ -119,7 +123,7 @@ pub fn hub_envelope(hub_id: &str, key: &SigningKey, body: &[u8]) -> Vec<u8> {
 pub enum EnvelopeError {
     #[error("not a JSON object")]
     NotJson,
-    #[error("not envelope version 1")]
+    #[error("not envelope version {ENVELOPE_VERSION}")]
     Version,
     #[error("another hub's envelope")]
     HubId,
@@ -146,7 +150,7 @@ pub fn open_hub_envelope(
     if !env.is_object() {
         return Err(EnvelopeError::NotJson);
     }
-    if env["v"] != 1 {
+    if env["v"] != ENVELOPE_VERSION {
         return Err(EnvelopeError::Version);
     }
     if env["hub_id"] != hub_id {

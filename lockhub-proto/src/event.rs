@@ -158,6 +158,16 @@ pub enum GrantState {
     Active,
 }
 
+impl GrantState {
+    /// The wire spelling (a grant's `state`, a mirror proof line's).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GrantState::PreIssued => "pre_issued",
+            GrantState::Active => "active",
+        }
+    }
+}
+
 /// A 32-byte HMAC-SHA256 PIN tag. Its Debug output is redacted: a tag is as
 /// good as a PIN to anyone who can brute-force a 4-digit space offline.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]

@@ -10,11 +10,15 @@
 //! | [`time`] | [`time::Timestamp`] (µs since the epoch), RFC 3339 |
 //! | [`crypto`] | PIN tags (HMAC-SHA256), base64url, domain-separated Ed25519, hub envelopes (made and opened) |
 //! | [`event`] | the cloud's events and the hub's results as plain data; the id rules; body parsing (step 4) |
+//! | [`mirror`] | the mirror proof: live filter, lines, buckets, bucket and mirror digests (incremental), the checkpoint claim |
+//! | [`sign`] | the cloud's side, pure: `GrantSpec`, event bodies, `EventSigner` (seq, id and time given), cloud envelopes |
 //! | [`topics`] | the seven topic leaves, `P/S/H/leaf` built and parsed back strictly |
 //! | [`verify`] | step 1 of an event: size, envelope, signer, `verify_strict`, ids; the trust-ring entry [`verify::Signer`] |
 
 pub mod crypto;
 pub mod event;
+pub mod mirror;
+pub mod sign;
 pub mod time;
 pub mod topics;
 pub mod verify;

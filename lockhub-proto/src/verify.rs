@@ -136,7 +136,7 @@ pub fn verify_envelope(raw: &[u8], ctx: &VerifyContext<'_>) -> Result<VerifiedEv
     if !(v.is_u64() || v.is_i64()) {
         return Err(bad);
     }
-    if v.as_u64() != Some(1) {
+    if v.as_u64() != Some(crypto::ENVELOPE_VERSION) {
         return Err(reject(Reason::UnsupportedVersion, hint));
     }
     let str_field = |k: &str| env.get(k).and_then(Value::as_str).ok_or(bad);
@@ -920,6 +920,69 @@ mod tests {
             m[i] = b'"';
             let _ = run(&m);
         }
+    }
+
+    /// The project's copy of the contract's vectors.
+    fn vector(name: &str) -> String {
+        let path = format!("{}/../spec/vectors/mqtt/{name}", env!("CARGO_MANIFEST_DIR"));
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {path}: {e}"))
+    }
+
+    #[test]
+    fn the_first_vector_envelope_opens_under_the_vector_trust_ring() {
+        let trust = vector("trust.toml");
+        let field = |k: &str| {
+            trust
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix(k)?
+                        .trim()
+                        .strip_prefix("= ")?
+                        .strip_prefix('"')?
+                        .strip_suffix('"')
+                })
+                .unwrap_or_else(|| panic!("{k} in trust.toml"))
+                .to_owned()
+        };
+        let ring = [Signer {
+            id: field("id"),
+            public_key: crypto::parse_public_key(&field("public_key")).unwrap(),
+            not_after: None,
+        }];
+        let cases = vector("cases.jsonl");
+        let case: Value = serde_json::from_str(cases.lines().next().unwrap()).unwrap();
+        assert_eq!(case["n"], 1);
+        let raw = case["envelope"].as_str().unwrap().as_bytes();
+        let ev = verify_envelope(raw, &ctx(&ring)).unwrap();
+        assert_eq!(ev.signer, "cloud-2026-11");
+        assert_eq!(ev.header.event_id, Uuid::parse_str(ID).unwrap());
+        assert_eq!(ev.header.seq, Some(1));
+        // The exact bytes the envelope carries, not a re-serialisation.
+        let env: Value = serde_json::from_slice(raw).unwrap();
+        assert_eq!(
+            Some(ev.body.clone()),
+            crypto::b64u_decode(env["body"].as_str().unwrap())
+        );
+        let body: Value = serde_json::from_slice(&ev.body).unwrap();
+        assert_eq!(body["type"], "key.issued");
+        assert_eq!(body["key"]["key_id"], "k-101-a");
+        assert_eq!(
+            body["key"]["pin_tag"],
+            "hvm_pP9YTc-eyIwtdnLrzLmxWn26dD2b6tlyRlDbl3Q"
+        );
+        // One flipped signature byte and it no longer opens.
+        let mut sig = crypto::b64u_decode(env["sig"].as_str().unwrap()).unwrap();
+        sig[0] ^= 1;
+        let mut forged = env.clone();
+        forged["sig"] = crypto::b64u_encode(&sig).into();
+        assert_eq!(
+            reason_in(&serde_json::to_vec(&forged).unwrap(), &ring),
+            Reason::BadSignature
+        );
+    }
+
+    fn reason_in(raw: &[u8], ring: &[Signer]) -> Reason {
+        verify_envelope(raw, &ctx(ring)).unwrap_err().reason
     }
 
     #[test]

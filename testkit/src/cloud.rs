@@ -15,9 +15,10 @@
 use crate::daemon::WAIT;
 use crate::files::{HUB_ID, SECRETS_TOML, SITE_ID};
 use ed25519_dalek::{SigningKey, VerifyingKey};
-use lockhub::sim::cloud::{Cloud, GrantSpec, SignedEvent};
+use lockhub::sim::cloud::Cloud;
 use lockhub_proto::crypto;
 use lockhub_proto::event::Reason;
+use lockhub_proto::sign::{GrantSpec, SignedEvent};
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::Packet;
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};

@@ -771,7 +771,7 @@ async fn a_reader_whose_recorded_identity_cannot_be_read_is_quarantined_not_adop
 // Doors on readers (phase 2): PIN entry, osdp_OUT, feedback, contact, cards.
 // ---------------------------------------------------------------------------
 
-use lockhub::sim::cloud::GrantSpec;
+use lockhub_proto::sign::GrantSpec;
 use testkit::cloud::{CloudClient, cloud, pin_key};
 
 const PIN: &str = "482913";

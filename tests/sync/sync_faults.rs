@@ -9,9 +9,9 @@
 
 use lockhub::config::{PinKey, Policy};
 use lockhub::door::pin_tags;
-use lockhub::sim::cloud::SignedEvent;
 use lockhub::store::door::{DoorEntry, door_entry};
 use lockhub::store::{Priority, Store};
+use lockhub_proto::sign::SignedEvent;
 use lockhub_proto::time::Timestamp;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};

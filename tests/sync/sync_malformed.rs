@@ -51,7 +51,7 @@ fn std_b64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD_NO_PAD.encode(bytes)
 }
 
-fn cases(c: &mut Cloud) -> (Vec<Case>, lockhub::sim::cloud::SignedEvent) {
+fn cases(c: &mut Cloud) -> (Vec<Case>, lockhub_proto::sign::SignedEvent) {
     // A genuine event whose id the cases borrow; published only at the end.
     let g = c.key_issued(&grant(50), &[]);
     let id = g.event_id;
