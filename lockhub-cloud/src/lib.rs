@@ -11,6 +11,10 @@
 //! | layer | module | what lives there |
 //! |---|---|---|
 //! | state | [`store`] | the [`store::Store`] trait (one transaction per method) and its SQLite backend |
-pub mod store;
+pub mod cli;
+pub mod mqtt;
+pub mod ops;
 pub mod request;
+pub mod serve;
 pub mod signer;
+pub mod store;

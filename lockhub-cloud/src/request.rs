@@ -258,20 +258,19 @@ pub fn check_grant(
             });
         }
     }
-    let pin_key = match &req.pin_key_id {
-        Some(id) => hub
-            .pin_keys
-            .iter()
-            .find(|k| &k.id == id)
-            .ok_or_else(|| InputError::UnknownPinKey {
-                hub: hub.hub.clone(),
-                id: id.clone(),
+    let pin_key =
+        match &req.pin_key_id {
+            Some(id) => hub.pin_keys.iter().find(|k| &k.id == id).ok_or_else(|| {
+                InputError::UnknownPinKey {
+                    hub: hub.hub.clone(),
+                    id: id.clone(),
+                }
             })?,
-        None => hub
-            .pin_keys
-            .first()
-            .ok_or_else(|| InputError::NoPinKey(hub.hub.clone()))?,
-    };
+            None => hub
+                .pin_keys
+                .first()
+                .ok_or_else(|| InputError::NoPinKey(hub.hub.clone()))?,
+        };
     let from_given = req
         .valid_from
         .as_deref()

@@ -1,0 +1,497 @@
+//! `serve`, and the publishing every command shares.
+//!
+//! - **The database is the queue.** An event is published only after the
+//!   transaction that stored it committed, and marked published only on the
+//!   broker's PUBACK. On start, after every reconnect and on every poll
+//!   tick, whatever is still unpublished goes out first, in seq order: a
+//!   crash between storing and publishing is followed by publishing the
+//!   stored event, never by signing a second one.
+//! - **Sync answers are the stored envelopes**: the missing events with
+//!   their original ids and bodies, byte for byte, then a checkpoint.
+//! - **Every hub output is verified** under the hub's registered key
+//!   before it is recorded; one that fails is refused: a `warn` line, a
+//!   counter and a `refused` row (never its payload).
+//! - Checkpoints go to every hub every `checkpoint_every` (5 minutes).
+
+use crate::mqtt::{Backoff, BrokerSettings, Link, LinkEvent, Role, WINDOW, options};
+use crate::ops::{self, CloudError};
+use crate::signer::ActiveSigner;
+use crate::store::{HubRef, OutputRecord, Store};
+use lockhub_proto::crypto::{open_hub_envelope, parse_public_key};
+use lockhub_proto::time::Timestamp;
+use lockhub_proto::topics::{Leaf, parse_topic, topic};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::time::Duration;
+use tokio::time::{Instant, sleep_until};
+
+/// The most events one sync answer re-sends; a hub further behind asks
+/// again (the checkpoint after the answer shows it the head).
+pub const MAX_SYNC_ANSWER: u32 = 10_000;
+/// The largest hub output recorded (a proof with 256 bucket digests is
+/// ~12 KiB; anything far larger is not a hub's).
+pub const MAX_OUTPUT_BYTES: usize = 256 * 1024;
+
+/// `serve`'s settings.
+#[derive(Debug, Clone)]
+pub struct ServeSettings {
+    pub broker: BrokerSettings,
+    pub checkpoint_every: Duration,
+    /// How often the database is read for events other commands stored.
+    pub poll_every: Duration,
+    pub idempotency_retention_days: u32,
+}
+
+/// What `serve` counted since it started.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub published: u64,
+    pub recorded: u64,
+    pub refused: u64,
+    pub sync_answers: u64,
+    pub checkpoints: u64,
+}
+
+type Tracked = (HubRef, u64);
+
+struct Out {
+    topic: String,
+    payload: Vec<u8>,
+    /// The stored event this is, to mark published on its PUBACK.
+    track: Option<Tracked>,
+}
+
+/// The publisher's side: what to send, what is in flight, and which
+/// stored events those are. Cleared whenever the connection is replaced.
+#[derive(Default)]
+struct Outbox {
+    queue: VecDeque<Out>,
+    /// Stored events queued or in flight (not queued twice by the poll).
+    tracked: HashSet<Tracked>,
+    /// Requested, not yet given a packet id (rumqttc reports ids in
+    /// request order on one connection).
+    requested: VecDeque<Option<Tracked>>,
+    inflight: HashMap<u16, Option<Tracked>>,
+}
+
+impl Outbox {
+    fn clear(&mut self) {
+        *self = Outbox::default();
+    }
+
+    fn is_idle(&self) -> bool {
+        self.queue.is_empty() && self.requested.is_empty() && self.inflight.is_empty()
+    }
+
+    /// Queues every unpublished event of `hub` (or all hubs) not yet queued.
+    fn load_unpublished(
+        &mut self,
+        store: &dyn Store,
+        prefix: &str,
+        hub: Option<&HubRef>,
+    ) -> Result<usize, CloudError> {
+        let mut n = 0;
+        for ev in store.unpublished(hub)? {
+            let key = (ev.hub.clone(), ev.seq);
+            if self.tracked.insert(key.clone()) {
+                self.queue.push_back(Out {
+                    topic: events_topic(prefix, &ev.hub),
+                    payload: ev.envelope,
+                    track: Some(key),
+                });
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Sends what the window allows.
+    fn pump(&mut self, link: &Link) {
+        while self.requested.len() + self.inflight.len() < WINDOW {
+            let Some(out) = self.queue.pop_front() else {
+                return;
+            };
+            if !link.try_publish(&out.topic, out.payload.clone()) {
+                self.queue.push_front(out);
+                return;
+            }
+            self.requested.push_back(out.track);
+        }
+    }
+
+    fn sent(&mut self, pkid: u16) {
+        if let Some(track) = self.requested.pop_front() {
+            self.inflight.insert(pkid, track);
+        }
+    }
+
+    /// The broker acked `pkid`: marks the stored event published.
+    fn acked(&mut self, store: &dyn Store, pkid: u16) -> Result<bool, CloudError> {
+        match self.inflight.remove(&pkid) {
+            Some(Some((hub, seq))) => {
+                store.mark_published(&hub, seq, &Timestamp::now_system().to_rfc3339())?;
+                self.tracked.remove(&(hub, seq));
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+}
+
+fn site_uuid(hub: &HubRef) -> uuid::Uuid {
+    uuid::Uuid::parse_str(&hub.site_id).unwrap_or_default()
+}
+
+fn events_topic(prefix: &str, hub: &HubRef) -> String {
+    topic(prefix, site_uuid(hub), &hub.hub_id, Leaf::Events)
+}
+
+/// Publishes the stored, unpublished events of `hub` (all hubs when
+/// `None`), in seq order, and waits for every PUBACK. Returns how many.
+pub async fn publish_pending(
+    store: &dyn Store,
+    broker: &BrokerSettings,
+    hub: Option<&HubRef>,
+    timeout: Duration,
+) -> Result<usize, CloudError> {
+    let deadline = Instant::now() + timeout;
+    let mut link = Link::start(options(broker, Role::Publisher)?, Vec::new());
+    let mut out = Outbox::default();
+    let mut published = 0;
+    loop {
+        let ev = tokio::select! {
+            ev = link.events.recv() => ev,
+            _ = sleep_until(deadline) => {
+                return Err(crate::mqtt::MqttError::Timeout(format!(
+                    "{published} published, the rest stay stored for `serve` or a retry"
+                ))
+                .into());
+            }
+        };
+        match ev {
+            Some(LinkEvent::Up { .. }) => {
+                out.clear();
+                out.load_unpublished(store, &broker.topic_prefix, hub)?;
+            }
+            Some(LinkEvent::Sent(pkid)) => out.sent(pkid),
+            Some(LinkEvent::Acked(pkid)) => published += usize::from(out.acked(store, pkid)?),
+            Some(LinkEvent::Down(e)) => {
+                return Err(crate::mqtt::MqttError::Connection(e).into());
+            }
+            Some(_) => {}
+            None => return Err(crate::mqtt::MqttError::Connection("closed".into()).into()),
+        }
+        out.pump(&link);
+        if out.is_idle() && (published > 0 || store.unpublished(hub)?.is_empty()) {
+            return Ok(published);
+        }
+    }
+}
+
+/// What the subscriber knows of each hub: its key, when registered.
+struct Hubs {
+    keys: HashMap<HubRef, Option<ed25519_dalek::VerifyingKey>>,
+    sites: BTreeSet<String>,
+}
+
+impl Hubs {
+    fn read(store: &dyn Store) -> Result<Hubs, CloudError> {
+        let mut keys = HashMap::new();
+        let mut sites = BTreeSet::new();
+        for h in store.hubs()? {
+            sites.insert(h.hub.site_id.clone());
+            let key = h
+                .public_key
+                .as_deref()
+                .and_then(|k| parse_public_key(k).ok());
+            keys.insert(h.hub, key);
+        }
+        Ok(Hubs { keys, sites })
+    }
+}
+
+fn filters(prefix: &str, sites: &BTreeSet<String>) -> Vec<String> {
+    let mut f = Vec::new();
+    for site in sites {
+        let site = uuid::Uuid::parse_str(site).unwrap_or_default();
+        for leaf in Leaf::ALL.into_iter().filter(|l| !l.from_cloud()) {
+            f.push(topic(prefix, site, "+", leaf));
+        }
+    }
+    f
+}
+
+const UNKNOWN_HUB: &str = "unknown hub";
+
+/// Why a hub message was refused (the reason recorded and logged).
+enum Verdict {
+    Record(OutputRecord, Option<u64>),
+    Refuse(Option<HubRef>, String, String),
+}
+
+/// Verifies one message from a hub. Pure but for the clock.
+fn judge(hubs: &Hubs, prefix: &str, topic_name: &str, payload: &[u8]) -> Verdict {
+    let now = Timestamp::now_system().to_rfc3339();
+    let parsed = match parse_topic(prefix, topic_name) {
+        Ok(p) => p,
+        Err(e) => return Verdict::Refuse(None, "unknown".into(), format!("topic: {e}")),
+    };
+    let hub = HubRef {
+        site_id: parsed.site_id.to_string(),
+        hub_id: parsed.hub_id.to_owned(),
+    };
+    let leaf = parsed.leaf.as_str().to_owned();
+    let refuse = |why: &str| Verdict::Refuse(Some(hub.clone()), leaf.clone(), why.to_owned());
+    if payload.len() > MAX_OUTPUT_BYTES {
+        return refuse("payload too large");
+    }
+    let Some(key) = hubs.keys.get(&hub) else {
+        return refuse(UNKNOWN_HUB);
+    };
+    let body = if parsed.leaf.is_hub_envelope() {
+        let Some(key) = key else {
+            return refuse("the hub has no registered public key (`hub set-key`)");
+        };
+        match open_hub_envelope(payload, &hub.hub_id, key) {
+            Ok(body) => body,
+            Err(e) => return refuse(&e.to_string()),
+        }
+    } else {
+        // The retained status is plain JSON (mqtt.md 'Status'): a hint.
+        payload.to_vec()
+    };
+    let value: serde_json::Value = match serde_json::from_slice(&body) {
+        Ok(v @ serde_json::Value::Object(_)) => v,
+        _ => return refuse("body is not a JSON object"),
+    };
+    let audit_id = (parsed.leaf == Leaf::Audit)
+        .then(|| value["audit_id"].as_str().map(str::to_owned))
+        .flatten();
+    let sync_from = (parsed.leaf == Leaf::Sync)
+        .then(|| value["from_seq"].as_u64())
+        .flatten();
+    if parsed.leaf == Leaf::Sync && sync_from.is_none() {
+        return refuse("sync request without from_seq");
+    }
+    Verdict::Record(
+        OutputRecord {
+            hub,
+            topic: leaf,
+            body: String::from_utf8_lossy(&body).into_owned(),
+            audit_id,
+            received_at: now,
+        },
+        sync_from,
+    )
+}
+
+/// Runs `serve` until `shutdown` resolves.
+pub async fn serve(
+    store: &dyn Store,
+    active: &ActiveSigner,
+    settings: &ServeSettings,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<Counters, CloudError> {
+    let prefix = settings.broker.topic_prefix.clone();
+    // Bad settings (URL, files) fail here, before anything runs.
+    options(&settings.broker, Role::Publisher)?;
+    let mut counters = Counters::default();
+    let mut hubs = Hubs::read(store)?;
+    let mut publisher: Option<Link> = None;
+    let mut subscriber: Option<Link> = None;
+    let mut subscribed_sites = BTreeSet::new();
+    let mut out = Outbox::default();
+    let (mut pub_backoff, mut sub_backoff) = (backoff(), backoff());
+    let (mut pub_retry, mut sub_retry) = (Instant::now(), Instant::now());
+    let mut next_poll = Instant::now();
+    let mut next_checkpoint = Instant::now() + settings.checkpoint_every;
+    let mut next_prune = Instant::now();
+    tokio::pin!(shutdown);
+    tracing::info!(hubs = hubs.keys.len(), "serve started");
+    loop {
+        // (Re)connect what is down and due.
+        let now = Instant::now();
+        if publisher.is_none() && now >= pub_retry {
+            out.clear();
+            publisher = Some(Link::start(
+                options(&settings.broker, Role::Publisher)?,
+                Vec::new(),
+            ));
+        }
+        if subscriber.is_none() && now >= sub_retry && !hubs.sites.is_empty() {
+            subscribed_sites = hubs.sites.clone();
+            subscriber = Some(Link::start(
+                options(&settings.broker, Role::Subscriber)?,
+                filters(&prefix, &subscribed_sites),
+            ));
+        }
+        let wake = [next_poll, next_checkpoint, next_prune, pub_retry, sub_retry]
+            .into_iter()
+            .filter(|t| *t > now)
+            .min()
+            .unwrap_or(now + settings.poll_every);
+        tokio::select! {
+            _ = &mut shutdown => break,
+            ev = recv(&mut publisher) => match ev {
+                LinkEvent::Up { .. } => {
+                    pub_backoff.reset();
+                    tracing::info!("publisher connected");
+                    out.clear();
+                    out.load_unpublished(store, &prefix, None)?;
+                }
+                LinkEvent::Sent(pkid) => out.sent(pkid),
+                LinkEvent::Acked(pkid) => counters.published += u64::from(out.acked(store, pkid)?),
+                LinkEvent::Down(e) => {
+                    publisher = None;
+                    let d = pub_backoff.next_delay();
+                    tracing::warn!(error = %e, retry_in_ms = d.as_millis() as u64, "publisher connection lost");
+                    pub_retry = Instant::now() + d;
+                }
+                _ => {}
+            },
+            ev = recv(&mut subscriber) => match ev {
+                LinkEvent::Up { session_present } => {
+                    sub_backoff.reset();
+                    tracing::info!(session_present, "subscriber connected");
+                }
+                LinkEvent::Subscribed { granted: false } => {
+                    tracing::warn!("the broker refused a subscription: check the cloud's ACL");
+                }
+                LinkEvent::Message(p) => {
+                    let topic_name = p.topic.clone();
+                    let mut verdict = judge(&hubs, &prefix, &topic_name, &p.payload);
+                    if matches!(&verdict, Verdict::Refuse(_, _, why) if why == UNKNOWN_HUB) {
+                        // Perhaps a hub added since the last poll.
+                        hubs = Hubs::read(store)?;
+                        verdict = judge(&hubs, &prefix, &topic_name, &p.payload);
+                    }
+                    match verdict {
+                        Verdict::Record(rec, sync_from) => {
+                            store.record_output(&rec)?;
+                            counters.recorded += 1;
+                            if let Some(from) = sync_from {
+                                answer_sync(store, active, &prefix, &rec.hub, from, &mut out)?;
+                                counters.sync_answers += 1;
+                            }
+                        }
+                        Verdict::Refuse(hub, leaf, why) => {
+                            counters.refused += 1;
+                            tracing::warn!(
+                                hub = %hub.as_ref().map(ToString::to_string).unwrap_or_default(),
+                                topic = %leaf, reason = %why, refused = counters.refused,
+                                "refused a hub message"
+                            );
+                            let at = Timestamp::now_system().to_rfc3339();
+                            store.record_refused(hub.as_ref(), &leaf, &why, &at)?;
+                        }
+                    }
+                    if let Some(s) = &subscriber {
+                        s.ack(&p);
+                    }
+                }
+                LinkEvent::Down(e) => {
+                    subscriber = None;
+                    let d = sub_backoff.next_delay();
+                    tracing::warn!(error = %e, retry_in_ms = d.as_millis() as u64, "subscriber connection lost");
+                    sub_retry = Instant::now() + d;
+                }
+                _ => {}
+            },
+            _ = sleep_until(wake) => {}
+        }
+        let now = Instant::now();
+        if now >= next_poll {
+            next_poll = now + settings.poll_every;
+            hubs = Hubs::read(store)?;
+            if subscriber.is_some() && hubs.sites != subscribed_sites {
+                subscriber = None; // resubscribe with the new sites
+            }
+            if publisher.is_some() {
+                out.load_unpublished(store, &prefix, None)?;
+            }
+        }
+        if now >= next_checkpoint {
+            next_checkpoint = now + settings.checkpoint_every;
+            if publisher.is_some() {
+                for hub in hubs.keys.keys() {
+                    queue_checkpoint(store, active, &prefix, hub, &mut out)?;
+                    counters.checkpoints += 1;
+                }
+            }
+        }
+        if now >= next_prune {
+            next_prune = now + Duration::from_secs(3600);
+            let days = i64::from(settings.idempotency_retention_days);
+            let before = Timestamp::now_system().saturating_add_days(-days);
+            let n = store.prune_idempotency(before.0.div_euclid(Timestamp::MICROS_PER_SEC))?;
+            if n > 0 {
+                tracing::info!(pruned = n, "idempotency records past retention removed");
+            }
+        }
+        if let Some(p) = &publisher {
+            out.pump(p);
+        }
+    }
+    tracing::info!(
+        published = counters.published,
+        recorded = counters.recorded,
+        refused = counters.refused,
+        "serve stopped"
+    );
+    Ok(counters)
+}
+
+fn backoff() -> Backoff {
+    Backoff::new(Duration::from_millis(500), Duration::from_secs(60))
+}
+
+/// The next event of an optional link; pending forever when there is none.
+async fn recv(link: &mut Option<Link>) -> LinkEvent {
+    match link {
+        Some(l) => l
+            .events
+            .recv()
+            .await
+            .unwrap_or_else(|| LinkEvent::Down("the connection task ended".into())),
+        None => std::future::pending().await,
+    }
+}
+
+fn queue_checkpoint(
+    store: &dyn Store,
+    active: &ActiveSigner,
+    prefix: &str,
+    hub: &HubRef,
+    out: &mut Outbox,
+) -> Result<(), CloudError> {
+    let cp = ops::checkpoint(store, active, hub)?;
+    out.queue.push_back(Out {
+        topic: events_topic(prefix, hub),
+        payload: cp.envelope,
+        track: None,
+    });
+    Ok(())
+}
+
+/// Re-sends the stored events from `from_seq` (original envelopes), then a
+/// checkpoint.
+fn answer_sync(
+    store: &dyn Store,
+    active: &ActiveSigner,
+    prefix: &str,
+    hub: &HubRef,
+    from_seq: u64,
+    out: &mut Outbox,
+) -> Result<(), CloudError> {
+    let events = store.events_from(hub, from_seq.max(1), MAX_SYNC_ANSWER)?;
+    tracing::info!(hub = %hub, from_seq, events = events.len(), "answering a sync request");
+    for ev in events {
+        let key = (hub.clone(), ev.seq);
+        let track = (!ev.published && out.tracked.insert(key.clone())).then_some(key);
+        out.queue.push_back(Out {
+            topic: events_topic(prefix, hub),
+            payload: ev.envelope,
+            track,
+        });
+    }
+    queue_checkpoint(store, active, prefix, hub, out)
+}
