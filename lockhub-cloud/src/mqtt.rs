@@ -5,7 +5,10 @@
 //! - **One identity per connection.** mqtt.md: brokers that use the user
 //!   name as the client id drop the older of two connections with one name,
 //!   so the publisher and the subscriber are `NAME-pub` and `NAME-sub`
-//!   (client id, and user name when one is given).
+//!   (client id, and user name when one is given). A one-shot command
+//!   logs in as the publisher under the client id `NAME-cmd-PID`, so it
+//!   does not take `serve`'s connection away (a broker that makes the user
+//!   name the client id needs the command to use another `--identity`).
 //! - **A link is one connection, never reconnected in place.** rumqttc
 //!   re-sends or drops its own pending requests across a reconnect, and
 //!   manual acks of the old session are lost. Instead a [`Link`] whose
@@ -80,12 +83,23 @@ pub enum Role {
     /// Hears the hubs; a persistent session, so what they send while the
     /// cloud is down waits at the broker.
     Subscriber,
+    /// A one-shot command's publisher: logs in as the publisher, under a
+    /// client id of its own, so it does not take `serve`'s connection away.
+    Command,
 }
 
 impl Role {
-    fn suffix(self) -> &'static str {
+    fn client_id(self, identity: &str) -> String {
         match self {
-            Role::Publisher => "pub",
+            Role::Publisher => format!("{identity}-pub"),
+            Role::Subscriber => format!("{identity}-sub"),
+            Role::Command => format!("{identity}-cmd-{}", std::process::id()),
+        }
+    }
+
+    fn user_suffix(self) -> &'static str {
+        match self {
+            Role::Publisher | Role::Command => "pub",
             Role::Subscriber => "sub",
         }
     }
@@ -156,8 +170,8 @@ fn tls(s: &BrokerSettings) -> Result<rustls::ClientConfig, MqttError> {
 /// The options of one connection.
 pub fn options(s: &BrokerSettings, role: Role) -> Result<MqttOptions, MqttError> {
     let (is_tls, host, port) = parse_url(s.url.trim())?;
-    let mut o = MqttOptions::new(format!("{}-{}", s.identity, role.suffix()), host, port);
-    o.set_clean_session(role == Role::Publisher)
+    let mut o = MqttOptions::new(role.client_id(&s.identity), host, port);
+    o.set_clean_session(role != Role::Subscriber)
         .set_manual_acks(true)
         .set_keep_alive(KEEP_ALIVE)
         .set_inflight(WINDOW as u16)
@@ -170,7 +184,7 @@ pub fn options(s: &BrokerSettings, role: Role) -> Result<MqttOptions, MqttError>
                 .to_owned(),
             None => String::new(),
         };
-        o.set_credentials(format!("{user}-{}", role.suffix()), password);
+        o.set_credentials(format!("{user}-{}", role.user_suffix()), password);
     }
     if is_tls {
         o.set_transport(Transport::Tls(TlsConfiguration::Rustls(Arc::new(tls(s)?))));

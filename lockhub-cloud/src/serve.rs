@@ -154,7 +154,7 @@ pub async fn publish_pending(
     timeout: Duration,
 ) -> Result<usize, CloudError> {
     let deadline = Instant::now() + timeout;
-    let mut link = Link::start(options(broker, Role::Publisher)?, Vec::new());
+    let mut link = Link::start(options(broker, Role::Command)?, Vec::new());
     let mut out = Outbox::default();
     let mut published = 0;
     loop {
