@@ -297,6 +297,10 @@ pub async fn serve(
     let mut counters = Counters::default();
     let mut hubs = Hubs::read(store)?;
     let mut publisher: Option<Link> = None;
+    // Nothing is queued before the CONNACK: the queue is (re)built from the
+    // database at each connection, so a publish requested earlier would
+    // only go out twice.
+    let mut publisher_up = false;
     let mut subscriber: Option<Link> = None;
     let mut subscribed_sites = BTreeSet::new();
     let mut out = Outbox::default();
@@ -312,6 +316,7 @@ pub async fn serve(
         let now = Instant::now();
         if publisher.is_none() && now >= pub_retry {
             out.clear();
+            publisher_up = false;
             publisher = Some(Link::start(
                 options(&settings.broker, Role::Publisher)?,
                 Vec::new(),
@@ -334,6 +339,7 @@ pub async fn serve(
             ev = recv(&mut publisher) => match ev {
                 LinkEvent::Up { .. } => {
                     pub_backoff.reset();
+                    publisher_up = true;
                     tracing::info!("publisher connected");
                     out.clear();
                     out.load_unpublished(store, &prefix, None)?;
@@ -342,6 +348,7 @@ pub async fn serve(
                 LinkEvent::Acked(pkid) => counters.published += u64::from(out.acked(store, pkid)?),
                 LinkEvent::Down(e) => {
                     publisher = None;
+                    publisher_up = false;
                     let d = pub_backoff.next_delay();
                     tracing::warn!(error = %e, retry_in_ms = d.as_millis() as u64, "publisher connection lost");
                     pub_retry = Instant::now() + d;
@@ -405,13 +412,13 @@ pub async fn serve(
             if subscriber.is_some() && hubs.sites != subscribed_sites {
                 subscriber = None; // resubscribe with the new sites
             }
-            if publisher.is_some() {
+            if publisher_up {
                 out.load_unpublished(store, &prefix, None)?;
             }
         }
         if now >= next_checkpoint {
             next_checkpoint = now + settings.checkpoint_every;
-            if publisher.is_some() {
+            if publisher_up {
                 for hub in hubs.keys.keys() {
                     queue_checkpoint(store, active, &prefix, hub, &mut out)?;
                     counters.checkpoints += 1;
@@ -427,7 +434,7 @@ pub async fn serve(
                 tracing::info!(pruned = n, "idempotency records past retention removed");
             }
         }
-        if let Some(p) = &publisher {
+        if let Some(p) = publisher.as_ref().filter(|_| publisher_up) {
             out.pump(p);
         }
     }
