@@ -19,8 +19,9 @@
 
 use crate::clock::Clock;
 use crate::status::{StatusError, Target};
-use crate::store::alerts::{self, Condition};
+use crate::store::alerts;
 use crate::store::{self, StoreError, floor};
+use lockhub_proto::outputs::Condition;
 use lockhub_proto::time::Timestamp;
 use std::path::Path;
 use std::time::Duration;

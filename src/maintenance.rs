@@ -17,8 +17,9 @@
 
 use crate::clock::{SharedClock, Trust};
 use crate::config::{Config, Policy};
-use crate::store::alerts::{self, Condition};
+use crate::store::alerts;
 use crate::store::{Priority, Store, StoreError, door, floor, sweep};
+use lockhub_proto::outputs::Condition;
 use lockhub_proto::verify;
 use lockhub_proto::verify::Signer;
 use std::collections::BTreeSet;

@@ -8,13 +8,13 @@
 //! (mqtt.md 'Deciding an event'): never rename one.
 
 use crate::time::Timestamp;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::collections::BTreeSet;
 use uuid::Uuid;
 
 /// What happened to an event (mqtt.md 'Results').
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
     /// The event changed the mirror.
@@ -49,7 +49,7 @@ impl Outcome {
 }
 
 /// The stable rejection codes, in the order mqtt.md decides them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Reason {
     // Step 1: envelope and authentication. Nothing is claimed or counted.
@@ -152,7 +152,8 @@ impl Reason {
 }
 
 /// The state a grant asks for. Final states never arrive in a grant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum GrantState {
     PreIssued,
     Active,
@@ -257,14 +258,14 @@ pub struct EventHeader {
 }
 
 /// One item's outcome in a batch result.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ItemResult {
     pub outcome: Outcome,
     pub reason: Option<Reason>,
 }
 
 /// The body of a result message (mqtt.md 'Results').
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EventResult {
     /// `None` when a step-1 rejection could not read an id.
     pub event_id: Option<Uuid>,
@@ -273,16 +274,11 @@ pub struct EventResult {
     pub reason: Option<Reason>,
     pub duplicate: bool,
     pub clamped: bool,
-    #[serde(serialize_with = "ser_ts")]
     pub at: Timestamp,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub item: Option<usize>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub items: Option<Vec<ItemResult>>,
-}
-
-fn ser_ts<S: serde::Serializer>(t: &Timestamp, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&t.to_rfc3339())
 }
 
 impl EventResult {
@@ -1392,6 +1388,49 @@ mod parse_tests {
         for bad in ["", " 101", "101 ", "a\tb", "a\nb", "nul\0", &"a".repeat(65)] {
             assert!(!is_name(bad), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_result_body_is_the_pages_shape_and_parses_back() {
+        let r = EventResult {
+            event_id: parse_uuid_strict("00000001-94a1-4c39-8f5e-6b1e2d3c4a0f"),
+            seq: Some(17),
+            outcome: Outcome::Rejected,
+            reason: Some(Reason::UnknownDoor),
+            duplicate: false,
+            clamped: false,
+            at: Timestamp::from_secs(1_795_953_600),
+            item: Some(1),
+            items: Some(vec![
+                ItemResult {
+                    outcome: Outcome::Applied,
+                    reason: None,
+                },
+                ItemResult {
+                    outcome: Outcome::Rejected,
+                    reason: Some(Reason::UnknownDoor),
+                },
+            ]),
+        };
+        assert_eq!(
+            String::from_utf8(r.to_json()).unwrap(),
+            r#"{"event_id":"00000001-94a1-4c39-8f5e-6b1e2d3c4a0f","seq":17,"outcome":"rejected","reason":"unknown_door","duplicate":false,"clamped":false,"at":"2026-11-29T12:00:00.000000Z","item":1,"items":[{"outcome":"applied","reason":null},{"outcome":"rejected","reason":"unknown_door"}]}"#
+        );
+        assert_eq!(
+            serde_json::from_slice::<EventResult>(&r.to_json()).unwrap(),
+            r
+        );
+        let single = EventResult {
+            item: None,
+            items: None,
+            ..r
+        };
+        let text = String::from_utf8(single.to_json()).unwrap();
+        assert!(!text.contains("item"), "{text}");
+        assert_eq!(serde_json::from_str::<EventResult>(&text).unwrap(), single);
+        assert!(
+            serde_json::from_str::<EventResult>(&text.replace("unknown_door", "nope")).is_err()
+        );
     }
 
     #[test]

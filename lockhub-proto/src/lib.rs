@@ -11,6 +11,7 @@
 //! | [`crypto`] | PIN tags (HMAC-SHA256), base64url, domain-separated Ed25519, hub envelopes (made and opened) |
 //! | [`event`] | the cloud's events and the hub's results as plain data; the id rules; body parsing (step 4) |
 //! | [`mirror`] | the mirror proof: live filter, lines, buckets, bucket and mirror digests (incremental), the checkpoint claim |
+//! | [`outputs`] | the hub's bodies as serde types (audit, alert, sync request, status, the three proof forms) and their wire codes (AuditKind, Condition, ...) |
 //! | [`sign`] | the cloud's side, pure: `GrantSpec`, event bodies, `EventSigner` (seq, id and time given), cloud envelopes |
 //! | [`topics`] | the seven topic leaves, `P/S/H/leaf` built and parsed back strictly |
 //! | [`verify`] | step 1 of an event: size, envelope, signer, `verify_strict`, ids; the trust-ring entry [`verify::Signer`] |
@@ -18,6 +19,7 @@
 pub mod crypto;
 pub mod event;
 pub mod mirror;
+pub mod outputs;
 pub mod sign;
 pub mod time;
 pub mod topics;

@@ -106,6 +106,22 @@ impl fmt::Debug for Timestamp {
     }
 }
 
+/// On the wire an instant is its RFC 3339 text: written as
+/// [`Timestamp::to_rfc3339`] (UTC, microseconds), read by
+/// [`Timestamp::parse_rfc3339`].
+impl serde::Serialize for Timestamp {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_rfc3339())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Timestamp {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        Timestamp::parse_rfc3339(&s).map_err(serde::de::Error::custom)
+    }
+}
+
 impl fmt::Display for Timestamp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.to_rfc3339())
@@ -143,6 +159,16 @@ mod tests {
         ] {
             assert!(Timestamp::parse_rfc3339(s).is_err(), "{s}");
         }
+    }
+
+    #[test]
+    fn serde_writes_and_reads_the_rfc3339_text() {
+        let t = Timestamp::parse_rfc3339("2099-01-31T00:00:00.5Z").unwrap();
+        let json = serde_json::to_string(&t).unwrap();
+        assert_eq!(json, r#""2099-01-31T00:00:00.500000Z""#);
+        assert_eq!(serde_json::from_str::<Timestamp>(&json).unwrap(), t);
+        assert!(serde_json::from_str::<Timestamp>(r#""2099-01-31""#).is_err());
+        assert!(serde_json::from_str::<Timestamp>("4070908800").is_err());
     }
 
     #[test]

@@ -36,7 +36,7 @@ use crate::entry::{self, Answer, DecisionQueue, Queued};
 use crate::recorder::{Recordable, Recorder};
 use crate::serial::TimeSource;
 use crate::serial::port::open;
-use crate::store::alerts::{self, Change, Condition};
+use crate::store::alerts::{self, Change};
 use crate::store::door::{DoorEvent, record_door_event};
 use crate::store::door::{
     door_states, record_card_denied, record_flood, record_sensor, record_storage_failure,
@@ -46,6 +46,7 @@ use crate::store::links::CounterWrites;
 use crate::store::osdp::{self as db, ReaderIdentity, ReaderLink};
 use crate::store::{Store, StoreError};
 use crate::watch::{Admit, DoorAlarm, DoorState, DoorWatch, FloodLimit};
+use lockhub_proto::outputs::Condition;
 
 /// How long [`OsdpHandle::shutdown`] waits for a bus task.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(3);

@@ -16,9 +16,10 @@ use super::packet::Deframer;
 use super::sc::Key;
 use crate::config::Config;
 use crate::serial::port::open;
-use crate::store::alerts::{self, Condition};
+use crate::store::alerts;
 use crate::store::osdp::{self as db, ReaderIdentity};
 use crate::store::{Priority, Store, StoreError};
+use lockhub_proto::outputs::Condition;
 use lockhub_proto::time::Timestamp;
 
 /// How long each step (a session with one key, the key change) may take.

@@ -45,10 +45,11 @@ use super::doors::Reply;
 use super::record::Record;
 use super::{DoorSettings, PortShared, SerialError};
 use crate::entry::{DecisionQueue, Queued};
-use crate::store::alerts::{Change, Condition};
+use crate::store::alerts::Change;
 use crate::store::door::DoorEvent;
 use crate::store::links::{CounterWrites, LinkState};
 use crate::watch::{Admit, DoorAlarm, DoorState, DoorWatch, FloodLimit};
+use lockhub_proto::outputs::Condition;
 
 /// How often the loop advances timers when the line is quiet. Well under
 /// the link's 250 ms resend period, so resends go out on time.

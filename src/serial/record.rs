@@ -4,13 +4,14 @@
 //! alert while there is room).
 
 use crate::recorder::Recordable;
-use crate::store::alerts::{Change, Condition};
+use crate::store::alerts::Change;
 use crate::store::door::{
     DoorEvent, record_door_event, record_flood, record_sensor, record_storage_failure,
     record_unlock,
 };
 use crate::store::links::{self, LinkState};
 use crate::watch::{DoorAlarm, DoorState};
+use lockhub_proto::outputs::Condition;
 use lockhub_proto::time::Timestamp;
 
 /// Something to write, in the order it happened.

@@ -6,123 +6,15 @@
 //! `cleared` message. The row and its outbox message share a transaction.
 
 use super::StoreError;
-use super::audit::{self, AuditKind, AuditRecord};
+use super::audit::{self, AuditRecord};
 use super::outbox::{self, Topic};
+use lockhub_proto::outputs::{AlertBody, AlertState, AuditKind, Condition};
 use lockhub_proto::time::Timestamp;
 use rusqlite::{Connection, OptionalExtension, params};
-use serde::Serialize;
 use uuid::Uuid;
-
-/// The alert conditions of mqtt.md 'Alerts'.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Condition {
-    KeypadLockout,
-    BoardOffline,
-    DoorForced,
-    DoorHeldOpen,
-    Tamper,
-    BadSignature,
-    MalformedEvent,
-    EventIdConflict,
-    PinAmbiguous,
-    ClockUntrusted,
-    CloudStale,
-    OutboxBacklog,
-    StorageFailure,
-    SignerExpiring,
-    /// Keypad entries past the flood limit at a door (subject: the door).
-    KeypadFlood,
-    /// The board's Hello does not cover a configured door (subject: the door).
-    BoardMismatch,
-    LinkInsecure,
-    ReaderLinkFault,
-    ReaderReplaced,
-    /// The broker refused the hub's connection or its subscription.
-    BrokerDenied,
-}
-
-impl Condition {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Condition::KeypadLockout => "keypad_lockout",
-            Condition::BoardOffline => "board_offline",
-            Condition::DoorForced => "door_forced",
-            Condition::DoorHeldOpen => "door_held_open",
-            Condition::Tamper => "tamper",
-            Condition::BadSignature => "bad_signature",
-            Condition::MalformedEvent => "malformed_event",
-            Condition::EventIdConflict => "event_id_conflict",
-            Condition::PinAmbiguous => "pin_ambiguous",
-            Condition::ClockUntrusted => "clock_untrusted",
-            Condition::CloudStale => "cloud_stale",
-            Condition::OutboxBacklog => "outbox_backlog",
-            Condition::StorageFailure => "storage_failure",
-            Condition::SignerExpiring => "signer_expiring",
-            Condition::KeypadFlood => "keypad_flood",
-            Condition::BoardMismatch => "board_mismatch",
-            Condition::LinkInsecure => "link_insecure",
-            Condition::ReaderLinkFault => "reader_link_fault",
-            Condition::ReaderReplaced => "reader_replaced",
-            Condition::BrokerDenied => "broker_denied",
-        }
-    }
-
-    /// Every condition of mqtt.md 'Alerts' (the schema's list too).
-    pub const ALL: [Condition; 20] = [
-        Condition::KeypadLockout,
-        Condition::BoardOffline,
-        Condition::DoorForced,
-        Condition::DoorHeldOpen,
-        Condition::Tamper,
-        Condition::BadSignature,
-        Condition::MalformedEvent,
-        Condition::EventIdConflict,
-        Condition::PinAmbiguous,
-        Condition::ClockUntrusted,
-        Condition::CloudStale,
-        Condition::OutboxBacklog,
-        Condition::StorageFailure,
-        Condition::SignerExpiring,
-        Condition::KeypadFlood,
-        Condition::BoardMismatch,
-        Condition::LinkInsecure,
-        Condition::ReaderLinkFault,
-        Condition::ReaderReplaced,
-        Condition::BrokerDenied,
-    ];
-
-    /// The condition named `s` in the contract's spelling.
-    pub fn parse(s: &str) -> Option<Condition> {
-        Condition::ALL.into_iter().find(|c| c.as_str() == s)
-    }
-
-    /// Conditions that are occurrences rather than states: nothing reports
-    /// their end, so they end after `policy.cloud_stale_s` without a new
-    /// occurrence (mqtt.md 'Every alert ends'; [`clear_quiet`]).
-    pub fn ends_when_quiet(self) -> bool {
-        matches!(
-            self,
-            Condition::BadSignature
-                | Condition::MalformedEvent
-                | Condition::EventIdConflict
-                | Condition::KeypadFlood
-        )
-    }
-}
 
 /// How often a still-raised alert's growing count is re-published.
 const REPUBLISH_AFTER_US: i64 = 60 * 1_000_000;
-
-#[derive(Serialize)]
-struct AlertBody<'a> {
-    alert_id: &'a str,
-    condition: &'static str,
-    subject: &'a str,
-    state: &'static str,
-    count: i64,
-    first_at: String,
-    last_at: String,
-}
 
 /// An open or closed alert as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,13 +35,17 @@ fn publish(
     now: Timestamp,
 ) -> Result<(), StoreError> {
     let body = AlertBody {
-        alert_id: &row.alert_id,
-        condition: condition.as_str(),
-        subject: &row.subject,
-        state: if row.raised { "raised" } else { "cleared" },
+        alert_id: row.alert_id.clone(),
+        condition,
+        subject: row.subject.clone(),
+        state: if row.raised {
+            AlertState::Raised
+        } else {
+            AlertState::Cleared
+        },
         count: row.count,
-        first_at: row.first_at.to_rfc3339(),
-        last_at: row.last_at.to_rfc3339(),
+        first_at: row.first_at,
+        last_at: row.last_at,
     };
     let json = serde_json::to_vec(&body).map_err(|source| StoreError::Encode {
         what: "an alert body",
@@ -452,7 +348,7 @@ pub fn clear_by_hand(
     let mut rec = AuditRecord::new(AuditKind::AlertCleared, now);
     rec.door = Some(subject.to_owned());
     rec.reason = Some(reason.to_owned());
-    rec.condition = Some(condition.as_str());
+    rec.condition = Some(condition);
     audit::record(conn, &rec)?;
     Ok(true)
 }

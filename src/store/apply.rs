@@ -18,8 +18,8 @@
 //!
 //! Never log a body, a PIN tag or a holder name from here.
 
-use super::alerts::{self, Condition};
-use super::audit::{self, AuditKind, AuditRecord};
+use super::alerts;
+use super::audit::{self, AuditRecord};
 use super::outbox::{self, Queued, Topic};
 use super::{Alone, StoreError, floor};
 use crate::config::Policy;
@@ -27,6 +27,8 @@ use crate::lifecycle::{self, GrantPlan, KeyState, KeyView, Placement, RevokePlan
 use lockhub_proto::event::{
     Change, EventKind, EventResult, Evidence, Grant, ItemResult, Outcome, Reason, SchemaError,
 };
+use lockhub_proto::outputs::AuditKind;
+use lockhub_proto::outputs::Condition;
 use lockhub_proto::time::Timestamp;
 use lockhub_proto::verify::VerifiedEvent;
 use rusqlite::{Connection, OptionalExtension, params};
@@ -401,42 +403,12 @@ fn answer_conflict(
     Applied::answer_only(conn, result)
 }
 
-/// Reads back a result body this module wrote (the dedupe table's copy).
+/// Reads back a result body this module wrote (the dedupe table's copy),
+/// through the one result type: a stored result always names its event.
 fn result_from_json(s: &str) -> Option<EventResult> {
-    let v: serde_json::Value = serde_json::from_str(s).ok()?;
-    let reason = |v: &serde_json::Value| match v {
-        serde_json::Value::Null => Some(None),
-        serde_json::Value::String(s) => Reason::parse(s).map(Some),
-        _ => None,
-    };
-    let items = match v.get("items") {
-        None | Some(serde_json::Value::Null) => None,
-        Some(a) => Some(
-            a.as_array()?
-                .iter()
-                .map(|i| {
-                    Some(ItemResult {
-                        outcome: Outcome::parse(i.get("outcome")?.as_str()?)?,
-                        reason: reason(i.get("reason")?)?,
-                    })
-                })
-                .collect::<Option<Vec<_>>>()?,
-        ),
-    };
-    Some(EventResult {
-        event_id: Some(Uuid::parse_str(v.get("event_id")?.as_str()?).ok()?),
-        seq: v.get("seq").and_then(serde_json::Value::as_u64),
-        outcome: Outcome::parse(v.get("outcome")?.as_str()?)?,
-        reason: reason(v.get("reason")?)?,
-        duplicate: v.get("duplicate")?.as_bool()?,
-        clamped: v.get("clamped")?.as_bool()?,
-        at: Timestamp::parse_rfc3339(v.get("at")?.as_str()?).ok()?,
-        item: v
-            .get("item")
-            .and_then(serde_json::Value::as_u64)
-            .map(|i| i as usize),
-        items,
-    })
+    serde_json::from_str::<EventResult>(s)
+        .ok()
+        .filter(|r| r.event_id.is_some())
 }
 
 /// The dedupe row: the claim on the id, with the first result. Written

@@ -6,51 +6,10 @@
 
 use super::StoreError;
 use super::outbox::{self, Topic};
+use lockhub_proto::outputs::{AuditBody, AuditKind, Condition};
 use lockhub_proto::time::Timestamp;
 use rusqlite::{Connection, params};
-use serde::Serialize;
 use uuid::Uuid;
-
-/// What an audit row records (mqtt.md 'Audit').
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum AuditKind {
-    DoorGranted,
-    DoorUnlocked,
-    DoorUnlockUnconfirmed,
-    DoorDenied,
-    DoorLockedOut,
-    DoorForced,
-    DoorHeldOpen,
-    BoardTamper,
-    /// An operator cleared an alert by hand (`lockhub alert clear`).
-    AlertCleared,
-    /// Keypad entries past the flood limit, one row per door per minute
-    /// with their `count` (serial.md 'Door decisions').
-    DoorFlood,
-    KeyActivated,
-    KeyRevoked,
-    KeyExpired,
-}
-
-impl AuditKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AuditKind::DoorGranted => "door.granted",
-            AuditKind::DoorUnlocked => "door.unlocked",
-            AuditKind::DoorUnlockUnconfirmed => "door.unlock_unconfirmed",
-            AuditKind::DoorDenied => "door.denied",
-            AuditKind::DoorLockedOut => "door.locked_out",
-            AuditKind::DoorForced => "door.forced",
-            AuditKind::DoorHeldOpen => "door.held_open",
-            AuditKind::BoardTamper => "board.tamper",
-            AuditKind::AlertCleared => "alert.cleared",
-            AuditKind::DoorFlood => "door.flood",
-            AuditKind::KeyActivated => "key.activated",
-            AuditKind::KeyRevoked => "key.revoked",
-            AuditKind::KeyExpired => "key.expired",
-        }
-    }
-}
 
 /// One audit record before it is written.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,7 +25,7 @@ pub struct AuditRecord {
     pub reason: Option<String>,
     pub event_id: Option<Uuid>,
     /// The condition of an `alert.cleared` row (its subject is in `door`).
-    pub condition: Option<&'static str>,
+    pub condition: Option<Condition>,
     /// `door.flood` only: how many entries the row counts.
     pub count: Option<i64>,
 }
@@ -88,26 +47,6 @@ impl AuditRecord {
             count: None,
         }
     }
-}
-
-#[derive(Serialize)]
-struct AuditBody<'a> {
-    audit_id: &'a str,
-    at: String,
-    kind: &'static str,
-    door: Option<&'a str>,
-    key_id: Option<&'a str>,
-    check_in_id: Option<&'a str>,
-    holder_ref: Option<&'a str>,
-    reason: Option<&'a str>,
-    event_id: Option<String>,
-    /// Only on `alert.cleared` (mqtt.md is silent on where the condition
-    /// goes; receivers ignore fields they do not know).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    condition: Option<&'static str>,
-    // Only `door.flood` has one; other bodies stay as mqtt.md shows them.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    count: Option<i64>,
 }
 
 /// Writes an audit row and queues it for the cloud; returns its `audit_id`
@@ -151,19 +90,19 @@ fn insert(conn: &Connection, rec: &AuditRecord) -> Result<(Uuid, String, Vec<u8>
         rec.holder_name,
         rec.reason,
         event_id,
-        rec.condition,
+        rec.condition.map(Condition::as_str),
         rec.count
     ])?;
     let body = AuditBody {
-        audit_id: &id,
-        at: rec.at.to_rfc3339(),
-        kind: rec.kind.as_str(),
-        door: rec.door.as_deref(),
-        key_id: rec.key_id.as_deref(),
-        check_in_id: rec.check_in_id.as_deref(),
-        holder_ref: rec.holder_ref.as_deref(),
-        reason: rec.reason.as_deref(),
-        event_id,
+        audit_id,
+        at: rec.at,
+        kind: rec.kind,
+        door: rec.door.clone(),
+        key_id: rec.key_id.clone(),
+        check_in_id: rec.check_in_id.clone(),
+        holder_ref: rec.holder_ref.clone(),
+        reason: rec.reason.clone(),
+        event_id: rec.event_id,
         condition: rec.condition,
         count: rec.count,
     };

@@ -16,12 +16,14 @@
 
 use super::Store;
 use super::StoreError;
-use super::alerts::{self, Condition};
-use super::audit::{self, AuditKind, AuditRecord};
+use super::alerts;
+use super::audit::{self, AuditRecord};
 use super::floor;
 use crate::config::Policy;
 use crate::door::{self, Candidate, Decision, DenyReason, DoorInput, Lockout, LockoutFacts};
 use crate::watch::{DoorAlarm, DoorState};
+use lockhub_proto::outputs::AuditKind;
+use lockhub_proto::outputs::Condition;
 use lockhub_proto::time::Timestamp;
 use rusqlite::{Connection, OptionalExtension, params};
 use std::collections::{BTreeMap, VecDeque};

@@ -5,8 +5,9 @@
 //! while a batch came back full ([`EXPIRE_BATCH`], [`Pruned::more`]).
 
 use super::StoreError;
-use super::audit::{self, AuditKind, AuditRecord};
+use super::audit::{self, AuditRecord};
 use crate::config::Policy;
+use lockhub_proto::outputs::AuditKind;
 use lockhub_proto::time::Timestamp;
 use rusqlite::{Connection, params};
 

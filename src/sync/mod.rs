@@ -45,13 +45,14 @@ pub mod window;
 
 use crate::clock::SharedClock;
 use crate::config::MqttConfig;
-use crate::store::alerts::{self, Condition};
+use crate::store::alerts;
 use crate::store::outbox::{self, Topic};
 use crate::store::runtime::{self, BrokerState};
 use crate::store::{Priority, Store, StoreError};
 use client::{Access, Gate, LinkEvent, PollSettings, PollSinks};
 use ed25519_dalek::SigningKey;
 use ingest::{Decide, Decided, IngestSinks};
+use lockhub_proto::outputs::Condition;
 use lockhub_proto::time::Timestamp;
 use lockhub_proto::topics::{HubTopics, Leaf};
 use plan::{AlertChange, BacklogLimits, SeqStart, StaleTracker, SyncPlanner};

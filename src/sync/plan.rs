@@ -7,28 +7,8 @@
 //! what comes back. That keeps every timing rule testable without a runtime.
 
 use crate::backoff::{Backoff, Jitter};
+use lockhub_proto::outputs::{SyncReason, SyncRequest};
 use std::time::Duration;
-
-/// Why the hub asks for events (the `reason` of a sync request).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SyncReason {
-    /// An event arrived above a hole in the seqs.
-    Gap,
-    /// The broker session is new: queued events may have been lost.
-    FreshSession,
-    /// A checkpoint's `head_seq` is above the watermark.
-    BehindCheckpoint,
-}
-
-impl SyncReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SyncReason::Gap => "gap",
-            SyncReason::FreshSession => "fresh_session",
-            SyncReason::BehindCheckpoint => "behind_checkpoint",
-        }
-    }
-}
 
 /// The durable seq state, as the store reports it after each event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -46,24 +26,6 @@ pub struct SeqStart {
     /// The highest `head_seq` a checkpoint has shown (kept durably), so a
     /// restart does not forget that the hub is behind it.
     pub checkpoint_head: u64,
-}
-
-/// A sync request to publish: `{"from_seq": .., "reason": ..}`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SyncRequest {
-    pub from_seq: u64,
-    pub reason: SyncReason,
-}
-
-impl SyncRequest {
-    /// The body published (signed) on `P/S/H/sync`.
-    pub fn to_json(&self) -> Vec<u8> {
-        serde_json::to_vec(&serde_json::json!({
-            "from_seq": self.from_seq,
-            "reason": self.reason.as_str(),
-        }))
-        .unwrap_or_default()
-    }
 }
 
 /// First repeat of an unanswered sync request.

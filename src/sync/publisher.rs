@@ -43,11 +43,12 @@ use super::plan::{
 };
 use crate::clock::SharedClock;
 use crate::status::{self, BROKER_LINK, Health, HealthKey};
-use crate::store::alerts::{self, Condition};
+use crate::store::alerts;
 use crate::store::outbox;
 use crate::store::{Priority, Store, StoreError};
 use ed25519_dalek::SigningKey;
 use lockhub_proto::crypto;
+use lockhub_proto::outputs::Condition;
 use lockhub_proto::topics::{HubTopics, Leaf};
 use rusqlite::Connection;
 use std::collections::{HashMap, VecDeque};

@@ -37,7 +37,8 @@ fn demo_binary() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let newest = newest_mtime(&root.join("src"))
         .max(newest_mtime(&root.join("examples/demo")))
-        .max(newest_mtime(&root.join("testkit/src")));
+        .max(newest_mtime(&root.join("testkit/src")))
+        .max(newest_mtime(&root.join("lockhub-proto/src")));
     assert!(
         built >= newest,
         "{} is older than its sources: {hint}",

@@ -2,10 +2,11 @@
 //! and while another connection holds the write lock (as the daemon does).
 
 use lockhub::config::Policy;
-use lockhub::store::alerts::{self, Condition};
+use lockhub::store::alerts;
 use lockhub::store::links::{self, LinkState};
 use lockhub::store::outbox::{self, Topic};
 use lockhub::store::{Priority, Store};
+use lockhub_proto::outputs::Condition;
 use lockhub_proto::time::Timestamp;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

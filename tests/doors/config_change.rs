@@ -3,9 +3,10 @@
 //! more, so its alerts end at start (mqtt.md: every alert ends), except a
 //! tamper, which is evidence and is an operator's to clear.
 
-use lockhub::store::alerts::{self, Condition};
+use lockhub::store::alerts;
 use lockhub::store::{Priority, Store};
 use lockhub::watch::{DoorAlarm, DoorState};
+use lockhub_proto::outputs::Condition;
 use lockhub_proto::time::Timestamp;
 use rusqlite::Connection;
 use testkit::broker::Mosquitto;

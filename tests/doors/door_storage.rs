@@ -361,7 +361,8 @@ async fn on_a_full_disk_doors_deny_fast_nothing_committed_is_lost_and_the_hub_re
 /// unconfirmed, before it serves a door, and the cloud hears of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_left_open_by_a_crash_is_recorded_unconfirmed_at_the_next_start() {
-    use lockhub::store::audit::{AuditKind, AuditRecord, record};
+    use lockhub::store::audit::{AuditRecord, record};
+    use lockhub_proto::outputs::AuditKind;
     let broker = testkit::broker::Mosquitto::start();
     let mut hub =
         testkit::daemon::Daemon::prepare(&broker.url(), testkit::daemon::DaemonOptions::default());

@@ -3,9 +3,10 @@
 
 use lockhub::clock::{Clock, Floors, Trust};
 use lockhub::door::{Decision, DenyReason};
-use lockhub::store::audit::{self, AuditKind, AuditRecord};
+use lockhub::store::audit::{self, AuditRecord};
 use lockhub::store::sweep::{EXPIRE_BATCH, expire_due, prune};
 use lockhub::store::{Priority, floor, outbox};
+use lockhub_proto::outputs::AuditKind;
 use lockhub_proto::time::Timestamp;
 use rusqlite::params;
 use std::time::Duration;

@@ -719,7 +719,7 @@ fn an_alert_cleared_audit_row_always_names_its_condition_subject_and_reason_and_
 #[test]
 fn every_alert_condition_of_the_contract_is_accepted_and_no_other() {
     let (_dir, c) = db();
-    for (i, cond) in lockhub::store::alerts::Condition::ALL.iter().enumerate() {
+    for (i, cond) in lockhub_proto::outputs::Condition::ALL.iter().enumerate() {
         accepted(
             &c,
             &format!(

@@ -6,6 +6,7 @@
 
 use lockhub::sim::cloud::Cloud;
 use lockhub_proto::crypto;
+use lockhub_proto::sign::cloud_envelope;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 use testkit::broker::Mosquitto;
@@ -29,16 +30,10 @@ fn envelope(fields: Value) -> Vec<u8> {
     serde_json::to_vec(&fields).unwrap()
 }
 
-/// The five fields of a well-formed envelope over `body` signed by `key`.
+/// The five fields of a well-formed envelope over `body` signed by `key`
+/// (the cloud's own envelope maker), to change one at a time.
 fn fields(event_id: Uuid, body: &[u8], key: &ed25519_dalek::SigningKey) -> Value {
-    let sig = crypto::sign(crypto::EVENT_CONTEXT, key, body);
-    json!({
-        "v": 1,
-        "event_id": event_id.to_string(),
-        "signer": SIGNER_ID,
-        "body": crypto::b64u_encode(body),
-        "sig": crypto::b64u_encode(&sig),
-    })
+    serde_json::from_slice(&cloud_envelope(SIGNER_ID, key, event_id, body)).unwrap()
 }
 
 fn with(mut v: Value, key: &str, value: Value) -> Value {

@@ -4,6 +4,8 @@
 
 use crate::config::{IdentityError, MqttConfig, read_client_identity, read_roots};
 use crate::sync::SyncError;
+use lockhub_proto::outputs::{self, HubState, Status};
+use lockhub_proto::time::Timestamp;
 use rumqttc::{LastWill, MqttOptions, QoS, TlsConfiguration, Transport};
 use std::path::Path;
 use std::sync::Arc;
@@ -29,14 +31,8 @@ pub const CLIENT_INFLIGHT: u16 = 4224;
 pub const KEEP_ALIVE: Duration = Duration::from_secs(30);
 
 /// The retained status payload (plain JSON, not signed: it is a hint).
-pub fn status_payload(hub_id: &str, online: bool, at: lockhub_proto::time::Timestamp) -> Vec<u8> {
-    serde_json::to_vec(&serde_json::json!({
-        "state": if online { "online" } else { "offline" },
-        "hub_id": hub_id,
-        "version": env!("CARGO_PKG_VERSION"),
-        "at": at.to_rfc3339(),
-    }))
-    .unwrap_or_default()
+pub fn status_payload(hub_id: &str, online: bool, at: Timestamp) -> Vec<u8> {
+    outputs::to_body(&status(hub_id, online, at))
 }
 
 /// The retained online status with the hub's health (mqtt.md 'Status':
@@ -44,19 +40,26 @@ pub fn status_payload(hub_id: &str, online: bool, at: lockhub_proto::time::Times
 /// stays [`status_payload`]'s offline form).
 pub fn online_status_payload(
     hub_id: &str,
-    at: lockhub_proto::time::Timestamp,
+    at: Timestamp,
     health: Option<&crate::status::Health>,
 ) -> Vec<u8> {
-    let mut v = serde_json::json!({
-        "state": "online",
-        "hub_id": hub_id,
-        "version": env!("CARGO_PKG_VERSION"),
-        "at": at.to_rfc3339(),
-    });
-    if let Some(h) = health {
-        v["health"] = serde_json::to_value(h).unwrap_or_default();
+    let mut s = status(hub_id, true, at);
+    s.health = health.map(|h| serde_json::to_value(h).unwrap_or_default());
+    outputs::to_body(&s)
+}
+
+fn status(hub_id: &str, online: bool, at: Timestamp) -> Status {
+    Status {
+        at,
+        health: None,
+        hub_id: hub_id.to_owned(),
+        state: if online {
+            HubState::Online
+        } else {
+            HubState::Offline
+        },
+        version: env!("CARGO_PKG_VERSION").to_owned(),
     }
-    serde_json::to_vec(&v).unwrap_or_default()
 }
 
 /// The offline last will: [`status_payload`]'s offline form, retained.
