@@ -18,6 +18,8 @@ use crate::ops::{self, CloudError};
 use crate::signer::ActiveSigner;
 use crate::store::{HubRef, OutputRecord, Store};
 use lockhub_proto::crypto::{open_hub_envelope, parse_public_key};
+use lockhub_proto::event::EventResult;
+use lockhub_proto::outputs;
 use lockhub_proto::time::Timestamp;
 use lockhub_proto::topics::{Leaf, parse_topic, topic};
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
@@ -228,6 +230,35 @@ enum Verdict {
     Refuse(Option<HubRef>, String, String),
 }
 
+/// A hub output, read with the contract's own types (lockhub-proto).
+enum Output {
+    Audit(outputs::AuditBody),
+    Sync(outputs::SyncRequest),
+    Status(outputs::Status),
+    /// Results, alerts and proofs: checked, recorded as they came.
+    Other,
+}
+
+fn read_output(leaf: Leaf, body: &[u8]) -> Option<Output> {
+    fn ok<T: serde::de::DeserializeOwned>(body: &[u8]) -> Option<T> {
+        serde_json::from_slice(body).ok()
+    }
+    Some(match leaf {
+        Leaf::Results => ok::<EventResult>(body).map(|_| Output::Other)?,
+        Leaf::Audit => Output::Audit(ok(body)?),
+        Leaf::Alerts => ok::<outputs::AlertBody>(body).map(|_| Output::Other)?,
+        Leaf::Sync => Output::Sync(ok(body)?),
+        Leaf::Status => Output::Status(ok(body)?),
+        Leaf::Proof => {
+            let known = ok::<outputs::Proof>(body).is_some()
+                || ok::<outputs::ProofAhead>(body).is_some()
+                || ok::<outputs::ProofBucket>(body).is_some();
+            known.then_some(Output::Other)?
+        }
+        Leaf::Events => return None,
+    })
+}
+
 /// Verifies one message from a hub. Pure but for the clock.
 fn judge(hubs: &Hubs, prefix: &str, topic_name: &str, payload: &[u8]) -> Verdict {
     let now = Timestamp::now_system().to_rfc3339();
@@ -259,19 +290,23 @@ fn judge(hubs: &Hubs, prefix: &str, topic_name: &str, payload: &[u8]) -> Verdict
         // The retained status is plain JSON (mqtt.md 'Status'): a hint.
         payload.to_vec()
     };
-    let value: serde_json::Value = match serde_json::from_slice(&body) {
-        Ok(v @ serde_json::Value::Object(_)) => v,
-        _ => return refuse("body is not a JSON object"),
+    let parsed_body = match read_output(parsed.leaf, &body) {
+        Some(p) => p,
+        None => return refuse(&format!("not a valid {} body", parsed.leaf)),
     };
-    let audit_id = (parsed.leaf == Leaf::Audit)
-        .then(|| value["audit_id"].as_str().map(str::to_owned))
-        .flatten();
-    let sync_from = (parsed.leaf == Leaf::Sync)
-        .then(|| value["from_seq"].as_u64())
-        .flatten();
-    if parsed.leaf == Leaf::Sync && sync_from.is_none() {
-        return refuse("sync request without from_seq");
+    if let Output::Status(st) = &parsed_body
+        && st.hub_id != hub.hub_id
+    {
+        return refuse("a status for another hub");
     }
+    let audit_id = match &parsed_body {
+        Output::Audit(a) => Some(a.audit_id.to_string()),
+        _ => None,
+    };
+    let sync_from = match &parsed_body {
+        Output::Sync(r) => Some(r.from_seq),
+        _ => None,
+    };
     Verdict::Record(
         OutputRecord {
             hub,
