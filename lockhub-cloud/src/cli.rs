@@ -175,8 +175,22 @@ pub enum HubCommand {
 
 #[derive(Debug, Args)]
 pub struct HubAddArgs {
-    /// SITE/HUB.
-    pub hub: String,
+    /// SITE/HUB (optional with --bundle, which names it).
+    #[arg(required_unless_present = "bundle")]
+    pub hub: Option<String>,
+    /// A provisioning bundle (JSON) to take the hub from: its site and hub,
+    /// its door names, its PIN keys when it has any, and (for
+    /// --write-bundle) its hardware and broker.
+    #[arg(long, value_name = "FILE")]
+    pub bundle: Option<PathBuf>,
+    /// Write the hub's provisioning bundle here (mode 0600: it holds the PIN
+    /// keys) for `lockhub provision --bundle`: the trust ring, the PIN keys,
+    /// the broker and the template's hardware.
+    #[arg(long, value_name = "FILE")]
+    pub write_bundle: Option<PathBuf>,
+    /// The hub's broker URL in a written bundle.
+    #[arg(long, value_name = "URL")]
+    pub mqtt_url: Option<String>,
     /// The hub's Ed25519 public key (base64url), as `lockhub provision` prints it.
     #[arg(long)]
     pub public_key: Option<String>,
@@ -761,9 +775,60 @@ fn hub_add(
     json: bool,
     out: &mut dyn Write,
 ) -> Result<(), CloudError> {
-    let hub = hub_arg(&a.hub)?;
+    let template = a
+        .bundle
+        .as_deref()
+        .map(|path| {
+            lockhub_proto::bundle::Bundle::parse(&read_text(path, "bundle")?).map_err(|m| {
+                CloudError::Input(InputError::Invalid(format!(
+                    "bundle {}: {m}",
+                    path.display()
+                )))
+            })
+        })
+        .transpose()?;
+    let hub = match (&a.hub, &template) {
+        (Some(h), None) => hub_arg(h)?,
+        (h, Some(b)) => {
+            let from_bundle = hub_arg(&format!("{}/{}", b.site_id.trim(), b.hub_id))?;
+            if let Some(h) = h
+                && hub_arg(h)? != from_bundle
+            {
+                return Err(InputError::Invalid(format!(
+                    "{h} is not the bundle's hub ({from_bundle})"
+                ))
+                .into());
+            }
+            from_bundle
+        }
+        (None, None) => return Err(InputError::Invalid("name the hub: SITE/HUB".into()).into()),
+    };
+    let mut doors = a.doors.clone();
+    if let Some(b) = &template {
+        doors.extend(ops::bundle_doors(b));
+    }
+    doors.sort();
+    doors.dedup();
     let mut pin_keys = Vec::new();
-    let specs = if a.pin_keys.is_empty() {
+    let bundle_keys: Vec<String> = template
+        .iter()
+        .flat_map(|b| &b.pin_keys)
+        .map(|k| k.id.clone())
+        .collect();
+    for k in template.iter().flat_map(|b| &b.pin_keys) {
+        let secret = lockhub_proto::crypto::b64u_decode_32(k.secret.trim()).ok_or_else(|| {
+            InputError::Invalid(format!(
+                "bundle PIN key {:?}: not base64url of 32 bytes",
+                k.id
+            ))
+        })?;
+        pin_keys.push(PinKey {
+            id: k.id.clone(),
+            secret,
+        });
+    }
+    // Flags add PIN keys; with none given anywhere, one (k1) is generated.
+    let specs = if a.pin_keys.is_empty() && bundle_keys.is_empty() {
         vec!["k1".to_owned()]
     } else {
         a.pin_keys.clone()
@@ -798,20 +863,50 @@ fn hub_add(
         pin_keys.push(PinKey { id, secret });
     }
     let store = open(db)?;
-    let rec = ops::add_hub(
-        &store,
-        &NewHub {
-            hub: hub.clone(),
-            public_key: a.public_key,
-            doors: a.doors,
-            pin_keys,
-        },
-        now,
-    )?;
+    if let Some(path) = &a.write_bundle
+        && path.exists()
+    {
+        return Err(InputError::Invalid(format!(
+            "{} already exists; the bundle is never written over",
+            path.display()
+        ))
+        .into());
+    }
+    let new = NewHub {
+        hub: hub.clone(),
+        public_key: a.public_key,
+        doors,
+        pin_keys,
+    };
+    // The bundle is checked before the hub is stored, written after.
+    let bundle = a
+        .write_bundle
+        .as_ref()
+        .map(|_| {
+            let staged = crate::store::HubRecord {
+                hub: new.hub.clone(),
+                public_key: None,
+                doors: new.doors.clone(),
+                pin_keys: new.pin_keys.clone(),
+                next_seq: 1,
+            };
+            ops::bundle_for(
+                &staged,
+                &store.signers()?,
+                template.clone(),
+                a.mqtt_url.as_deref(),
+                now,
+            )
+        })
+        .transpose()?;
+    let rec = ops::add_hub(&store, &new, now)?;
+    if let (Some(path), Some(b)) = (&a.write_bundle, &bundle) {
+        write_private(path, b.to_json().as_bytes())?;
+    }
     emit(
         out,
         json,
-        &format!(
+        &(format!(
             "hub {hub} added: doors {}; PIN keys {}{}{}",
             if rec.doors.is_empty() {
                 "none".into()
@@ -833,11 +928,33 @@ fn hub_add(
             } else {
                 ""
             }
-        ),
+        ) + &a.write_bundle.as_ref().map_or_else(String::new, |p| {
+            format!(
+                "; bundle written to {} (it holds the PIN keys: hand it over safely, delete it after `lockhub provision --bundle`)",
+                p.display()
+            )
+        })),
         serde_json::json!({"hub": hub.to_string(), "doors": rec.doors,
             "pin_keys": rec.pin_keys.iter().map(|k| &k.id).collect::<Vec<_>>(),
             "registered": rec.public_key.is_some()}),
     )
+}
+
+/// Creates `path` with mode 0600 (never over an existing file) and writes it.
+fn write_private(path: &Path, bytes: &[u8]) -> Result<(), CloudError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let err = |e: std::io::Error| CloudError::File {
+        path: path.to_owned(),
+        detail: e.to_string(),
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(err)?;
+    f.write_all(bytes).map_err(err)?;
+    f.sync_all().map_err(err)
 }
 
 fn random32() -> Result<[u8; 32], CloudError> {

@@ -9,6 +9,7 @@ use crate::store::{
     HubRecord, HubRef, KeyChange, KeyRecord, Mint, Minted, PinKey, Signed, SignerRecord, Store,
     StoreError,
 };
+use lockhub_proto::bundle::{BUNDLE_VERSION, Bundle, MqttSpec, PinKeySpec, TrustSpec};
 use lockhub_proto::crypto::sha256;
 use lockhub_proto::event::{SchemaContext, parse_body};
 use lockhub_proto::sign::{EventSigner, GrantSpec, fields};
@@ -131,8 +132,11 @@ pub fn add_hub(store: &dyn Store, new: &NewHub, now: Timestamp) -> Result<HubRec
     if new.pin_keys.is_empty() {
         return Err(InputError::Invalid("a hub needs at least one PIN key".into()).into());
     }
-    for k in &new.pin_keys {
+    for (n, k) in new.pin_keys.iter().enumerate() {
         check_id("PIN key id", &k.id)?;
+        if new.pin_keys[..n].iter().any(|o| o.id == k.id) {
+            return Err(InputError::Invalid(format!("PIN key {:?} is given twice", k.id)).into());
+        }
     }
     let record = HubRecord {
         hub: new.hub.clone(),
@@ -143,6 +147,76 @@ pub fn add_hub(store: &dyn Store, new: &NewHub, now: Timestamp) -> Result<HubRec
     };
     store.add_hub(&record, &now.to_rfc3339())?;
     Ok(record)
+}
+
+/// The provisioning bundle for `hub` (what `lockhub provision --bundle`
+/// reads): the hardware of `template` when given (its serials, doors,
+/// readers, broker), `mqtt_url` when given, the hub's PIN keys, and the
+/// trust ring: every signer not yet past its `not_after`.
+pub fn bundle_for(
+    hub: &HubRecord,
+    ring: &[SignerRecord],
+    template: Option<Bundle>,
+    mqtt_url: Option<&str>,
+    now: Timestamp,
+) -> Result<Bundle, CloudError> {
+    let mut b = template.unwrap_or_else(|| Bundle {
+        v: BUNDLE_VERSION,
+        site_id: hub.hub.site_id.clone(),
+        hub_id: hub.hub.hub_id.clone(),
+        mqtt: MqttSpec::default(),
+        trust: Vec::new(),
+        serials: Vec::new(),
+        doors: Vec::new(),
+        pin_keys: Vec::new(),
+        osdp: Vec::new(),
+        readers: Vec::new(),
+        reader_doors: Vec::new(),
+    });
+    if let Some(url) = mqtt_url {
+        b.mqtt.url = url.to_owned();
+    }
+    if b.mqtt.url.is_empty() {
+        return Err(InputError::Invalid(
+            "a bundle needs the hub's broker: give --mqtt-url (or a --bundle template with one)"
+                .into(),
+        )
+        .into());
+    }
+    b.trust = ring
+        .iter()
+        .filter(|s| {
+            s.not_after
+                .as_deref()
+                .is_none_or(|t| Timestamp::parse_rfc3339(t).is_ok_and(|t| t > now))
+        })
+        .map(|s| TrustSpec {
+            id: s.id.clone(),
+            public_key: s.public_key.clone(),
+            not_after: s.not_after.clone(),
+        })
+        .collect();
+    if b.trust.is_empty() {
+        return Err(StoreError::NoSigner.into());
+    }
+    b.pin_keys = hub
+        .pin_keys
+        .iter()
+        .map(|k| PinKeySpec {
+            id: k.id.clone(),
+            secret: lockhub_proto::crypto::b64u_encode(&k.secret),
+        })
+        .collect();
+    Ok(b)
+}
+
+/// The door names a bundle gives its hub (board and reader doors).
+pub fn bundle_doors(b: &Bundle) -> Vec<String> {
+    b.doors
+        .iter()
+        .map(|d| d.name.clone())
+        .chain(b.reader_doors.iter().map(|d| d.name.clone()))
+        .collect()
 }
 
 /// `hub set-key`: registers the public key `lockhub provision` printed.

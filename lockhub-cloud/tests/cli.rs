@@ -326,3 +326,84 @@ fn a_kill_between_storing_and_publishing_then_a_retry_publishes_the_stored_event
     );
     assert_eq!(events[0].2, stored[0].2, "byte for byte");
 }
+
+#[test]
+fn hub_add_takes_a_hub_from_a_bundle_template_and_writes_its_provisioning_bundle_0600() {
+    use std::os::unix::fs::PermissionsExt;
+    let cloud = Cloud::new();
+    let template = cloud.dir.path().join("template.json");
+    std::fs::write(
+        &template,
+        format!(
+            r#"{{"v":1,"site_id":"{SITE}","hub_id":"hub-2","mqtt":{{"url":"mqtt://10.0.0.1:1883"}},"trust":[],
+               "serials":[{{"name":"board-a","port":"/dev/ttyAMA0"}}],
+               "doors":[{{"name":"201","serial":"board-a","index":0}},{{"name":"202","serial":"board-a","index":1}}]}}"#
+        ),
+    )
+    .unwrap();
+    let out = cloud.dir.path().join("hub-2.json");
+    let (t, o) = (template.to_str().unwrap(), out.to_str().unwrap());
+    cloud.ok(&["hub", "add", "--bundle", t, "--write-bundle", o]);
+    assert_eq!(
+        std::fs::metadata(&out).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let b = lockhub_proto::bundle::Bundle::parse(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!((b.site_id.as_str(), b.hub_id.as_str()), (SITE, "hub-2"));
+    assert_eq!(b.doors.len(), 2, "the template's hardware is kept");
+    assert_eq!(b.mqtt.url, "mqtt://10.0.0.1:1883");
+    let ring = cloud.ok(&["--json", "signer", "list"]);
+    assert_eq!(b.trust.len(), 1);
+    assert_eq!(json(&ring)["public_key"], b.trust[0].public_key.as_str());
+    assert_eq!(b.pin_keys.len(), 1);
+    let stored: Vec<u8> = cloud.sql("SELECT secret FROM pin_keys WHERE hub_id = 'hub-2'");
+    assert_eq!(
+        lockhub_proto::crypto::b64u_decode_32(&b.pin_keys[0].secret)
+            .unwrap()
+            .to_vec(),
+        stored,
+        "the hub gets the PIN key the cloud tags with"
+    );
+    // The doors came from the template: a grant for one of them is signed.
+    let pin = cloud.pin_file("482913");
+    cloud.ok(&[
+        "issue",
+        &hub_ref("hub-2"),
+        "--check-in",
+        "c-1",
+        "--door",
+        "202",
+        "--pin-file",
+        pin.to_str().unwrap(),
+        "--valid-until",
+        UNTIL,
+    ]);
+    // Never over an existing file, and a bundle needs a broker.
+    let again = cloud.run(&[
+        "hub",
+        "add",
+        &hub_ref("hub-3"),
+        "--door",
+        "1",
+        "--write-bundle",
+        o,
+    ]);
+    assert_eq!(again.status.code(), Some(2));
+    let no_url = cloud.dir.path().join("hub-3.json");
+    let out = cloud.run(&[
+        "hub",
+        "add",
+        &hub_ref("hub-3"),
+        "--door",
+        "1",
+        "--write-bundle",
+        no_url.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--mqtt-url"));
+    assert!(!no_url.exists());
+    assert_eq!(
+        cloud.sql::<i64>("SELECT count(*) FROM hubs WHERE hub_id = 'hub-3'"),
+        0
+    );
+}
