@@ -11,7 +11,10 @@
 //! - **Every hub output is verified** under the hub's registered key
 //!   before it is recorded; one that fails is refused: a `warn` line, a
 //!   counter and a `refused` row (never its payload).
-//! - Checkpoints go to every hub every `checkpoint_every` (5 minutes).
+//! - Checkpoints go to every hub every `checkpoint_every` (5 minutes), and
+//!   to a hub as soon as its status says it is online: a hub back from a
+//!   long absence learns at once that its broker queue dropped events, and
+//!   asks for them.
 
 use crate::mqtt::{Backoff, BrokerSettings, Link, LinkEvent, Role, WINDOW, options};
 use crate::ops::{self, CloudError};
@@ -224,9 +227,18 @@ fn filters(prefix: &str, sites: &BTreeSet<String>) -> Vec<String> {
 
 const UNKNOWN_HUB: &str = "unknown hub";
 
+/// What a recorded output asks of the publisher.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SyncNeed {
+    /// A sync request: the events from this seq, then a checkpoint.
+    From(u64),
+    /// A checkpoint only.
+    Checkpoint,
+}
+
 /// Why a hub message was refused (the reason recorded and logged).
 enum Verdict {
-    Record(OutputRecord, Option<u64>),
+    Record(OutputRecord, Option<SyncNeed>),
     Refuse(Option<HubRef>, String, String),
 }
 
@@ -303,8 +315,12 @@ fn judge(hubs: &Hubs, prefix: &str, topic_name: &str, payload: &[u8]) -> Verdict
         Output::Audit(a) => Some(a.audit_id.to_string()),
         _ => None,
     };
-    let sync_from = match &parsed_body {
-        Output::Sync(r) => Some(r.from_seq),
+    // A sync request is answered; a hub that says it is online gets a
+    // checkpoint at once, so it learns of events its broker queue dropped
+    // without waiting for the next round.
+    let need = match &parsed_body {
+        Output::Sync(r) => Some(SyncNeed::From(r.from_seq)),
+        Output::Status(st) if st.state == outputs::HubState::Online => Some(SyncNeed::Checkpoint),
         _ => None,
     };
     Verdict::Record(
@@ -315,7 +331,7 @@ fn judge(hubs: &Hubs, prefix: &str, topic_name: &str, payload: &[u8]) -> Verdict
             audit_id,
             received_at: now,
         },
-        sync_from,
+        need,
     )
 }
 
@@ -407,12 +423,19 @@ pub async fn serve(
                         verdict = judge(&hubs, &prefix, &topic_name, &p.payload);
                     }
                     match verdict {
-                        Verdict::Record(rec, sync_from) => {
+                        Verdict::Record(rec, need) => {
                             store.record_output(&rec)?;
                             counters.recorded += 1;
-                            if let Some(from) = sync_from {
-                                answer_sync(store, active, &prefix, &rec.hub, from, &mut out)?;
-                                counters.sync_answers += 1;
+                            match need {
+                                Some(SyncNeed::From(from)) => {
+                                    answer_sync(store, active, &prefix, &rec.hub, from, &mut out)?;
+                                    counters.sync_answers += 1;
+                                }
+                                Some(SyncNeed::Checkpoint) => {
+                                    queue_checkpoint(store, active, &prefix, &rec.hub, &mut out)?;
+                                    counters.checkpoints += 1;
+                                }
+                                None => {}
                             }
                         }
                         Verdict::Refuse(hub, leaf, why) => {
