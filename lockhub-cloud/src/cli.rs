@@ -168,7 +168,8 @@ pub enum HubCommand {
     SetKey {
         /// SITE/HUB.
         hub: String,
-        /// The hub's Ed25519 public key (base64url).
+        /// The hub's Ed25519 public key (base64url; it may start with `-`).
+        #[arg(allow_hyphen_values = true)]
         public_key: String,
     },
 }
@@ -192,7 +193,7 @@ pub struct HubAddArgs {
     #[arg(long, value_name = "URL")]
     pub mqtt_url: Option<String>,
     /// The hub's Ed25519 public key (base64url), as `lockhub provision` prints it.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub public_key: Option<String>,
     /// A door name of the hub's config (repeat for each door).
     #[arg(long = "door", value_name = "NAME")]

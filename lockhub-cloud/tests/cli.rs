@@ -407,3 +407,28 @@ fn hub_add_takes_a_hub_from_a_bundle_template_and_writes_its_provisioning_bundle
         0
     );
 }
+
+#[test]
+fn a_hub_public_key_that_starts_with_a_hyphen_is_taken_as_a_key_not_a_flag() {
+    // Base64url uses '-': one key in 64 starts with it.
+    let cloud = Cloud::new();
+    let key = (0u8..=255)
+        .map(|n| ed25519_dalek::SigningKey::from_bytes(&[n; 32]).verifying_key())
+        .map(|k| lockhub_proto::crypto::b64u_encode(k.as_bytes()))
+        .find(|k| k.starts_with('-'))
+        .expect("a key starting with '-'");
+    cloud.ok(&["hub", "set-key", &hub_ref("hub-1"), &key]);
+    cloud.ok(&[
+        "hub",
+        "add",
+        &hub_ref("hub-2"),
+        "--door",
+        "1",
+        "--public-key",
+        &key,
+    ]);
+    assert_eq!(
+        cloud.sql::<i64>("SELECT count(*) FROM hubs WHERE public_key IS NOT NULL"),
+        2
+    );
+}
