@@ -213,7 +213,7 @@ pub struct GrantArgs {
     /// The reservation (issue: a pre-issued key; checkin: required).
     #[arg(long)]
     pub reservation: Option<String>,
-    /// The key id (default: a fresh k-<uuid>).
+    /// The key id (default: a fresh k-UUID).
     #[arg(long)]
     pub key_id: Option<String>,
     /// A door the key opens (repeat for several).
@@ -244,7 +244,7 @@ pub struct GrantArgs {
 
 #[derive(Debug, Args, Clone)]
 pub struct BrokerArgs {
-    /// The broker (mqtt://host[:port] or mqtts://host[:port]). Without it a
+    /// The broker, mqtt://HOST:PORT or mqtts://HOST:PORT. Without it a
     /// command only stores its event, and `serve` publishes it.
     #[arg(long, env = "LOCKHUB_CLOUD_BROKER")]
     pub broker: Option<String>,
