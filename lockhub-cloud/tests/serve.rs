@@ -224,4 +224,51 @@ async fn serve_publishes_stored_events_answers_a_sync_request_with_the_original_
     let audit_rows = cloud.ok(&["--json", "audit"]);
     assert_eq!(audit_rows.lines().count(), 1);
     assert_eq!(json(&audit_rows)["body"]["kind"], "door.granted");
+
+    // An alert is open from `raised` until its `cleared`.
+    let alert = |state: &str| {
+        format!(
+            r#"{{"alert_id":"a-1","condition":"board_offline","subject":"board-a","state":"{state}","count":1,"first_at":"2026-12-04T00:00:00Z","last_at":"2026-12-04T00:00:00Z"}}"#
+        )
+    };
+    hub.send(
+        "alerts",
+        hub_envelope("hub-1", &hub_key(), alert("raised").as_bytes()),
+    )
+    .await;
+    wait_for("the alert open", || {
+        cloud.ok(&["alerts"]).contains("board_offline raised")
+    });
+    assert_eq!(json(&cloud.ok(&["--json", "hubs"]))["open_alerts"], 1);
+    hub.send(
+        "alerts",
+        hub_envelope("hub-1", &hub_key(), alert("cleared").as_bytes()),
+    )
+    .await;
+    wait_for("the alert closed", || cloud.ok(&["alerts"]).is_empty());
+    assert_eq!(cloud.ok(&["--json", "alerts", "--all"]).lines().count(), 2);
+
+    // `watch` prints what is recorded, as JSON lines.
+    let mut watch = KillOnDrop(
+        cloud
+            .command(&["--json", "watch", "--from-start", "--poll-ms", "50"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut lines =
+        std::io::BufRead::lines(std::io::BufReader::new(watch.0.stdout.take().unwrap()));
+    let recorded = cloud.sql::<i64>("SELECT count(*) FROM outputs");
+    let topics: Vec<String> = (0..recorded)
+        .map(|_| {
+            json(&lines.next().unwrap().unwrap())["topic"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert!(
+        topics.contains(&"sync".to_owned()) && topics.contains(&"audit".to_owned()),
+        "{topics:?}"
+    );
 }
