@@ -32,6 +32,9 @@ use tokio::time::{Instant, sleep_until};
 /// The most events one sync answer re-sends; a hub further behind asks
 /// again (the checkpoint after the answer shows it the head).
 pub const MAX_SYNC_ANSWER: u32 = 10_000;
+/// The most publishes queued at once (a sync answer that would go past it
+/// is skipped: the hub repeats its request with backoff).
+pub const MAX_QUEUE: usize = 4 * MAX_SYNC_ANSWER as usize;
 /// The largest hub output recorded (a proof with 256 bucket digests is
 /// ~12 KiB; anything far larger is not a hub's).
 pub const MAX_OUTPUT_BYTES: usize = 256 * 1024;
@@ -95,7 +98,13 @@ impl Outbox {
         hub: Option<&HubRef>,
     ) -> Result<usize, CloudError> {
         let mut n = 0;
-        for ev in store.unpublished(hub)? {
+        let room = MAX_QUEUE.saturating_sub(self.queue.len() + self.inflight.len());
+        if room == 0 {
+            return Ok(0);
+        }
+        // The oldest first: those already queued come back until their
+        // PUBACK marks them published, and then the next ones do.
+        for ev in store.unpublished(hub, u32::try_from(room).unwrap_or(u32::MAX))? {
             let key = (ev.hub.clone(), ev.seq);
             if self.tracked.insert(key.clone()) {
                 self.queue.push_back(Out {
@@ -186,7 +195,7 @@ pub async fn publish_pending(
             None => return Err(crate::mqtt::MqttError::Connection("closed".into()).into()),
         }
         out.pump(&link);
-        if out.is_idle() && (published > 0 || store.unpublished(hub)?.is_empty()) {
+        if out.is_idle() && (published > 0 || store.unpublished(hub, 1)?.is_empty()) {
             return Ok(published);
         }
     }
@@ -547,6 +556,10 @@ fn answer_sync(
     from_seq: u64,
     out: &mut Outbox,
 ) -> Result<(), CloudError> {
+    if out.queue.len() + MAX_SYNC_ANSWER as usize > MAX_QUEUE {
+        tracing::warn!(hub = %hub, from_seq, queued = out.queue.len(), "publish queue full: sync request left for the hub to repeat");
+        return Ok(());
+    }
     let events = store.events_from(hub, from_seq.max(1), MAX_SYNC_ANSWER)?;
     tracing::info!(hub = %hub, from_seq, events = events.len(), "answering a sync request");
     for ev in events {

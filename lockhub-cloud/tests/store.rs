@@ -282,17 +282,29 @@ fn published_events_leave_the_queue_and_only_done_idempotency_records_are_pruned
         )
         .unwrap();
     }
-    let queued: Vec<u64> = s.unpublished(None).unwrap().iter().map(|e| e.seq).collect();
+    let queued: Vec<u64> = s
+        .unpublished(None, 100)
+        .unwrap()
+        .iter()
+        .map(|e| e.seq)
+        .collect();
     assert_eq!(queued, vec![1, 2, 3]);
     s.mark_published(&hub("a"), 2, "2026-12-01T00:00:01Z")
         .unwrap();
     let queued: Vec<u64> = s
-        .unpublished(Some(&hub("a")))
+        .unpublished(Some(&hub("a")), 100)
         .unwrap()
         .iter()
         .map(|e| e.seq)
         .collect();
     assert_eq!(queued, vec![1, 3]);
+    let first: Vec<u64> = s
+        .unpublished(None, 1)
+        .unwrap()
+        .iter()
+        .map(|e| e.seq)
+        .collect();
+    assert_eq!(first, vec![1], "the oldest first, at most the limit");
     // Only seq 2's record is done; the in-progress ones outlive any age.
     assert_eq!(s.prune_idempotency(i64::MAX).unwrap(), 1);
     assert_eq!(s.prune_idempotency(i64::MAX).unwrap(), 0);

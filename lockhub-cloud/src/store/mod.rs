@@ -317,8 +317,9 @@ pub trait Store {
     /// [`StoreError::IdempotencyConflict`] and nothing changes.
     fn mint(&self, mint: &Mint, sign: &mut dyn FnMut(u64) -> Signed) -> Result<Minted, StoreError>;
     /// Events not yet acknowledged by the broker, in seq order per hub
-    /// (all hubs when `hub` is `None`).
-    fn unpublished(&self, hub: Option<&HubRef>) -> Result<Vec<StoredEvent>, StoreError>;
+    /// (all hubs when `hub` is `None`), at most `limit`.
+    fn unpublished(&self, hub: Option<&HubRef>, limit: u32)
+    -> Result<Vec<StoredEvent>, StoreError>;
     /// The broker acknowledged the event: it and its idempotency record
     /// are done.
     fn mark_published(&self, hub: &HubRef, seq: u64, now: &str) -> Result<(), StoreError>;

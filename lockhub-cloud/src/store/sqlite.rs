@@ -505,17 +505,25 @@ impl Store for SqliteStore {
         })
     }
 
-    fn unpublished(&self, hub: Option<&HubRef>) -> Result<Vec<StoredEvent>, StoreError> {
+    fn unpublished(
+        &self,
+        hub: Option<&HubRef>,
+        limit: u32,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
         self.with(|c| {
             let mut st = c.prepare_cached(
                 "SELECT seq, event_id, type, envelope, published_at, site_id, hub_id FROM events \
                  WHERE published_at IS NULL \
                    AND (?1 IS NULL OR (site_id = ?1 AND hub_id = ?2)) \
-                 ORDER BY site_id, hub_id, seq",
+                 ORDER BY site_id, hub_id, seq LIMIT ?3",
             )?;
             let rows = st
                 .query_map(
-                    params![hub.map(|h| &h.site_id), hub.map(|h| &h.hub_id)],
+                    params![
+                        hub.map(|h| &h.site_id),
+                        hub.map(|h| &h.hub_id),
+                        i64::from(limit)
+                    ],
                     |r| {
                         let h = HubRef {
                             site_id: r.get(5)?,
