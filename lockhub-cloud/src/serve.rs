@@ -66,6 +66,8 @@ struct Out {
     payload: Vec<u8>,
     /// The stored event this is, to mark published on its PUBACK.
     track: Option<Tracked>,
+    /// The checkpoint that ends a sync answer to this hub.
+    ends_answer: Option<HubRef>,
 }
 
 /// The publisher's side: what to send, what is in flight, and which
@@ -79,6 +81,10 @@ struct Outbox {
     /// request order on one connection).
     requested: VecDeque<Option<Tracked>>,
     inflight: HashMap<u16, Option<Tracked>>,
+    /// Hubs whose sync answer is still queued, with its first seq: a
+    /// repeated request it already covers is not answered twice (a hub
+    /// repeats with backoff; a flood of requests must not multiply sends).
+    answering: HashMap<HubRef, u64>,
 }
 
 impl Outbox {
@@ -111,6 +117,7 @@ impl Outbox {
                     topic: events_topic(prefix, &ev.hub),
                     payload: ev.envelope,
                     track: Some(key),
+                    ends_answer: None,
                 });
                 n += 1;
             }
@@ -127,6 +134,9 @@ impl Outbox {
             if !link.try_publish(&out.topic, out.payload.clone()) {
                 self.queue.push_front(out);
                 return;
+            }
+            if let Some(hub) = &out.ends_answer {
+                self.answering.remove(hub);
             }
             self.requested.push_back(out.track);
         }
@@ -542,6 +552,7 @@ fn queue_checkpoint(
         topic: events_topic(prefix, hub),
         payload: cp.envelope,
         track: None,
+        ends_answer: None,
     });
     Ok(())
 }
@@ -556,6 +567,14 @@ fn answer_sync(
     from_seq: u64,
     out: &mut Outbox,
 ) -> Result<(), CloudError> {
+    if out
+        .answering
+        .get(hub)
+        .is_some_and(|queued| *queued <= from_seq)
+    {
+        tracing::debug!(hub = %hub, from_seq, "a sync answer covering this request is already queued");
+        return Ok(());
+    }
     if out.queue.len() + MAX_SYNC_ANSWER as usize > MAX_QUEUE {
         tracing::warn!(hub = %hub, from_seq, queued = out.queue.len(), "publish queue full: sync request left for the hub to repeat");
         return Ok(());
@@ -569,7 +588,69 @@ fn answer_sync(
             topic: events_topic(prefix, hub),
             payload: ev.envelope,
             track,
+            ends_answer: None,
         });
     }
-    queue_checkpoint(store, active, prefix, hub, out)
+    queue_checkpoint(store, active, prefix, hub, out)?;
+    if let Some(last) = out.queue.back_mut() {
+        last.ends_answer = Some(hub.clone());
+    }
+    out.answering.insert(hub.clone(), from_seq);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{HubRecord, KeyChange, Mint, PinKey, Signed, SqliteStore};
+
+    #[test]
+    fn a_repeated_sync_request_is_not_answered_twice_while_the_first_answer_is_queued() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("c.db"), true).unwrap();
+        let hub = HubRef {
+            site_id: "6f1c1c0e-8a51-4d39-9d2e-6a3c5a7d9e10".into(),
+            hub_id: "h".into(),
+        };
+        let record = HubRecord {
+            hub: hub.clone(),
+            public_key: None,
+            doors: vec![],
+            pin_keys: vec![PinKey {
+                id: "k1".into(),
+                secret: [1; 32],
+            }],
+            next_seq: 1,
+        };
+        store.add_hub(&record, "2026-12-01T00:00:00Z").unwrap();
+        for _ in 0..3 {
+            let m = Mint {
+                hub: hub.clone(),
+                idempotency: None,
+                change: KeyChange::None,
+                key_id: None,
+                now: "2026-12-01T00:00:00Z".into(),
+                now_unix: 0,
+            };
+            store
+                .mint(&m, &mut |seq| Signed {
+                    event_id: uuid::Uuid::new_v4().to_string(),
+                    kind: "guest.erased".into(),
+                    body: vec![],
+                    envelope: format!("e{seq}").into_bytes(),
+                })
+                .unwrap();
+        }
+        let active = ActiveSigner {
+            id: "s".into(),
+            key: ed25519_dalek::SigningKey::from_bytes(&[5; 32]),
+        };
+        let mut out = Outbox::default();
+        answer_sync(&store, &active, "p", &hub, 2, &mut out).unwrap();
+        assert_eq!(out.queue.len(), 3, "seqs 2 and 3, then a checkpoint");
+        answer_sync(&store, &active, "p", &hub, 3, &mut out).unwrap();
+        assert_eq!(out.queue.len(), 3, "covered by the queued answer");
+        answer_sync(&store, &active, "p", &hub, 1, &mut out).unwrap();
+        assert_eq!(out.queue.len(), 7, "an earlier start is answered");
+    }
 }
