@@ -4,6 +4,10 @@
 //! `serve` carries the events. A PIN issued with `lockhub-cloud issue` opens
 //! the door; after `revoke` it is denied; the hub's audit reaches the
 //! cloud's records.
+//!
+//! The daemon is the `lockhub` binary beside this test (testkit's
+//! `lockhub_bin`): `cargo test --workspace` (scripts/test) builds it; alone,
+//! run `cargo build -p lockhub` first, or the test runs an old one.
 
 mod common;
 
