@@ -253,6 +253,9 @@ enum SyncNeed {
     From(u64),
     /// A checkpoint only.
     Checkpoint,
+    /// The hub has seen up to this seq: move the counter past it (mqtt.md
+    /// 'Mirror proof': a cloud restored from a backup).
+    Past(u64),
 }
 
 /// Why a hub message was refused (the reason recorded and logged).
@@ -266,7 +269,9 @@ enum Output {
     Audit(outputs::AuditBody),
     Sync(outputs::SyncRequest),
     Status(outputs::Status),
-    /// Results, alerts and proofs: checked, recorded as they came.
+    /// The proof of a hub ahead of this cloud.
+    Ahead(outputs::ProofAhead),
+    /// Results, alerts and other proofs: checked, recorded as they came.
     Other,
 }
 
@@ -280,12 +285,14 @@ fn read_output(leaf: Leaf, body: &[u8]) -> Option<Output> {
         Leaf::Alerts => ok::<outputs::AlertBody>(body).map(|_| Output::Other)?,
         Leaf::Sync => Output::Sync(ok(body)?),
         Leaf::Status => Output::Status(ok(body)?),
-        Leaf::Proof => {
-            let known = ok::<outputs::Proof>(body).is_some()
-                || ok::<outputs::ProofAhead>(body).is_some()
-                || ok::<outputs::ProofBucket>(body).is_some();
-            known.then_some(Output::Other)?
-        }
+        Leaf::Proof => match ok::<outputs::ProofAhead>(body) {
+            Some(ahead) => Output::Ahead(ahead),
+            None => {
+                let known = ok::<outputs::Proof>(body).is_some()
+                    || ok::<outputs::ProofBucket>(body).is_some();
+                known.then_some(Output::Other)?
+            }
+        },
         Leaf::Events => return None,
     })
 }
@@ -340,6 +347,7 @@ fn judge(hubs: &Hubs, prefix: &str, topic_name: &str, payload: &[u8]) -> Verdict
     let need = match &parsed_body {
         Output::Sync(r) => Some(SyncNeed::From(r.from_seq)),
         Output::Status(st) if st.state == outputs::HubState::Online => Some(SyncNeed::Checkpoint),
+        Output::Ahead(a) => Some(SyncNeed::Past(a.watermark)),
         _ => None,
     };
     Verdict::Record(
@@ -453,6 +461,15 @@ pub async fn serve(
                                 Some(SyncNeed::Checkpoint) => {
                                     queue_checkpoint(store, active, &prefix, &rec.hub, &mut out)?;
                                     counters.checkpoints += 1;
+                                }
+                                Some(SyncNeed::Past(watermark)) => {
+                                    let moved = store.advance_seq(&rec.hub, watermark)?;
+                                    if moved {
+                                        tracing::warn!(
+                                            hub = %rec.hub, watermark,
+                                            "the hub has seen seqs this cloud does not hold (restored from a backup?): the counter moves past them"
+                                        );
+                                    }
                                 }
                                 None => {}
                             }

@@ -248,6 +248,18 @@ async fn serve_publishes_stored_events_answers_a_sync_request_with_the_original_
     wait_for("the alert closed", || cloud.ok(&["alerts"]).is_empty());
     assert_eq!(cloud.ok(&["--json", "alerts", "--all"]).lines().count(), 2);
 
+    // A hub ahead of the cloud (a cloud restored from a backup): the counter
+    // moves past what the hub has seen, and the next event takes the seq after.
+    let ahead = br#"{"head_seq":3,"watermark":10,"match":null}"#;
+    hub.send("proof", hub_envelope("hub-1", &hub_key(), ahead))
+        .await;
+    wait_for("the counter past the hub's watermark", || {
+        json(&cloud.ok(&["--json", "hubs"]))["head_seq"] == 10
+    });
+    let args = cloud.issue_args("c-after", &pin, &[]);
+    let next = json(&cloud.ok(&args.iter().map(String::as_str).collect::<Vec<_>>()));
+    assert_eq!(next["seq"], 11);
+
     // `watch` prints what is recorded, as JSON lines.
     let mut watch = KillOnDrop(
         cloud

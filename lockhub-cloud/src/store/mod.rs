@@ -330,6 +330,10 @@ pub trait Store {
         from_seq: u64,
         limit: u32,
     ) -> Result<Vec<StoredEvent>, StoreError>;
+    /// A hub has seen every seq up to `watermark`, more than this cloud
+    /// holds (a cloud restored from a backup): the counter moves past it,
+    /// so no seq the hub has seen is signed again. `true` when it moved.
+    fn advance_seq(&self, hub: &HubRef, watermark: u64) -> Result<bool, StoreError>;
     /// The last seq signed for the hub (0 before the first event).
     fn head_seq(&self, hub: &HubRef) -> Result<u64, StoreError>;
     /// Deletes idempotency records created before `before_unix` whose event

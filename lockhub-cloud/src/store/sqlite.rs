@@ -574,6 +574,16 @@ impl Store for SqliteStore {
         })
     }
 
+    fn advance_seq(&self, hub: &HubRef, watermark: u64) -> Result<bool, StoreError> {
+        self.write(|tx| {
+            let n = tx.execute(
+                "UPDATE hubs SET next_seq = ?3 WHERE site_id = ?1 AND hub_id = ?2 AND next_seq < ?3",
+                params![hub.site_id, hub.hub_id, i(watermark.saturating_add(1))],
+            )?;
+            Ok(n == 1)
+        })
+    }
+
     fn head_seq(&self, hub: &HubRef) -> Result<u64, StoreError> {
         self.with(|c| {
             let next: i64 = c
