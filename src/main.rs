@@ -267,7 +267,7 @@ struct ProvisionArgs {
     password_file: Option<PathBuf>,
     /// A trusted cloud signer: ID=PUBLIC_KEY[,NOT_AFTER] (repeat for several).
     #[arg(long, value_name = "ID=KEY[,NOT_AFTER]")]
-    trust: Vec<lockhub::ops::provision::bundle::TrustSpec>,
+    trust: Vec<lockhub_proto::bundle::TrustSpec>,
     /// A PIN key: ID (generated) or ID=@FILE (base64url secret read from FILE).
     #[arg(long, value_name = "ID[=@FILE]")]
     pin_key: Vec<String>,
@@ -446,10 +446,10 @@ fn main() -> ExitCode {
 }
 
 fn provision(a: ProvisionArgs) -> Result<(), lockhub::ops::provision::ProvisionError> {
-    use lockhub::ops::provision::bundle::{Bundle, MqttSpec};
     use lockhub::ops::provision::{self as p, Request};
+    use lockhub_proto::bundle::MqttSpec;
     let mut req = match &a.bundle {
-        Some(path) => Request::from(Bundle::read(path)?),
+        Some(path) => Request::from(p::bundle::read_bundle(path)?),
         None => Request {
             site_id: a.site_id.unwrap_or_default(),
             hub_id: a.hub_id.unwrap_or_default(),

@@ -8,6 +8,7 @@
 //! | module | what lives there |
 //! |---|---|
 //! | [`time`] | [`time::Timestamp`] (µs since the epoch), RFC 3339 |
+//! | [`bundle`] | the provisioning bundle the cloud writes and `lockhub provision` reads |
 //! | [`crypto`] | PIN tags (HMAC-SHA256), base64url, domain-separated Ed25519, hub envelopes (made and opened) |
 //! | [`event`] | the cloud's events and the hub's results as plain data; the id rules; body parsing (step 4) |
 //! | [`mirror`] | the mirror proof: live filter, lines, buckets, bucket and mirror digests (incremental), the checkpoint claim |
@@ -16,6 +17,7 @@
 //! | [`topics`] | the seven topic leaves, `P/S/H/leaf` built and parsed back strictly |
 //! | [`verify`] | step 1 of an event: size, envelope, signer, `verify_strict`, ids; the trust-ring entry [`verify::Signer`] |
 
+pub mod bundle;
 pub mod crypto;
 pub mod event;
 pub mod mirror;

@@ -117,10 +117,10 @@ pub struct DoorConfig {
     pub unlock_ms: u16,
 }
 
-/// A `[[serial]]` without `baud` (serial.md 'Physical').
-pub const DEFAULT_SERIAL_BAUD: u32 = 115_200;
+/// A `[[serial]]` without `baud` (serial.md 'Physical'); a bundle's too.
+pub const DEFAULT_SERIAL_BAUD: u32 = lockhub_proto::bundle::DEFAULT_SERIAL_BAUD;
 /// An `[[osdp]]` bus without `baud` (osdp.md 'Physical and addressing').
-pub const DEFAULT_OSDP_BAUD: u32 = 9600;
+pub const DEFAULT_OSDP_BAUD: u32 = lockhub_proto::bundle::DEFAULT_OSDP_BAUD;
 
 /// The baud rates osdp.md allows on a bus, and the standard rates a
 /// `[[serial]]` may use (11520 is a typo of 115200, not a speed).

@@ -22,39 +22,17 @@
 //!   no file and no folder behind. So provision accepts exactly what
 //!   `check-config` accepts (tested name by name).
 //!
-//! ## Provisioning bundle (JSON, version 1)
-//! What a cloud hands an installer for one hub. Unknown fields are refused so
-//! a typo is not silently dropped.
-//! ```json
-//! {
-//!   "v": 1,
-//!   "site_id": "6f1c1c0e-8a51-4d39-9d2e-6a3c5a7d9e10",
-//!   "hub_id": "hub-lobby-1",
-//!   "mqtt": {"url": "mqtts://broker.example.net:8883",
-//!            "client_id": null, "topic_prefix": null,
-//!            "ca_file": "/etc/lockhub/ca.pem", "cert_file": null, "key_file": null,
-//!            "username": null, "password_file": null},
-//!   "trust": [{"id": "cloud-2026-11", "public_key": "B64U", "not_after": "2027-06-01T00:00:00Z"}],
-//!   "serials": [{"name": "board-a", "port": "/dev/ttyAMA0", "baud": 115200}],
-//!   "doors": [{"name": "101", "serial": "board-a", "index": 0, "unlock_ms": 5000}],
-//!   "pin_keys": [{"id": "k1", "secret": "B64U of 32 bytes"}],
-//!   "osdp": [{"name": "bus-a", "port": "/dev/ttyUSB0", "baud": 9600}],
-//!   "readers": [{"name": "r-201", "bus": "bus-a", "address": 1}],
-//!   "reader_doors": [{"name": "201", "reader": "r-201", "output": 0,
-//!                     "contact_input": 0, "unlock_ms": 5000}]
-//! }
-//! ```
-//! `mqtt` fields other than `url`, each `not_after`, `serials`, `doors`,
-//! `pin_keys`, `osdp`, `readers` and `reader_doors` are optional. Every
-//! reader that is not `insecure_plaintext` gets a fresh random 16-byte
-//! Secure Channel key in the secrets file; `lockhub osdp install` then puts
-//! it into the reader. A bundle with `pin_keys` holds secrets: treat it
-//! like the secrets file (delete it after provisioning).
+//! ## Provisioning bundle
+//! What a cloud hands an installer for one hub: its schema and types are
+//! `lockhub_proto::bundle`'s (the cloud writes it, this command reads it).
 
 use ed25519_dalek::SigningKey;
+use lockhub_proto::bundle::{
+    Bundle, DoorSpec, MqttSpec, OsdpSpec, ReaderDoorSpec, ReaderSpec, SerialSpec, TrustSpec,
+};
 use lockhub_proto::crypto::{b64u_decode_32, b64u_encode};
 use rand::TryRng;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::fs::{DirBuilder, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
@@ -78,8 +56,6 @@ pub const SECRETS_MODE: u32 = 0o600;
 pub const CONFIG_DIR_MODE: u32 = 0o755;
 /// Mode of a secrets or data folder this command creates.
 pub const PRIVATE_DIR_MODE: u32 = 0o700;
-/// The relay time when none is given (config.md example).
-pub const DEFAULT_UNLOCK_MS: u16 = 5000;
 /// The PIN key id generated when none is named.
 pub const DEFAULT_PIN_KEY_ID: &str = "k1";
 
@@ -544,6 +520,7 @@ pub fn provision(mut req: Request, target: &Target) -> Result<Provisioned, Provi
 mod tests {
     use super::cli::parse_pin_key_arg;
     use super::*;
+    use lockhub_proto::bundle::{DEFAULT_SERIAL_BAUD, DEFAULT_UNLOCK_MS};
 
     const KEY: &str = "vpDAfBqmiMog0GAAR6GMchsmx2iCa19aGlMs764g2M0";
 
@@ -607,7 +584,7 @@ mod tests {
                 r.serials.push(SerialSpec {
                     name: "board-a".into(),
                     port: "/dev/ttyAMA0".into(),
-                    baud: default_baud(),
+                    baud: DEFAULT_SERIAL_BAUD,
                 });
                 r.doors.push(DoorSpec {
                     name: "101".into(),
@@ -661,7 +638,7 @@ mod tests {
             r.serials.push(SerialSpec {
                 name: name.into(),
                 port: "/dev/ttyAMA0".into(),
-                baud: default_baud(),
+                baud: DEFAULT_SERIAL_BAUD,
             });
             r.doors.push(DoorSpec {
                 name: name.into(),

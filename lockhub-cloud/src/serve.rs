@@ -1,0 +1,673 @@
+//! `serve`, and the publishing every command shares.
+//!
+//! - **The database is the queue.** An event is published only after the
+//!   transaction that stored it committed, and marked published only on the
+//!   broker's PUBACK. On start, after every reconnect and on every poll
+//!   tick, whatever is still unpublished goes out first, in seq order: a
+//!   crash between storing and publishing is followed by publishing the
+//!   stored event, never by signing a second one.
+//! - **Sync answers are the stored envelopes**: the missing events with
+//!   their original ids and bodies, byte for byte, then a checkpoint.
+//! - **Every hub output is verified** under the hub's registered key
+//!   before it is recorded; one that fails is refused: a `warn` line, a
+//!   counter and a `refused` row (never its payload).
+//! - Checkpoints go to every hub every `checkpoint_every` (5 minutes), and
+//!   to a hub as soon as its status says it is online: a hub back from a
+//!   long absence learns at once that its broker queue dropped events, and
+//!   asks for them.
+
+use crate::mqtt::{Backoff, BrokerSettings, Link, LinkEvent, Role, WINDOW, options};
+use crate::ops::{self, CloudError};
+use crate::signer::ActiveSigner;
+use crate::store::{HubRef, OutputRecord, Store};
+use lockhub_proto::crypto::{open_hub_envelope, parse_public_key};
+use lockhub_proto::event::EventResult;
+use lockhub_proto::outputs;
+use lockhub_proto::time::Timestamp;
+use lockhub_proto::topics::{Leaf, parse_topic, topic};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::time::Duration;
+use tokio::time::{Instant, sleep_until};
+
+/// The most events one sync answer re-sends; a hub further behind asks
+/// again (the checkpoint after the answer shows it the head).
+pub const MAX_SYNC_ANSWER: u32 = 10_000;
+/// The most publishes queued at once (a sync answer that would go past it
+/// is skipped: the hub repeats its request with backoff).
+pub const MAX_QUEUE: usize = 4 * MAX_SYNC_ANSWER as usize;
+/// The largest hub output recorded (a proof with 256 bucket digests is
+/// ~12 KiB; anything far larger is not a hub's).
+pub const MAX_OUTPUT_BYTES: usize = 256 * 1024;
+
+/// `serve`'s settings.
+#[derive(Debug, Clone)]
+pub struct ServeSettings {
+    pub broker: BrokerSettings,
+    pub checkpoint_every: Duration,
+    /// How often the database is read for events other commands stored.
+    pub poll_every: Duration,
+    pub idempotency_retention_days: u32,
+}
+
+/// What `serve` counted since it started.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub published: u64,
+    pub recorded: u64,
+    pub refused: u64,
+    pub sync_answers: u64,
+    pub checkpoints: u64,
+}
+
+type Tracked = (HubRef, u64);
+
+struct Out {
+    topic: String,
+    payload: Vec<u8>,
+    /// The stored event this is, to mark published on its PUBACK.
+    track: Option<Tracked>,
+    /// The checkpoint that ends a sync answer to this hub.
+    ends_answer: Option<HubRef>,
+}
+
+/// The publisher's side: what to send, what is in flight, and which
+/// stored events those are. Cleared whenever the connection is replaced.
+#[derive(Default)]
+struct Outbox {
+    queue: VecDeque<Out>,
+    /// Stored events queued or in flight (not queued twice by the poll).
+    tracked: HashSet<Tracked>,
+    /// Requested, not yet given a packet id (rumqttc reports ids in
+    /// request order on one connection).
+    requested: VecDeque<Option<Tracked>>,
+    inflight: HashMap<u16, Option<Tracked>>,
+    /// Hubs whose sync answer is still queued, with its first seq: a
+    /// repeated request it already covers is not answered twice (a hub
+    /// repeats with backoff; a flood of requests must not multiply sends).
+    answering: HashMap<HubRef, u64>,
+}
+
+impl Outbox {
+    fn clear(&mut self) {
+        *self = Outbox::default();
+    }
+
+    fn is_idle(&self) -> bool {
+        self.queue.is_empty() && self.requested.is_empty() && self.inflight.is_empty()
+    }
+
+    /// Queues every unpublished event of `hub` (or all hubs) not yet queued.
+    fn load_unpublished(
+        &mut self,
+        store: &dyn Store,
+        prefix: &str,
+        hub: Option<&HubRef>,
+    ) -> Result<usize, CloudError> {
+        let mut n = 0;
+        let room = MAX_QUEUE.saturating_sub(self.queue.len() + self.inflight.len());
+        if room == 0 {
+            return Ok(0);
+        }
+        // The oldest first: those already queued come back until their
+        // PUBACK marks them published, and then the next ones do.
+        for ev in store.unpublished(hub, u32::try_from(room).unwrap_or(u32::MAX))? {
+            let key = (ev.hub.clone(), ev.seq);
+            if self.tracked.insert(key.clone()) {
+                self.queue.push_back(Out {
+                    topic: events_topic(prefix, &ev.hub),
+                    payload: ev.envelope,
+                    track: Some(key),
+                    ends_answer: None,
+                });
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Sends what the window allows.
+    fn pump(&mut self, link: &Link) {
+        while self.requested.len() + self.inflight.len() < WINDOW {
+            let Some(out) = self.queue.pop_front() else {
+                return;
+            };
+            if !link.try_publish(&out.topic, out.payload.clone()) {
+                self.queue.push_front(out);
+                return;
+            }
+            if let Some(hub) = &out.ends_answer {
+                self.answering.remove(hub);
+            }
+            self.requested.push_back(out.track);
+        }
+    }
+
+    fn sent(&mut self, pkid: u16) {
+        if let Some(track) = self.requested.pop_front() {
+            self.inflight.insert(pkid, track);
+        }
+    }
+
+    /// The broker acked `pkid`: marks the stored event published.
+    fn acked(&mut self, store: &dyn Store, pkid: u16) -> Result<bool, CloudError> {
+        match self.inflight.remove(&pkid) {
+            Some(Some((hub, seq))) => {
+                store.mark_published(&hub, seq, &Timestamp::now_system().to_rfc3339())?;
+                self.tracked.remove(&(hub, seq));
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+}
+
+fn site_uuid(hub: &HubRef) -> uuid::Uuid {
+    uuid::Uuid::parse_str(&hub.site_id).unwrap_or_default()
+}
+
+fn events_topic(prefix: &str, hub: &HubRef) -> String {
+    topic(prefix, site_uuid(hub), &hub.hub_id, Leaf::Events)
+}
+
+/// Publishes the stored, unpublished events of `hub` (all hubs when
+/// `None`), in seq order, and waits for every PUBACK. Returns how many.
+pub async fn publish_pending(
+    store: &dyn Store,
+    broker: &BrokerSettings,
+    hub: Option<&HubRef>,
+    timeout: Duration,
+) -> Result<usize, CloudError> {
+    let deadline = Instant::now() + timeout;
+    let mut link = Link::start(options(broker, Role::Command)?, Vec::new());
+    let mut out = Outbox::default();
+    let mut published = 0;
+    loop {
+        let ev = tokio::select! {
+            ev = link.events.recv() => ev,
+            _ = sleep_until(deadline) => {
+                return Err(crate::mqtt::MqttError::Timeout(format!(
+                    "{published} published, the rest stay stored for `serve` or a retry"
+                ))
+                .into());
+            }
+        };
+        match ev {
+            Some(LinkEvent::Up { .. }) => {
+                out.clear();
+                out.load_unpublished(store, &broker.topic_prefix, hub)?;
+            }
+            Some(LinkEvent::Sent(pkid)) => out.sent(pkid),
+            Some(LinkEvent::Acked(pkid)) => published += usize::from(out.acked(store, pkid)?),
+            Some(LinkEvent::Down(e)) => {
+                return Err(crate::mqtt::MqttError::Connection(e).into());
+            }
+            Some(_) => {}
+            None => return Err(crate::mqtt::MqttError::Connection("closed".into()).into()),
+        }
+        out.pump(&link);
+        if out.is_idle() && (published > 0 || store.unpublished(hub, 1)?.is_empty()) {
+            return Ok(published);
+        }
+    }
+}
+
+/// What the subscriber knows of each hub: its key, when registered.
+struct Hubs {
+    keys: HashMap<HubRef, Option<ed25519_dalek::VerifyingKey>>,
+    sites: BTreeSet<String>,
+}
+
+impl Hubs {
+    fn read(store: &dyn Store) -> Result<Hubs, CloudError> {
+        let mut keys = HashMap::new();
+        let mut sites = BTreeSet::new();
+        for h in store.hubs()? {
+            sites.insert(h.hub.site_id.clone());
+            let key = h
+                .public_key
+                .as_deref()
+                .and_then(|k| parse_public_key(k).ok());
+            keys.insert(h.hub, key);
+        }
+        Ok(Hubs { keys, sites })
+    }
+}
+
+fn filters(prefix: &str, sites: &BTreeSet<String>) -> Vec<String> {
+    let mut f = Vec::new();
+    for site in sites {
+        let site = uuid::Uuid::parse_str(site).unwrap_or_default();
+        for leaf in Leaf::ALL.into_iter().filter(|l| !l.from_cloud()) {
+            f.push(topic(prefix, site, "+", leaf));
+        }
+    }
+    f
+}
+
+const UNKNOWN_HUB: &str = "unknown hub";
+
+/// What a recorded output asks of the publisher.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SyncNeed {
+    /// A sync request: the events from this seq, then a checkpoint.
+    From(u64),
+    /// A checkpoint only.
+    Checkpoint,
+    /// The hub has seen up to this seq: move the counter past it (mqtt.md
+    /// 'Mirror proof': a cloud restored from a backup).
+    Past(u64),
+}
+
+/// Why a hub message was refused (the reason recorded and logged).
+enum Verdict {
+    Record(OutputRecord, Option<SyncNeed>),
+    Refuse(Option<HubRef>, String, String),
+}
+
+/// A hub output, read with the contract's own types (lockhub-proto).
+enum Output {
+    Audit(outputs::AuditBody),
+    Sync(outputs::SyncRequest),
+    Status(outputs::Status),
+    /// The proof of a hub ahead of this cloud.
+    Ahead(outputs::ProofAhead),
+    /// Results, alerts and other proofs: checked, recorded as they came.
+    Other,
+}
+
+fn read_output(leaf: Leaf, body: &[u8]) -> Option<Output> {
+    fn ok<T: serde::de::DeserializeOwned>(body: &[u8]) -> Option<T> {
+        serde_json::from_slice(body).ok()
+    }
+    Some(match leaf {
+        Leaf::Results => ok::<EventResult>(body).map(|_| Output::Other)?,
+        Leaf::Audit => Output::Audit(ok(body)?),
+        Leaf::Alerts => ok::<outputs::AlertBody>(body).map(|_| Output::Other)?,
+        Leaf::Sync => Output::Sync(ok(body)?),
+        Leaf::Status => Output::Status(ok(body)?),
+        Leaf::Proof => match ok::<outputs::ProofAhead>(body) {
+            Some(ahead) => Output::Ahead(ahead),
+            None => {
+                let known = ok::<outputs::Proof>(body).is_some()
+                    || ok::<outputs::ProofBucket>(body).is_some();
+                known.then_some(Output::Other)?
+            }
+        },
+        Leaf::Events => return None,
+    })
+}
+
+/// Verifies one message from a hub. Pure but for the clock.
+fn judge(hubs: &Hubs, prefix: &str, topic_name: &str, payload: &[u8]) -> Verdict {
+    let now = Timestamp::now_system().to_rfc3339();
+    let parsed = match parse_topic(prefix, topic_name) {
+        Ok(p) => p,
+        Err(e) => return Verdict::Refuse(None, "unknown".into(), format!("topic: {e}")),
+    };
+    let hub = HubRef {
+        site_id: parsed.site_id.to_string(),
+        hub_id: parsed.hub_id.to_owned(),
+    };
+    let leaf = parsed.leaf.as_str().to_owned();
+    let refuse = |why: &str| Verdict::Refuse(Some(hub.clone()), leaf.clone(), why.to_owned());
+    if payload.len() > MAX_OUTPUT_BYTES {
+        return refuse("payload too large");
+    }
+    let Some(key) = hubs.keys.get(&hub) else {
+        return refuse(UNKNOWN_HUB);
+    };
+    let body = if parsed.leaf.is_hub_envelope() {
+        let Some(key) = key else {
+            return refuse("the hub has no registered public key (`hub set-key`)");
+        };
+        match open_hub_envelope(payload, &hub.hub_id, key) {
+            Ok(body) => body,
+            Err(e) => return refuse(&e.to_string()),
+        }
+    } else {
+        // The retained status is plain JSON (mqtt.md 'Status'): a hint.
+        payload.to_vec()
+    };
+    let parsed_body = match read_output(parsed.leaf, &body) {
+        Some(p) => p,
+        None => return refuse(&format!("not a valid {} body", parsed.leaf)),
+    };
+    if let Output::Status(st) = &parsed_body
+        && st.hub_id != hub.hub_id
+    {
+        return refuse("a status for another hub");
+    }
+    let audit_id = match &parsed_body {
+        Output::Audit(a) => Some(a.audit_id.to_string()),
+        _ => None,
+    };
+    // A sync request is answered; a hub that says it is online gets a
+    // checkpoint at once, so it learns of events its broker queue dropped
+    // without waiting for the next round.
+    let need = match &parsed_body {
+        Output::Sync(r) => Some(SyncNeed::From(r.from_seq)),
+        Output::Status(st) if st.state == outputs::HubState::Online => Some(SyncNeed::Checkpoint),
+        Output::Ahead(a) => Some(SyncNeed::Past(a.watermark)),
+        _ => None,
+    };
+    Verdict::Record(
+        OutputRecord {
+            hub,
+            topic: leaf,
+            body: String::from_utf8_lossy(&body).into_owned(),
+            audit_id,
+            received_at: now,
+        },
+        need,
+    )
+}
+
+/// Runs `serve` until `shutdown` resolves.
+pub async fn serve(
+    store: &dyn Store,
+    active: &ActiveSigner,
+    settings: &ServeSettings,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<Counters, CloudError> {
+    let prefix = settings.broker.topic_prefix.clone();
+    // Bad settings (URL, files) fail here, before anything runs.
+    options(&settings.broker, Role::Publisher)?;
+    let mut counters = Counters::default();
+    let mut hubs = Hubs::read(store)?;
+    let mut publisher: Option<Link> = None;
+    // Nothing is queued before the CONNACK: the queue is (re)built from the
+    // database at each connection, so a publish requested earlier would
+    // only go out twice.
+    let mut publisher_up = false;
+    let mut subscriber: Option<Link> = None;
+    let mut subscribed_sites = BTreeSet::new();
+    let mut out = Outbox::default();
+    let (mut pub_backoff, mut sub_backoff) = (backoff(), backoff());
+    let (mut pub_retry, mut sub_retry) = (Instant::now(), Instant::now());
+    let mut next_poll = Instant::now();
+    let mut next_checkpoint = Instant::now() + settings.checkpoint_every;
+    let mut next_prune = Instant::now();
+    tokio::pin!(shutdown);
+    tracing::info!(hubs = hubs.keys.len(), "serve started");
+    loop {
+        // (Re)connect what is down and due.
+        let now = Instant::now();
+        if publisher.is_none() && now >= pub_retry {
+            out.clear();
+            publisher_up = false;
+            publisher = Some(Link::start(
+                options(&settings.broker, Role::Publisher)?,
+                Vec::new(),
+            ));
+        }
+        if subscriber.is_none() && now >= sub_retry && !hubs.sites.is_empty() {
+            subscribed_sites = hubs.sites.clone();
+            subscriber = Some(Link::start(
+                options(&settings.broker, Role::Subscriber)?,
+                filters(&prefix, &subscribed_sites),
+            ));
+        }
+        let wake = [next_poll, next_checkpoint, next_prune, pub_retry, sub_retry]
+            .into_iter()
+            .filter(|t| *t > now)
+            .min()
+            .unwrap_or(now + settings.poll_every);
+        tokio::select! {
+            _ = &mut shutdown => break,
+            ev = recv(&mut publisher) => match ev {
+                LinkEvent::Up { .. } => {
+                    pub_backoff.reset();
+                    publisher_up = true;
+                    tracing::info!("publisher connected");
+                    out.clear();
+                    out.load_unpublished(store, &prefix, None)?;
+                }
+                LinkEvent::Sent(pkid) => out.sent(pkid),
+                LinkEvent::Acked(pkid) => counters.published += u64::from(out.acked(store, pkid)?),
+                LinkEvent::Down(e) => {
+                    publisher = None;
+                    publisher_up = false;
+                    let d = pub_backoff.next_delay();
+                    tracing::warn!(error = %e, retry_in_ms = d.as_millis() as u64, "publisher connection lost");
+                    pub_retry = Instant::now() + d;
+                }
+                _ => {}
+            },
+            ev = recv(&mut subscriber) => match ev {
+                LinkEvent::Up { session_present } => {
+                    sub_backoff.reset();
+                    tracing::info!(session_present, "subscriber connected");
+                }
+                LinkEvent::Subscribed { granted: false } => {
+                    tracing::warn!("the broker refused a subscription: check the cloud's ACL");
+                }
+                LinkEvent::Message(p) => {
+                    let topic_name = p.topic.clone();
+                    let mut verdict = judge(&hubs, &prefix, &topic_name, &p.payload);
+                    if matches!(&verdict, Verdict::Refuse(_, _, why) if why == UNKNOWN_HUB) {
+                        // Perhaps a hub added since the last poll.
+                        hubs = Hubs::read(store)?;
+                        verdict = judge(&hubs, &prefix, &topic_name, &p.payload);
+                    }
+                    match verdict {
+                        Verdict::Record(rec, need) => {
+                            store.record_output(&rec)?;
+                            counters.recorded += 1;
+                            match need {
+                                Some(SyncNeed::From(from)) => {
+                                    answer_sync(store, active, &prefix, &rec.hub, from, &mut out)?;
+                                    counters.sync_answers += 1;
+                                }
+                                Some(SyncNeed::Checkpoint) => {
+                                    queue_checkpoint(store, active, &prefix, &rec.hub, &mut out)?;
+                                    counters.checkpoints += 1;
+                                }
+                                Some(SyncNeed::Past(watermark)) => {
+                                    let moved = store.advance_seq(&rec.hub, watermark)?;
+                                    if moved {
+                                        tracing::warn!(
+                                            hub = %rec.hub, watermark,
+                                            "the hub has seen seqs this cloud does not hold (restored from a backup?): the counter moves past them"
+                                        );
+                                    }
+                                }
+                                None => {}
+                            }
+                        }
+                        Verdict::Refuse(hub, leaf, why) => {
+                            counters.refused += 1;
+                            tracing::warn!(
+                                hub = %hub.as_ref().map(ToString::to_string).unwrap_or_default(),
+                                topic = %leaf, reason = %why, refused = counters.refused,
+                                "refused a hub message"
+                            );
+                            let at = Timestamp::now_system().to_rfc3339();
+                            store.record_refused(hub.as_ref(), &leaf, &why, &at)?;
+                        }
+                    }
+                    if let Some(s) = &subscriber {
+                        s.ack(&p);
+                    }
+                }
+                LinkEvent::Down(e) => {
+                    subscriber = None;
+                    let d = sub_backoff.next_delay();
+                    tracing::warn!(error = %e, retry_in_ms = d.as_millis() as u64, "subscriber connection lost");
+                    sub_retry = Instant::now() + d;
+                }
+                _ => {}
+            },
+            _ = sleep_until(wake) => {}
+        }
+        let now = Instant::now();
+        if now >= next_poll {
+            next_poll = now + settings.poll_every;
+            hubs = Hubs::read(store)?;
+            if subscriber.is_some() && hubs.sites != subscribed_sites {
+                subscriber = None; // resubscribe with the new sites
+            }
+            if publisher_up {
+                out.load_unpublished(store, &prefix, None)?;
+            }
+        }
+        if now >= next_checkpoint {
+            next_checkpoint = now + settings.checkpoint_every;
+            if publisher_up {
+                for hub in hubs.keys.keys() {
+                    queue_checkpoint(store, active, &prefix, hub, &mut out)?;
+                    counters.checkpoints += 1;
+                }
+            }
+        }
+        if now >= next_prune {
+            next_prune = now + Duration::from_secs(3600);
+            let days = i64::from(settings.idempotency_retention_days);
+            let before = Timestamp::now_system().saturating_add_days(-days);
+            let n = store.prune_idempotency(before.0.div_euclid(Timestamp::MICROS_PER_SEC))?;
+            if n > 0 {
+                tracing::info!(pruned = n, "idempotency records past retention removed");
+            }
+        }
+        if let Some(p) = publisher.as_ref().filter(|_| publisher_up) {
+            out.pump(p);
+        }
+    }
+    tracing::info!(
+        published = counters.published,
+        recorded = counters.recorded,
+        refused = counters.refused,
+        "serve stopped"
+    );
+    Ok(counters)
+}
+
+fn backoff() -> Backoff {
+    Backoff::new(Duration::from_millis(500), Duration::from_secs(60))
+}
+
+/// The next event of an optional link; pending forever when there is none.
+async fn recv(link: &mut Option<Link>) -> LinkEvent {
+    match link {
+        Some(l) => l
+            .events
+            .recv()
+            .await
+            .unwrap_or_else(|| LinkEvent::Down("the connection task ended".into())),
+        None => std::future::pending().await,
+    }
+}
+
+fn queue_checkpoint(
+    store: &dyn Store,
+    active: &ActiveSigner,
+    prefix: &str,
+    hub: &HubRef,
+    out: &mut Outbox,
+) -> Result<(), CloudError> {
+    let cp = ops::checkpoint(store, active, hub)?;
+    out.queue.push_back(Out {
+        topic: events_topic(prefix, hub),
+        payload: cp.envelope,
+        track: None,
+        ends_answer: None,
+    });
+    Ok(())
+}
+
+/// Re-sends the stored events from `from_seq` (original envelopes), then a
+/// checkpoint.
+fn answer_sync(
+    store: &dyn Store,
+    active: &ActiveSigner,
+    prefix: &str,
+    hub: &HubRef,
+    from_seq: u64,
+    out: &mut Outbox,
+) -> Result<(), CloudError> {
+    if out
+        .answering
+        .get(hub)
+        .is_some_and(|queued| *queued <= from_seq)
+    {
+        tracing::debug!(hub = %hub, from_seq, "a sync answer covering this request is already queued");
+        return Ok(());
+    }
+    if out.queue.len() + MAX_SYNC_ANSWER as usize > MAX_QUEUE {
+        tracing::warn!(hub = %hub, from_seq, queued = out.queue.len(), "publish queue full: sync request left for the hub to repeat");
+        return Ok(());
+    }
+    let events = store.events_from(hub, from_seq.max(1), MAX_SYNC_ANSWER)?;
+    tracing::info!(hub = %hub, from_seq, events = events.len(), "answering a sync request");
+    for ev in events {
+        let key = (hub.clone(), ev.seq);
+        let track = (!ev.published && out.tracked.insert(key.clone())).then_some(key);
+        out.queue.push_back(Out {
+            topic: events_topic(prefix, hub),
+            payload: ev.envelope,
+            track,
+            ends_answer: None,
+        });
+    }
+    queue_checkpoint(store, active, prefix, hub, out)?;
+    if let Some(last) = out.queue.back_mut() {
+        last.ends_answer = Some(hub.clone());
+    }
+    out.answering.insert(hub.clone(), from_seq);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{HubRecord, KeyChange, Mint, PinKey, Signed, SqliteStore};
+
+    #[test]
+    fn a_repeated_sync_request_is_not_answered_twice_while_the_first_answer_is_queued() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("c.db"), true).unwrap();
+        let hub = HubRef {
+            site_id: "6f1c1c0e-8a51-4d39-9d2e-6a3c5a7d9e10".into(),
+            hub_id: "h".into(),
+        };
+        let record = HubRecord {
+            hub: hub.clone(),
+            public_key: None,
+            doors: vec![],
+            pin_keys: vec![PinKey {
+                id: "k1".into(),
+                secret: [1; 32],
+            }],
+            next_seq: 1,
+        };
+        store.add_hub(&record, "2026-12-01T00:00:00Z").unwrap();
+        for _ in 0..3 {
+            let m = Mint {
+                hub: hub.clone(),
+                idempotency: None,
+                change: KeyChange::None,
+                key_id: None,
+                now: "2026-12-01T00:00:00Z".into(),
+                now_unix: 0,
+            };
+            store
+                .mint(&m, &mut |seq| Signed {
+                    event_id: uuid::Uuid::new_v4().to_string(),
+                    kind: "guest.erased".into(),
+                    body: vec![],
+                    envelope: format!("e{seq}").into_bytes(),
+                })
+                .unwrap();
+        }
+        let active = ActiveSigner {
+            id: "s".into(),
+            key: ed25519_dalek::SigningKey::from_bytes(&[5; 32]),
+        };
+        let mut out = Outbox::default();
+        answer_sync(&store, &active, "p", &hub, 2, &mut out).unwrap();
+        assert_eq!(out.queue.len(), 3, "seqs 2 and 3, then a checkpoint");
+        answer_sync(&store, &active, "p", &hub, 3, &mut out).unwrap();
+        assert_eq!(out.queue.len(), 3, "covered by the queued answer");
+        answer_sync(&store, &active, "p", &hub, 1, &mut out).unwrap();
+        assert_eq!(out.queue.len(), 7, "an earlier start is answered");
+    }
+}
