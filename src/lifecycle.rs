@@ -222,6 +222,8 @@ mod tests {
             pin_key_id: "k1".into(),
             holder_ref: None,
             holder_name: None,
+            schedule: None,
+            max_uses: None,
         }
     }
 
