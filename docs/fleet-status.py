@@ -3,13 +3,15 @@
 messages (docs/protocol/mqtt.md 'Status'), unhealthy hubs flagged.
 
 Needs only Python 3 and mosquitto_sub (Debian: mosquitto-clients). It
-subscribes to PREFIX/+/+/status with the credentials you give it (the
-cloud's identity, or one with read on the status topics), reads the
-retained messages, and prints the table once (or keeps printing changes
-with --follow).
+subscribes to PREFIX/+/+/status with the credentials you give it (an
+identity of its own with read on the status topics, `fleet-status` in
+packaging/mosquitto/lockhub.acl: not the cloud's, which it would drop),
+reads the retained messages, and prints the table once (or keeps printing
+changes with --follow). Its own flags are --help, --follow, --stale-after
+and --prefix; every other flag goes to mosquitto_sub (-h is its host).
 
   docs/fleet-status.py -h broker.example.net -p 8883 --cafile ca.pem \\
-      -u cloud -P "$PASS"            # any further flags go to mosquitto_sub
+      -u fleet-status -P "$PASS"            # any further flags go to mosquitto_sub
   docs/fleet-status.py -p 1883 --follow
 
 A hub is flagged when it is offline, its status is older than
@@ -20,6 +22,7 @@ outbox holds rows older than 10 minutes, or less than 5 % of its disk
 carries counts and states only.
 """
 
+import argparse
 import json
 import subprocess
 import sys
@@ -27,12 +30,12 @@ import time
 from datetime import datetime, timezone
 
 PREFIX = "lockhub/v1"
-STALE_AFTER_S = 180
+STALE_AFTER_S = 180  # --stale-after
 OUTBOX_OLD_S = 600
 DISK_LOW_BYTES = 100 * 1024 * 1024
 
 
-def problems(status, now):
+def problems(status, now, stale_after=STALE_AFTER_S):
     """What is wrong with one hub's status, as short words (empty: healthy)."""
     out = []
     if status.get("state") != "online":
@@ -40,7 +43,7 @@ def problems(status, now):
     try:
         at = datetime.fromisoformat(status["at"].replace("Z", "+00:00"))
         age = (now - at).total_seconds()
-        if status.get("state") == "online" and age > STALE_AFTER_S:
+        if status.get("state") == "online" and age > stale_after:
             out.append(f"silent {int(age)}s")
     except (KeyError, ValueError):
         out.append("no time")
@@ -65,11 +68,11 @@ def problems(status, now):
     return out
 
 
-def line(topic, status, now):
+def line(topic, status, now, stale_after=STALE_AFTER_S):
     parts = topic.split("/")
     site, hub = parts[-3], parts[-2]
     h = status.get("health") or {}
-    bad = problems(status, now)
+    bad = problems(status, now, stale_after)
     up = h.get("uptime_s")
     return "{flag} {site:.8}/{hub:<20} {state:<7} v{ver:<8} up {up:>7} w {w:>6}/{head:<6} outbox {ob:>5} {what}".format(
         flag="!!" if bad else "ok",
@@ -85,10 +88,28 @@ def line(topic, status, now):
     )
 
 
+def parse(argv):
+    """(our options, the flags for mosquitto_sub). -h is mosquitto_sub's
+    host, so help is --help only."""
+    ap = argparse.ArgumentParser(
+        prog="fleet-status.py",
+        description="One line per lockhub hub from its retained status; unhealthy hubs first, flagged !!. Exit 1 when any hub is flagged.",
+        epilog="Every other flag goes to mosquitto_sub, e.g. -h HOST -p PORT --cafile FILE -u USER -P PASS.",
+        add_help=False,
+        allow_abbrev=False,
+    )
+    ap.add_argument("--help", action="help", help="show this help and exit")
+    ap.add_argument("--follow", action="store_true", help="keep printing one line per status as it changes")
+    ap.add_argument("--stale-after", type=int, default=STALE_AFTER_S, metavar="SECONDS",
+                    help=f"flag an online hub whose status is older than this (default {STALE_AFTER_S}; hubs republish every 60 s)")
+    ap.add_argument("--prefix", default=PREFIX, help=f"the hubs' mqtt.topic_prefix (default {PREFIX})")
+    return ap.parse_known_args(argv)
+
+
 def main(argv):
-    follow = "--follow" in argv
-    args = [a for a in argv if a != "--follow"]
-    cmd = ["mosquitto_sub", "-v", "-t", f"{PREFIX}/+/+/status"] + args
+    opts, args = parse(argv)
+    follow = opts.follow
+    cmd = ["mosquitto_sub", "-v", "-t", f"{opts.prefix}/+/+/status"] + args
     if not follow:
         # Retained messages arrive at once; stop when they stop.
         cmd += ["-W", "3"]
@@ -102,14 +123,14 @@ def main(argv):
             except ValueError:
                 continue
             if follow:
-                print(line(topic, hubs[topic], datetime.now(timezone.utc)), flush=True)
+                print(line(topic, hubs[topic], datetime.now(timezone.utc), opts.stale_after), flush=True)
     except KeyboardInterrupt:
         pass
     finally:
         proc.terminate()
     if not follow:
         now = datetime.now(timezone.utc)
-        rows = [line(t, s, now) for t, s in sorted(hubs.items())]
+        rows = [line(t, s, now, opts.stale_after) for t, s in sorted(hubs.items())]
         for r in sorted(rows, key=lambda r: not r.startswith("!!")):
             print(r)
         bad = sum(r.startswith("!!") for r in rows)

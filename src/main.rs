@@ -6,40 +6,58 @@ use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// Where every command looks for the hub's config unless told otherwise.
+const DEFAULT_CONFIG: &str = "/etc/lockhub/hub.toml";
+
+/// The heading the global flags are listed under, once, in every help.
+const GLOBAL: &str = "Global options";
+
 #[derive(Parser)]
 #[command(name = "lockhub", version, about = "Offline-first door access hub")]
 struct Cli {
     /// Log line format on stderr: `text` for people, `json` for collectors.
-    #[arg(long, global = true, value_enum, default_value_t = lockhub::logging::LogFormat::Text)]
+    #[arg(long, global = true, value_enum, default_value_t = lockhub::logging::LogFormat::Text, help_heading = GLOBAL)]
     log_format: lockhub::logging::LogFormat,
     /// Log filter (`info`, `lockhub=debug,rumqttc=warn`, ...); overrides RUST_LOG.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, value_name = "FILTER", help_heading = GLOBAL)]
     log_level: Option<String>,
     #[command(subcommand)]
     command: Command,
+}
+
+/// `--config FILE`, the same for every command that reads a hub's config.
+#[derive(Args)]
+struct ConfigArg {
+    /// Path to hub.toml.
+    #[arg(long, value_name = "FILE", default_value = DEFAULT_CONFIG)]
+    config: PathBuf,
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// Validate a config and the files it names; exit 0 when valid, 2 when not.
     CheckConfig {
-        /// Path to hub.toml.
-        file: PathBuf,
+        /// Path to hub.toml (the same as --config; kept for scripts).
+        #[arg(value_name = "FILE", conflicts_with = "config")]
+        file: Option<PathBuf>,
+        #[command(flatten)]
+        config: ConfigArg,
     },
     /// List the local key mirror (key, state, doors, window); never PIN tags.
     Keys {
-        /// Path to hub.toml.
+        #[command(flatten)]
+        config: ConfigArg,
+        /// Print JSON instead of a table (stable fields: docs/protocol/config.md).
         #[arg(long)]
-        config: PathBuf,
+        json: bool,
     },
     /// Write hub.toml and secrets.toml for a new hub; print its public key.
     Provision(Box<ProvisionArgs>),
-    /// Show the hub's state (keys, sync, outbox, alerts, links, clock); read-only.
+    /// Show the hub's state (keys, sync, outbox, alerts, links, clock, broker); read-only.
     Status {
-        /// Path to hub.toml.
-        #[arg(long, default_value = "/etc/lockhub/hub.toml")]
-        config: PathBuf,
-        /// Print JSON instead of text.
+        #[command(flatten)]
+        config: ConfigArg,
+        /// Print JSON instead of text (stable fields: docs/protocol/config.md).
         #[arg(long)]
         json: bool,
     },
@@ -50,9 +68,8 @@ enum Command {
     },
     /// Run the daemon until SIGTERM or SIGINT.
     Run {
-        /// Path to hub.toml.
-        #[arg(long)]
-        config: PathBuf,
+        #[command(flatten)]
+        config: ConfigArg,
     },
     /// OSDP readers (osdp.md).
     Osdp {
@@ -64,17 +81,19 @@ enum Command {
     /// `close DOOR` or `tamper`; relay and deny feedback is printed.
     SimBoard {
         /// The serial device the board talks on (the hub is at the other end).
-        #[arg(long)]
+        #[arg(long, value_name = "PATH")]
         port: String,
+        /// Line speed; the hub's `[[serial]] baud` for this board.
         #[arg(long, default_value_t = 115_200)]
         baud: u32,
+        /// The id the board reports in its Hello (0..=255; `lockhub status` shows it).
         #[arg(long, default_value_t = 1)]
         board_id: u8,
         /// Doors wired to the board (1..=16).
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=16))]
+        #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=16))]
         doors: u8,
-        /// Name doors as the hub's config does: `--door-name 101=0`.
-        #[arg(long = "door-name", value_parser = parse_door_name)]
+        /// Name doors as the hub's config does: `--door-name 101=0` (repeat per door).
+        #[arg(long = "door-name", value_name = "NAME=INDEX", value_parser = parse_door_name)]
         door_names: Vec<(String, u8)>,
     },
 }
@@ -85,9 +104,8 @@ enum OsdpCommand {
     /// in install mode, fresh from the factory) and record its identity.
     /// Stop the daemon first: it owns the bus.
     Install {
-        /// Path to hub.toml.
-        #[arg(long)]
-        config: PathBuf,
+        #[command(flatten)]
+        config: ConfigArg,
         /// The `[[reader]] name`.
         #[arg(long)]
         reader: String,
@@ -102,6 +120,28 @@ fn load_config(path: &std::path::Path) -> Result<lockhub::config::Config, ExitCo
         eprintln!("{errors}");
         ExitCode::from(2)
     })
+}
+
+/// `lockhub check-config`: every problem (exit 2), or `FILE: ok` (exit
+/// 0); warnings (a device absent now) go to stderr either way, as
+/// `FILE:LINE:COL: warning: message`.
+fn check_config(path: &std::path::Path) -> ExitCode {
+    let (config, warnings) = lockhub::config::load_with_warnings(path);
+    for w in &warnings {
+        let mut w = w.clone();
+        w.message = format!("warning: {}", w.message);
+        eprintln!("{w}");
+    }
+    match config {
+        Ok(_) => {
+            println!("{}: ok", path.display());
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            eprintln!("{errors}");
+            ExitCode::from(2)
+        }
+    }
 }
 
 /// Which tokio runtime a command needs: the daemon runs its tasks on
@@ -174,9 +214,8 @@ enum AlertCommand {
         condition: String,
         /// The alert's subject, as `lockhub status` shows it (e.g. `board-a`).
         subject: String,
-        /// Path to hub.toml.
-        #[arg(long)]
-        config: PathBuf,
+        #[command(flatten)]
+        config: ConfigArg,
         /// Why it is cleared (published in the audit record; no personal data).
         #[arg(long)]
         reason: String,
@@ -234,7 +273,7 @@ struct ProvisionArgs {
     #[arg(long)]
     hub_key_file: Option<PathBuf>,
     /// Where to write hub.toml.
-    #[arg(long, default_value = "/etc/lockhub/hub.toml")]
+    #[arg(long, value_name = "FILE", default_value = DEFAULT_CONFIG)]
     config: PathBuf,
     /// Where to write the secrets file (default: secrets.toml beside the config).
     #[arg(long)]
@@ -254,13 +293,19 @@ struct ProvisionArgs {
 }
 
 /// `lockhub keys`: read-only, safe while the daemon runs.
-fn keys(path: &std::path::Path) -> ExitCode {
+fn keys(path: &std::path::Path, json: bool) -> ExitCode {
     let config = match load_config(path) {
         Ok(c) => c,
         Err(exit) => return exit,
     };
-    let listed = lockhub::store::open_read_only(&config.database_path())
-        .and_then(|conn| lockhub::store::keys::print_keys(&conn, &mut std::io::stdout().lock()));
+    let out = &mut std::io::stdout().lock();
+    let listed = lockhub::store::open_read_only(&config.database_path()).and_then(|conn| {
+        if json {
+            lockhub::store::keys::print_keys_json(&conn, out)
+        } else {
+            lockhub::store::keys::print_keys(&conn, out)
+        }
+    });
     match listed {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -313,11 +358,11 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     match cli.command {
-        Command::Run { config } => run(&config),
-        Command::Keys { config } => keys(&config),
+        Command::Run { config } => run(&config.config),
+        Command::Keys { config, json } => keys(&config.config, json),
         Command::Osdp {
             command: OsdpCommand::Install { config, reader },
-        } => osdp_install(&config, &reader),
+        } => osdp_install(&config.config, &reader),
         Command::Alert {
             command:
                 AlertCommand::Clear {
@@ -326,7 +371,7 @@ fn main() -> ExitCode {
                     config,
                     reason,
                 },
-        } => match lockhub::alert_clear::clear(&config, &condition, &subject, &reason) {
+        } => match lockhub::alert_clear::clear(&config.config, &condition, &subject, &reason) {
             Ok(c) => {
                 println!(
                     "cleared {} {} at {}",
@@ -341,13 +386,10 @@ fn main() -> ExitCode {
                 ExitCode::from(e.exit_code())
             }
         },
-        Command::CheckConfig { file } => match load_config(&file) {
-            Ok(_) => {
-                println!("{}: ok", file.display());
-                ExitCode::SUCCESS
-            }
-            Err(exit) => exit,
-        },
+        Command::CheckConfig { file, config } => {
+            let file = file.unwrap_or(config.config);
+            check_config(&file)
+        }
         Command::SimBoard {
             port,
             baud,
@@ -382,7 +424,7 @@ fn main() -> ExitCode {
                 ExitCode::from(if e.is_input_problem() { 2 } else { 1 })
             }
         },
-        Command::Status { config, json } => match lockhub::status::status(&config) {
+        Command::Status { config, json } => match lockhub::status::status(&config.config) {
             Ok(s) => {
                 if json {
                     println!("{}", s.to_json());

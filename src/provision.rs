@@ -98,8 +98,17 @@ pub enum ProvisionError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("unknown user {0:?} (not in /etc/passwd)")]
+    #[error(
+        "unknown user {0:?} (not in /etc/passwd). The .deb creates the user lockhub; \
+         without it, create the user first (sudo adduser --system --group --home /var/lib/lockhub \
+         --no-create-home {0}; and sudo adduser {0} dialout for serial ports), or leave out --owner"
+    )]
     UnknownUser(String),
+    #[error(
+        "unknown group {0:?} (not in /etc/group): create it first (sudo addgroup --system {0}), \
+         or give --owner USER alone for the user's own group"
+    )]
+    UnknownGroup(String),
     #[error("nothing written: check-config would refuse this config:\n{0}")]
     Check(String),
     #[error("the operating system's random number generator failed: {0}")]
@@ -116,6 +125,7 @@ impl ProvisionError {
                 | ProvisionError::Bundle { .. }
                 | ProvisionError::Exists { .. }
                 | ProvisionError::UnknownUser(_)
+                | ProvisionError::UnknownGroup(_)
                 | ProvisionError::Check(_)
         )
     }
@@ -428,7 +438,7 @@ impl Owner {
                     .map(|l| l.split(':').collect::<Vec<_>>())
                     .find(|f| f.len() >= 3 && f[0] == g)
                     .and_then(|f| f[2].parse().ok())
-                    .ok_or_else(|| ProvisionError::UnknownUser(g.to_owned()))?,
+                    .ok_or_else(|| ProvisionError::UnknownGroup(g.to_owned()))?,
             },
         };
         Ok(Owner { uid, gid })
@@ -587,6 +597,71 @@ fn validate(req: &mut Request) -> Result<([u8; 32], Vec<NewPinKey>), ProvisionEr
     Ok((hub_seed, pins))
 }
 
+/// The request's field that line `line` of the hub.toml that provision
+/// renders came from: the bundle's name for it (`doors[1].index`), and the
+/// flag that sets it when there is one. `board_doors` is how many of the
+/// `[[door]]` tables are the bundle's `doors` (the rest are its
+/// `reader_doors`). None for a line that is no field of the request.
+fn field_at(text: &str, line: usize, board_doors: usize) -> Option<String> {
+    let mut table: Option<(String, Option<usize>)> = None;
+    let mut counts: std::collections::HashMap<String, usize> = Default::default();
+    let lines: Vec<&str> = text.lines().collect();
+    for l in lines.iter().take(line) {
+        let t = l.trim();
+        if let Some(name) = t.strip_prefix("[[").and_then(|r| r.strip_suffix("]]")) {
+            let n = counts.entry(name.to_owned()).or_default();
+            table = Some((name.to_owned(), Some(*n)));
+            *n += 1;
+        } else if let Some(name) = t.strip_prefix('[').and_then(|r| r.strip_suffix(']')) {
+            table = Some((name.to_owned(), None));
+        }
+    }
+    let (table, index) = table?;
+    let key = lines
+        .get(line.checked_sub(1)?)
+        .and_then(|l| l.split_once('='))
+        .map(|(k, _)| k.trim().trim_matches('"').to_owned());
+    let dotted = |base: String| match &key {
+        Some(k) => format!("`{base}.{k}`"),
+        None => format!("`{base}`"),
+    };
+    let flag = |k: &str| -> Option<&'static str> {
+        Some(match (table.as_str(), k) {
+            ("hub", "site_id") => "--site-id",
+            ("hub", "hub_id") => "--hub-id",
+            ("hub", "data_dir") => "--data-dir",
+            ("mqtt", "url") => "--mqtt-url",
+            ("mqtt", "ca_file") => "--ca-file",
+            ("mqtt", "cert_file") => "--cert-file",
+            ("mqtt", "key_file") => "--key-file",
+            ("mqtt", "username") => "--username",
+            ("mqtt", "password_file") => "--password-file",
+            ("trust.signer", _) => "--trust",
+            _ => return None,
+        })
+    };
+    let field = match (table.as_str(), index) {
+        ("hub", None) => format!("`{}`", key.clone()?),
+        ("mqtt", None) => dotted("mqtt".to_owned()),
+        ("trust.signer", Some(i)) => dotted(format!("trust[{i}]")),
+        ("serial", Some(i)) => dotted(format!("serials[{i}]")),
+        ("osdp", Some(i)) => dotted(format!("osdp[{i}]")),
+        ("reader", Some(i)) => dotted(format!("readers[{i}]")),
+        ("door", Some(i)) if i < board_doors => dotted(format!("doors[{i}]")),
+        ("door", Some(i)) => dotted(format!("reader_doors[{}]", i - board_doors)),
+        _ => return None,
+    };
+    let flag = match key.as_deref() {
+        Some(k) => flag(k),
+        None if table == "mqtt" => Some("--mqtt-url and the TLS flags"),
+        None => None,
+    };
+    Some(match flag {
+        Some(f) => format!("bundle field {field} ({f})"),
+        None => format!("bundle field {field}"),
+    })
+}
+
 /// Writes `hub.toml` and `secrets.toml` for `req` at `target`.
 pub fn provision(mut req: Request, target: &Target) -> Result<Provisioned, ProvisionError> {
     let (hub_seed, pins) = validate(&mut req)?;
@@ -687,12 +762,31 @@ pub fn provision(mut req: Request, target: &Target) -> Result<Provisioned, Provi
         CONFIG_MODE,
         None,
     )?;
-    crate::config::load(&check_tmp).map_err(|e| {
-        ProvisionError::Check(
-            e.to_string()
-                .replace(&*check_tmp.to_string_lossy(), &config.to_string_lossy())
-                .replace(&*secrets_tmp.to_string_lossy(), &secrets.to_string_lossy()),
-        )
+    // The staged hub.toml is never written: a problem in it is said as
+    // the request's field (the bundle's, and its flag), not as a line of
+    // that file.
+    let staged_text = render_config(&secrets_tmp)?;
+    crate::config::load(&check_tmp).map_err(|errors| {
+        let said: Vec<String> = errors
+            .errors
+            .iter()
+            .map(|e| {
+                let field = (e.file == check_tmp)
+                    .then(|| {
+                        e.line
+                            .and_then(|l| field_at(&staged_text, l, req.doors.len()))
+                    })
+                    .flatten();
+                match field {
+                    Some(field) => format!("{field}: {}", e.message),
+                    None => e
+                        .to_string()
+                        .replace(&*check_tmp.to_string_lossy(), &config.to_string_lossy())
+                        .replace(&*secrets_tmp.to_string_lossy(), &secrets.to_string_lossy()),
+                }
+            })
+            .collect();
+        ProvisionError::Check(said.join("\n"))
     })?;
     let config_tmp = staged.stage(
         &config,

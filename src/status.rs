@@ -17,6 +17,7 @@ use crate::store::alerts::{AlertRow, open_alerts};
 use crate::store::health::{Health, age_s, clock_at, has_table, health};
 use crate::store::keys::KeyCounts;
 use crate::store::links::{self, LinkRow};
+use crate::store::runtime;
 use crate::store::{MIGRATIONS, outbox, schema_version};
 use lockhub_proto::time::Timestamp;
 use rusqlite::Connection;
@@ -261,6 +262,22 @@ pub struct Status {
     /// The figures the retained status message carries
     /// ([`crate::store::health`]).
     pub health: Health,
+    /// The broker link: its state, since when, and its last error.
+    pub broker: BrokerStatus,
+}
+
+/// The broker link as the daemon last recorded it (`hub_runtime`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BrokerStatus {
+    /// connecting, up, down, denied; `unknown` before a daemon ran.
+    pub state: String,
+    pub since: Option<String>,
+    /// Why the last attempt failed (or what the broker refused, or why
+    /// the hub does not trust it); None once connected.
+    pub last_error: Option<String>,
+    /// When that error was first seen, in a row of the same error.
+    pub last_error_since: Option<String>,
+    pub last_error_age_s: Option<i64>,
 }
 
 /// Opens the database read-only (never creating or migrating it).
@@ -409,7 +426,18 @@ pub fn gather(target: &Target, now: Timestamp) -> Result<Status, StatusError> {
 
     let at = clock_at(&conn, now).map_err(store)?;
     let health = health(&conn, path, now).map_err(store)?;
+    let run = runtime::read(&conn).map_err(store)?;
+    let error = runtime::read_broker_error(&conn).map_err(store)?;
     conn.execute_batch("COMMIT").map_err(db)?;
+    let broker = BrokerStatus {
+        state: run
+            .as_ref()
+            .map_or("unknown".to_owned(), |r| r.broker.clone()),
+        since: run.as_ref().map(|r| r.broker_since.to_rfc3339()),
+        last_error: error.as_ref().map(|(e, _)| e.clone()),
+        last_error_since: error.as_ref().map(|(_, t)| t.to_rfc3339()),
+        last_error_age_s: error.as_ref().map(|(_, t)| age_s(now, *t)),
+    };
 
     let untrusted_alert = alerts.iter().any(|a| a.condition == "clock_untrusted");
     let clock = ClockStatus {
@@ -434,6 +462,7 @@ pub fn gather(target: &Target, now: Timestamp) -> Result<Status, StatusError> {
         buses,
         clock,
         health,
+        broker,
     })
 }
 
@@ -491,9 +520,15 @@ impl Status {
         let y = &self.sync;
         let _ = writeln!(
             s,
-            "sync     watermark {}, cloud head {}{}, last sign of life {}{}",
+            "sync     watermark {}, {}{}, last sign of life {}{}",
             y.watermark,
-            y.head_seq,
+            // 0: the cloud has sent no checkpoint (some never do), which is
+            // not the same as being behind.
+            if y.head_seq == 0 {
+                "no checkpoint yet".to_owned()
+            } else {
+                format!("cloud head {}", y.head_seq)
+            },
             if y.seen_above_watermark > 0 {
                 format!(" ({} seen above a gap)", y.seen_above_watermark)
             } else {
@@ -537,6 +572,16 @@ impl Status {
             },
             h.links.get("broker").map_or("unknown", String::as_str)
         );
+        if let Some(e) = &self.broker.last_error {
+            let _ = writeln!(
+                s,
+                "broker   {} since {}; last error since {}{}: {e}",
+                self.broker.state,
+                self.broker.since.as_deref().unwrap_or("?"),
+                self.broker.last_error_since.as_deref().unwrap_or("?"),
+                ago(self.broker.last_error_age_s)
+            );
+        }
         let _ = writeln!(
             s,
             "storage  database {} KiB, WAL {} KiB, free in data_dir {}",

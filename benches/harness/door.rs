@@ -124,7 +124,14 @@ async fn board(
                     }
                     send(&w, &Uplink::Ack { seq }).await;
                 }
-                Downlink::Ack { .. } => {}
+                // The plain link's bench board: the sealed link's
+                // handshake, pairing and rekey messages are not for it.
+                Downlink::Ack { .. }
+                | Downlink::SealHello { .. }
+                | Downlink::SealConfirm { .. }
+                | Downlink::PairStart { .. }
+                | Downlink::PairReveal { .. }
+                | Downlink::RekeyStart { .. } => {}
             }
         }
     }

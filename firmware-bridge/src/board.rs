@@ -24,11 +24,17 @@
 //! let _relay0 = board.relay_open(0, now);
 //! ```
 
-use heapless::Vec;
+use heapless::{Deque, Vec};
 
-use crate::frame::{DecoderStats, Frame, FrameDecoder, to_frame};
+use crate::frame::{
+    DecoderStats, FrameDecoder, PayloadDecoder, SealedFrame, decode_payload, to_frame,
+};
 use crate::link::{BoardLink, LinkConfig, LinkError, LinkEvent};
 use crate::msg::{DenyReason, Downlink, PIN_MAX_DIGITS, Pin, Uplink};
+use crate::pair::{BoardPairPhase, BoardPairing};
+use crate::rng::RandomSource;
+use crate::seal::{DropStats, LinkKey, SealError};
+use crate::sealed::{BoardRx, BoardSeal};
 
 /// Doors a board can have (`serial.md`: door index 0..=15).
 pub const MAX_DOORS: usize = 16;
@@ -94,6 +100,9 @@ pub enum KeyAction {
     Submitted(u16),
     /// '#' could not send (pending table full); the entry is discarded.
     NotSent(LinkError),
+    /// Pairing mode: '#' at door 0 checked the entry as the pairing code;
+    /// [`Board::pairing_phase`] says whether it matched.
+    CodeChecked,
 }
 
 /// Counters a firmware can expose for diagnostics (saturating).
@@ -131,11 +140,58 @@ impl Door {
     }
 }
 
+/// The random source of a board on the plain link, which never needs one.
+/// It cannot be built outside this crate, so no sealed board can be given
+/// it by mistake.
+pub struct Unseeded(());
+
+impl RandomSource for Unseeded {
+    fn fill_bytes(&mut self, out: &mut [u8]) {
+        // Never called: only the sealed link and pairing draw random bytes,
+        // and only `Board::new_sealed` / `Board::new_pairing` start them,
+        // with the caller's source.
+        out.fill(0);
+    }
+}
+
+/// Frames of the handshake (and pairing) waiting to be written.
+const HANDSHAKE_OUT_MAX: usize = 4;
+
+/// How the board talks to the hub (`serial.md`, "Sealed link").
+enum Mode {
+    /// No link key: the plain messages only.
+    Plain(FrameDecoder<Downlink>),
+    /// A link key: every message sealed, in sessions the hub starts.
+    Sealed {
+        decoder: PayloadDecoder,
+        seal: BoardSeal,
+    },
+    /// Pairing mode: the pairing messages and the code on door 0's keypad,
+    /// nothing else.
+    Pairing {
+        decoder: PayloadDecoder,
+        pairing: BoardPairing,
+    },
+}
+
 /// The board state machine. See the module docs.
-pub struct Board {
+///
+/// `R` is the random source of a sealed or pairing board (see
+/// [`crate::rng::Rng`]); a plain board has none ([`Unseeded`]).
+pub struct Board<R = Unseeded> {
     cfg: BoardConfig,
     link: BoardLink,
-    decoder: FrameDecoder<Downlink>,
+    mode: Mode,
+    rng: R,
+    /// Plain handshake answers, a sealed `RekeyReply`, pairing replies and
+    /// the plain `Hello` that asks for a session: written before the
+    /// link's messages.
+    handshake_out: Deque<SealedFrame, HANDSHAKE_OUT_MAX>,
+    /// A link key the firmware must write to flash (pairing, rekey).
+    new_key: Option<LinkKey>,
+    /// Sealed: when to send the next plain `Hello` while no verified frame
+    /// arrives.
+    next_plain_hello_ms: u64,
     doors: [Door; MAX_DOORS],
     boot_ms: u64,
     next_heartbeat_ms: u64,
@@ -147,42 +203,211 @@ pub struct Board {
     tamper_to_send: bool,
 }
 
-impl Board {
-    /// Power-up at `now_ms`: all relays locked, `Hello` queued.
+impl Board<Unseeded> {
+    /// Power-up at `now_ms` on the plain link (a board without a link
+    /// key): all relays locked, `Hello` queued.
     pub fn new(cfg: BoardConfig, now_ms: u64) -> Self {
-        let mut board = Self {
+        let mut board =
+            Self::with_mode(cfg, Mode::Plain(FrameDecoder::new()), Unseeded(()), now_ms);
+        board.send_hello(now_ms);
+        board
+    }
+}
+
+impl<R: RandomSource> Board<R> {
+    /// Power-up at `now_ms` holding link key `key`: all relays locked, a
+    /// plain `Hello` (after a lone 0x00) asks the hub for a session, and
+    /// nothing else goes out until one verifies. `rng` is the board's
+    /// random source, seeded with a boot counter raised for this boot.
+    pub fn new_sealed(cfg: BoardConfig, key: LinkKey, rng: R, now_ms: u64) -> Self {
+        let seal = BoardSeal::new(cfg.board_id, key);
+        let mode = Mode::Sealed {
+            decoder: PayloadDecoder::new(),
+            seal,
+        };
+        Self::with_mode(cfg, mode, rng, now_ms)
+    }
+
+    /// Power-up in pairing mode (how a board enters it is the firmware's
+    /// own, e.g. a button held at power-up): it answers the pairing
+    /// messages only, and takes the code typed at door 0 with '#'. On a
+    /// match the new key is handed out by [`Board::take_new_key`] and the
+    /// board goes on as a sealed board under it.
+    pub fn new_pairing(cfg: BoardConfig, rng: R, now_ms: u64) -> Self {
+        let mode = Mode::Pairing {
+            decoder: PayloadDecoder::new(),
+            pairing: BoardPairing::new(),
+        };
+        Self::with_mode(cfg, mode, rng, now_ms)
+    }
+}
+
+impl<R: RandomSource> Board<R> {
+    fn with_mode(cfg: BoardConfig, mode: Mode, rng: R, now_ms: u64) -> Self {
+        Self {
             cfg: BoardConfig {
                 door_count: cfg.door_count.min(MAX_DOORS as u8),
                 ..cfg
             },
             link: BoardLink::new(cfg.link, now_ms),
-            decoder: FrameDecoder::new(),
+            mode,
+            rng,
+            handshake_out: Deque::new(),
+            new_key: None,
+            next_plain_hello_ms: now_ms,
             doors: Default::default(),
             boot_ms: now_ms,
             next_heartbeat_ms: now_ms.saturating_add(cfg.heartbeat_every_ms),
             stats: BoardStats::default(),
             tamper_unacked: false,
             tamper_to_send: false,
-        };
-        board.send_hello(now_ms);
-        board
+        }
     }
 
     /// Bytes read from the UART, in order, any chunking.
     pub fn on_frame_bytes(&mut self, bytes: &[u8], now_ms: u64) {
         for &b in bytes {
-            let Some(Ok(msg)) = self.decoder.push(b) else {
-                continue;
+            let got = match &mut self.mode {
+                Mode::Plain(decoder) => match decoder.push(b) {
+                    Some(Ok(msg)) => Rx::Plain(msg),
+                    _ => continue,
+                },
+                Mode::Sealed { decoder, seal } => match decoder.push(b) {
+                    None => continue,
+                    Some(Err(e)) => {
+                        seal.count_frame_error(e);
+                        continue;
+                    }
+                    Some(Ok(payload)) => Rx::Sealed(seal.on_payload(payload, &mut self.rng)),
+                },
+                Mode::Pairing { decoder, pairing } => match decoder.push(b) {
+                    Some(Ok(payload)) => match decode_payload::<Downlink>(payload) {
+                        Ok(msg) => match pairing.on_msg(&msg, &mut self.rng) {
+                            Some(reply) => Rx::Reply(reply),
+                            None => continue,
+                        },
+                        Err(_) => continue,
+                    },
+                    _ => continue,
+                },
             };
-            if let Some(msg) = self.link.on_rx(msg, now_ms) {
-                self.act(msg, now_ms);
+            match got {
+                Rx::Plain(msg) | Rx::Sealed(BoardRx::Message(msg)) => {
+                    if let Some(msg) = self.link.on_rx(msg, now_ms) {
+                        self.act(msg, now_ms);
+                    }
+                }
+                Rx::Sealed(BoardRx::Send(frame)) => self.push_handshake(frame),
+                Rx::Sealed(BoardRx::SessionStarted { new_key }) => {
+                    if new_key.is_some() {
+                        self.new_key = new_key;
+                    }
+                    self.on_new_session(now_ms);
+                }
+                Rx::Sealed(BoardRx::Dropped(_)) => {}
+                Rx::Reply(reply) => self.push_plain(&reply),
             }
+        }
+    }
+
+    /// A new sealed session verified (`serial.md`, "Session", step 4):
+    /// only now does the board forget the hub's seqs and drop its unacked
+    /// messages, then report `Hello`, every door and an active tamper,
+    /// sealed.
+    fn on_new_session(&mut self, now_ms: u64) {
+        self.link.forget_peer_seqs();
+        self.next_plain_hello_ms = now_ms.saturating_add(self.cfg.link.down_after_ms);
+        self.report_all(now_ms);
+    }
+
+    /// A link key the board must now write to flash (after pairing, or
+    /// after a rekey's first session under the new key), once.
+    pub fn take_new_key(&mut self) -> Option<LinkKey> {
+        self.new_key.take()
+    }
+
+    /// True on a sealed board while a confirmed session holds.
+    pub fn has_session(&self) -> bool {
+        matches!(&self.mode, Mode::Sealed { seal, .. } if seal.has_session())
+    }
+
+    /// The sealed link's drops by cause (a sealed board only).
+    pub fn seal_drops(&self) -> Option<DropStats> {
+        match &self.mode {
+            Mode::Sealed { seal, .. } => Some(seal.drops()),
+            _ => None,
+        }
+    }
+
+    /// Where pairing stands (a board in pairing mode only; `None` once a
+    /// matching code made it a sealed board).
+    pub fn pairing_phase(&self) -> Option<BoardPairPhase> {
+        match &self.mode {
+            Mode::Pairing { pairing, .. } => Some(pairing.phase()),
+            _ => None,
+        }
+    }
+
+    fn push_handshake(&mut self, frame: SealedFrame) {
+        if self.handshake_out.push_back(frame).is_err() {
+            self.stats.uplinks_not_sent = self.stats.uplinks_not_sent.saturating_add(1);
+        }
+    }
+
+    /// Queue a plain message (a pairing reply, the `Hello` that asks for a
+    /// session) ahead of the link's; a `Hello` after a lone 0x00.
+    fn push_plain(&mut self, msg: &Uplink) {
+        match plain_frame(msg) {
+            Some(f) => self.push_handshake(f),
+            None => self.stats.encode_errors = self.stats.encode_errors.saturating_add(1),
+        }
+    }
+
+    /// Pairing mode: door 0's keypad takes the code.
+    fn on_pairing_key(&mut self, door: u8, key: char) -> KeyAction {
+        let Mode::Pairing { pairing, .. } = &mut self.mode else {
+            return KeyAction::Ignored;
+        };
+        let Some(d) = self.doors.get_mut(0).filter(|_| door == 0) else {
+            return KeyAction::Ignored;
+        };
+        match key {
+            '0'..='9' => {
+                let _ = d.entry.push(key as u8);
+                KeyAction::Digit
+            }
+            '*' => {
+                d.clear_entry();
+                KeyAction::Cleared
+            }
+            '#' => {
+                let done = pairing.enter_code(&d.entry);
+                d.clear_entry();
+                let Some((reply, key)) = done else {
+                    return KeyAction::Ignored;
+                };
+                // Store first, then say so: the firmware writes the key
+                // from `take_new_key` before it writes this frame.
+                if let Some(lk) = key {
+                    self.new_key = Some(lk.clone());
+                    self.mode = Mode::Sealed {
+                        decoder: PayloadDecoder::new(),
+                        seal: BoardSeal::new(self.cfg.board_id, lk),
+                    };
+                }
+                self.push_plain(&reply);
+                KeyAction::CodeChecked
+            }
+            _ => KeyAction::Ignored,
         }
     }
 
     /// A key at `door`'s keypad: '0'..='9' add a digit, '*' clears, '#'
     /// submits. Other keys are ignored.
     pub fn on_key(&mut self, door: u8, key: char, now_ms: u64) -> KeyAction {
+        if matches!(self.mode, Mode::Pairing { .. }) {
+            return self.on_pairing_key(door, key);
+        }
         let Some(d) = self.door_mut(door) else {
             return KeyAction::Ignored;
         };
@@ -263,7 +488,20 @@ impl Board {
     /// Advance time: resends, link liveness, heartbeat, timeouts. Returns
     /// the frames to write, in order (drain it; frames left unread are
     /// returned by the next `poll`).
-    pub fn poll(&mut self, now_ms: u64) -> Frames<'_> {
+    pub fn poll(&mut self, now_ms: u64) -> Frames<'_, R> {
+        if matches!(self.mode, Mode::Pairing { .. }) {
+            // Pairing mode answers nothing else: no reports, no heartbeat.
+            return Frames { board: self };
+        }
+        if matches!(self.mode, Mode::Sealed { .. })
+            && !self.link.alive_at(now_ms)
+            && now_ms >= self.next_plain_hello_ms
+        {
+            // serial.md, "Faults": restarted, or no verified frame for
+            // 6 s: a lone 0x00 and a plain Hello ask for a session.
+            self.next_plain_hello_ms = now_ms.saturating_add(self.cfg.link.down_after_ms);
+            self.push_plain(&self.hello_msg());
+        }
         self.link.poll(now_ms);
         while let Some(ev) = self.link.pop_event() {
             match ev {
@@ -311,17 +549,20 @@ impl Board {
             let _ = self.send(Uplink::Heartbeat { uptime_s }, now_ms);
             self.next_heartbeat_ms = now_ms.saturating_add(self.cfg.heartbeat_every_ms);
         }
-        Frames {
-            link: &mut self.link,
-            encode_errors: &mut self.stats.encode_errors,
-        }
+        Frames { board: self }
     }
 
     /// Whether `door`'s relay should be energised (open) at `now_ms`.
     /// False at power-up, after the `Unlock` time ran out, and whenever the
     /// link is not alive.
     pub fn relay_open(&self, door: u8, now_ms: u64) -> bool {
-        self.link.alive_at(now_ms)
+        let in_session = match &self.mode {
+            Mode::Plain(_) => true,
+            Mode::Sealed { seal, .. } => seal.has_session(),
+            Mode::Pairing { .. } => false,
+        };
+        in_session
+            && self.link.alive_at(now_ms)
             && self
                 .door(door)
                 .and_then(|d| d.relay_until)
@@ -359,7 +600,10 @@ impl Board {
 
     /// Frames received from the hub, good and dropped by reason.
     pub fn decoder_stats(&self) -> DecoderStats {
-        self.decoder.stats()
+        match &self.mode {
+            Mode::Plain(decoder) => decoder.stats(),
+            Mode::Sealed { decoder, .. } | Mode::Pairing { decoder, .. } => decoder.stats(),
+        }
     }
 
     /// The link, for diagnostics (pending count, liveness, counters).
@@ -388,34 +632,50 @@ impl Board {
             // drop what still waits for an Ack (a Keypad typed before the
             // hub's Hello is never decided after it: the guest types
             // again), answer Hello, then report every door.
-            Downlink::Hello { .. } => {
-                self.link.drop_unacked();
-                self.send_hello(now_ms);
-                for door in 0..self.cfg.door_count {
-                    if let Some(d) = self.door_mut(door) {
-                        d.sensor_reported = None;
-                    }
-                    self.report_sensor(door, now_ms);
-                }
-                // A tamper is a state, like the doors: report it again.
-                if self.tamper_unacked {
-                    self.tamper_to_send = true;
-                    let _ = self.report_tamper(now_ms);
-                }
-            }
+            Downlink::Hello { .. } => self.report_all(now_ms),
             // The link answered with Pong / consumed the Ack.
             Downlink::Ping { .. } | Downlink::Ack { .. } => {}
+            // A board without a link key speaks only plain (serial.md,
+            // "Sealed link"): the handshake, pairing and rekey messages
+            // mean nothing to it.
+            Downlink::SealHello { .. }
+            | Downlink::SealConfirm { .. }
+            | Downlink::PairStart { .. }
+            | Downlink::PairReveal { .. }
+            | Downlink::RekeyStart { .. } => {}
         }
     }
 
-    fn send_hello(&mut self, now_ms: u64) {
-        let hello = Uplink::Hello {
+    /// The hub started over (plain `Hello`, or a new sealed session):
+    /// drop what still waits for an Ack, answer `Hello`, report every door
+    /// and an active tamper.
+    fn report_all(&mut self, now_ms: u64) {
+        self.link.drop_unacked();
+        self.send_hello(now_ms);
+        for door in 0..self.cfg.door_count {
+            if let Some(d) = self.door_mut(door) {
+                d.sensor_reported = None;
+            }
+            self.report_sensor(door, now_ms);
+        }
+        // A tamper is a state, like the doors: report it again.
+        if self.tamper_unacked {
+            self.tamper_to_send = true;
+            let _ = self.report_tamper(now_ms);
+        }
+    }
+
+    fn hello_msg(&self) -> Uplink {
+        Uplink::Hello {
             board_id: self.cfg.board_id,
             fw_major: self.cfg.fw_major,
             fw_minor: self.cfg.fw_minor,
             door_count: self.cfg.door_count,
-        };
-        let _ = self.send(hello, now_ms);
+        }
+    }
+
+    fn send_hello(&mut self, now_ms: u64) {
+        let _ = self.send(self.hello_msg(), now_ms);
     }
 
     fn send(&mut self, msg: Uplink, now_ms: u64) -> Result<Option<u16>, LinkError> {
@@ -445,34 +705,67 @@ impl Board {
     }
 }
 
-/// Frames to write, returned by [`Board::poll`]. Encodes lazily from the
-/// link's outbox, so nothing is lost if the caller stops early. A `Hello`
-/// frame starts with one extra 0x00 (serial.md): whatever half frame a
-/// reset cut short ends there, and cannot swallow the `Hello`.
-pub struct Frames<'a> {
-    link: &'a mut BoardLink,
-    encode_errors: &'a mut u32,
+/// What one received frame meant, once the mode's decoder is done with it.
+enum Rx {
+    Plain(Downlink),
+    Sealed(BoardRx),
+    Reply(Uplink),
 }
 
-impl Iterator for Frames<'_> {
-    type Item = Frame;
+/// A plain frame as a frame of the sealed link's size; a `Hello` starts
+/// with one extra 0x00 (serial.md): whatever half frame a reset cut short
+/// ends there, and cannot swallow the `Hello`.
+fn plain_frame(msg: &Uplink) -> Option<SealedFrame> {
+    let f = to_frame(msg).ok()?;
+    let mut out = SealedFrame::new();
+    if matches!(msg, Uplink::Hello { .. }) {
+        out.push(0).ok()?;
+    }
+    out.extend_from_slice(&f).ok()?;
+    Some(out)
+}
 
-    fn next(&mut self) -> Option<Frame> {
+/// Frames to write, returned by [`Board::poll`]. Encodes lazily from the
+/// link's outbox, so nothing is lost if the caller stops early. Handshake
+/// frames go first. A sealed board seals every message while a session
+/// holds and sends none without one; in pairing mode only the pairing
+/// replies go out.
+pub struct Frames<'a, R> {
+    board: &'a mut Board<R>,
+}
+
+impl<R: RandomSource> Iterator for Frames<'_, R> {
+    type Item = SealedFrame;
+
+    fn next(&mut self) -> Option<SealedFrame> {
+        if let Some(f) = self.board.handshake_out.pop_front() {
+            return Some(f);
+        }
         loop {
-            let msg = self.link.pop_tx()?;
-            let framed = to_frame(&msg).ok().and_then(|f| {
-                if !matches!(msg, Uplink::Hello { .. }) {
-                    return Some(f);
-                }
-                // A Hello frame is a dozen bytes: the lead byte fits.
-                let mut lead = Frame::new();
-                lead.push(0).ok()?;
-                lead.extend_from_slice(&f).ok()?;
-                Some(lead)
-            });
+            let msg = self.board.link.pop_tx()?;
+            let framed = match &mut self.board.mode {
+                Mode::Plain(_) => plain_frame(&msg),
+                Mode::Sealed { seal, .. } => match seal.seal(&msg) {
+                    Ok(f) => Some(f),
+                    // No session: nothing goes out but the plain Hello
+                    // that asks for one (queued by `poll`).
+                    Err(SealError::NoSession) => continue,
+                    // The counter ran out: ask for a new session.
+                    Err(SealError::CounterExhausted) => {
+                        let hello = self.board.hello_msg();
+                        self.board.push_plain(&hello);
+                        return self.board.handshake_out.pop_front();
+                    }
+                    Err(SealError::Encode) => None,
+                },
+                Mode::Pairing { .. } => continue,
+            };
             match framed {
                 Some(f) => return Some(f),
-                None => *self.encode_errors = self.encode_errors.saturating_add(1),
+                None => {
+                    self.board.stats.encode_errors =
+                        self.board.stats.encode_errors.saturating_add(1);
+                }
             }
         }
     }
@@ -854,12 +1147,12 @@ mod tests {
     #[test]
     fn hello_frames_start_with_a_lone_zero_byte_and_others_do_not() {
         let mut b = Board::new(BoardConfig::new(3, 2), T0);
-        let f: heapless::Vec<Frame, 4> = b.poll(T0).collect();
+        let f: heapless::Vec<SealedFrame, 4> = b.poll(T0).collect();
         assert_eq!(f.len(), 1);
         assert_eq!(f[0][0], 0x00);
         assert_eq!(&f[0][1..], to_frame(&hello()).unwrap().as_slice());
         b.on_tamper(T0).unwrap();
-        let f: heapless::Vec<Frame, 4> = b.poll(T0).collect();
+        let f: heapless::Vec<SealedFrame, 4> = b.poll(T0).collect();
         assert_ne!(f[0][0], 0x00);
     }
 

@@ -27,6 +27,17 @@ pub const MAX_FRAME: usize = MAX_BODY + MAX_BODY / 254 + 1 + 1;
 /// queue it without an allocator.
 pub type Frame = heapless::Vec<u8, MAX_FRAME>;
 
+/// Largest payload of a sealed link (`serial.md`: "a sealed payload at most
+/// 85"): `0xA5`, a 4-byte counter, a message of at most [`MAX_PAYLOAD`]
+/// bytes and a 16-byte tag.
+pub const MAX_SEALED_PAYLOAD: usize = 1 + 4 + MAX_PAYLOAD + 16;
+/// Largest COBS-decoded body on a sealed link.
+pub const MAX_SEALED_BODY: usize = MAX_SEALED_PAYLOAD + CRC_LEN;
+/// Largest frame on a sealed link, delimiter included.
+pub const MAX_SEALED_FRAME: usize = MAX_SEALED_BODY + MAX_SEALED_BODY / 254 + 1 + 1;
+/// One frame of a sealed link (plain handshake messages included).
+pub type SealedFrame = heapless::Vec<u8, MAX_SEALED_FRAME>;
+
 const CRC32: crc::Crc<u32> = crc::Crc::<u32>::new(&crc::CRC_32_ISO_HDLC);
 
 /// CRC-32/ISO-HDLC (zlib/Ethernet) of `bytes`, as the frame trailer uses it.
@@ -105,14 +116,28 @@ pub fn encode_frame<'a, T: Serialize + ?Sized>(
     msg: &T,
     out: &'a mut [u8],
 ) -> Result<&'a [u8], FrameError> {
-    let mut body = [0u8; MAX_BODY];
-    let (payload_area, _) = body.split_at_mut(MAX_PAYLOAD);
-    let n = match postcard::to_slice(msg, payload_area) {
+    let mut payload = [0u8; MAX_PAYLOAD];
+    let n = match postcard::to_slice(msg, &mut payload) {
         Ok(p) => p.len(),
         Err(postcard::Error::SerializeBufferFull) => return Err(FrameError::PayloadTooLong),
         Err(_) => return Err(FrameError::Encode),
     };
-    let crc = crc32(body.get(..n).ok_or(FrameError::Encode)?).to_le_bytes();
+    frame_payload(payload.get(..n).ok_or(FrameError::Encode)?, out)
+}
+
+/// Frame raw payload bytes (a message's postcard bytes, or a sealed
+/// payload) into `out`: `COBS(payload || crc32_le(payload)) || 0x00`.
+/// Payloads longer than [`MAX_SEALED_PAYLOAD`] are refused.
+pub fn frame_payload<'a>(payload: &[u8], out: &'a mut [u8]) -> Result<&'a [u8], FrameError> {
+    let n = payload.len();
+    if n > MAX_SEALED_PAYLOAD {
+        return Err(FrameError::PayloadTooLong);
+    }
+    let mut body = [0u8; MAX_SEALED_BODY];
+    body.get_mut(..n)
+        .ok_or(FrameError::Encode)?
+        .copy_from_slice(payload);
+    let crc = crc32(payload).to_le_bytes();
     body.get_mut(n..n + CRC_LEN)
         .ok_or(FrameError::Encode)?
         .copy_from_slice(&crc);
@@ -129,9 +154,10 @@ pub fn to_frame<T: Serialize + ?Sized>(msg: &T) -> Result<Frame, FrameError> {
     Frame::from_slice(wire).map_err(|_| FrameError::BufferTooSmall)
 }
 
-/// Check and decode one COBS-decoded frame body (payload || crc32_le).
-pub fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, FrameError> {
-    if body.len() > MAX_BODY {
+/// Check one COBS-decoded frame body (payload || crc32_le) of at most
+/// `max_body` bytes and return its payload.
+fn check_body(body: &[u8], max_body: usize) -> Result<&[u8], FrameError> {
+    if body.len() > max_body {
         return Err(FrameError::TooLong);
     }
     let Some(split) = body.len().checked_sub(CRC_LEN) else {
@@ -143,11 +169,21 @@ pub fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, FrameError> {
     if u32::from_le_bytes(crc) != crc32(payload) {
         return Err(FrameError::BadCrc);
     }
+    Ok(payload)
+}
+
+/// Decode one message from a payload that must hold exactly one.
+pub fn decode_payload<T: DeserializeOwned>(payload: &[u8]) -> Result<T, FrameError> {
     match postcard::take_from_bytes::<T>(payload) {
         Ok((msg, [])) => Ok(msg),
         Ok((_, _rest)) => Err(FrameError::TrailingBytes),
         Err(_) => Err(FrameError::Decode),
     }
+}
+
+/// Check and decode one COBS-decoded frame body (payload || crc32_le).
+pub fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, FrameError> {
+    decode_payload(check_body(body, MAX_BODY)?)
 }
 
 /// Decode one complete frame (with or without its trailing `0x00`).
@@ -215,56 +251,36 @@ impl DecoderStats {
     }
 }
 
-/// Streaming frame reader with a fixed 68-byte buffer.
-///
-/// Feed it every byte read from the port, in order. It returns `Some` once
-/// per frame: `Ok(msg)` for a good one, `Err(reason)` for a dropped one.
-/// Empty frames (`00 00`) are ignored silently, so a sender may prefix a
-/// frame with `0x00` to flush a half-received one. An over-long frame is
-/// reported as soon as it overflows and the rest of it, up to the next
-/// `0x00`, is skipped silently.
-pub struct FrameDecoder<T> {
-    body: [u8; MAX_BODY],
+/// The COBS half of a streaming reader, over a fixed `N`-byte body buffer:
+/// one home for resynchronisation, shared by [`FrameDecoder`] (plain
+/// messages) and [`PayloadDecoder`] (the sealed link's payloads).
+struct Deframer<const N: usize> {
+    body: [u8; N],
     len: usize,
     cobs: DecoderState,
     skipping: bool,
-    stats: DecoderStats,
-    _msg: PhantomData<fn() -> T>,
 }
 
-impl<T: DeserializeOwned> Default for FrameDecoder<T> {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl<T: DeserializeOwned> FrameDecoder<T> {
-    /// An idle decoder (waiting for the first byte of a frame).
-    pub fn new() -> Self {
+impl<const N: usize> Deframer<N> {
+    const fn new() -> Self {
         Self {
-            body: [0; MAX_BODY],
+            body: [0; N],
             len: 0,
             cobs: DecoderState::Idle,
             skipping: false,
-            stats: DecoderStats::default(),
-            _msg: PhantomData,
         }
     }
 
-    /// Drop any half-received frame, e.g. after the port was reopened.
-    pub fn reset(&mut self) {
+    fn reset(&mut self) {
         self.len = 0;
         self.cobs = DecoderState::Idle;
         self.skipping = false;
     }
 
-    /// Counts so far.
-    pub fn stats(&self) -> DecoderStats {
-        self.stats
-    }
-
-    /// Feed one byte. `Some` when a frame ended here (or overflowed).
-    pub fn push(&mut self, byte: u8) -> Option<Result<T, FrameError>> {
+    /// Feed one byte; `Some(Ok(body))` when a frame ended here (its
+    /// COBS-decoded bytes, CRC unchecked), `Some(Err(_))` when one was
+    /// dropped for its COBS or its length.
+    fn push(&mut self, byte: u8) -> Option<Result<&[u8], FrameError>> {
         if self.skipping {
             if byte == 0x00 {
                 self.reset();
@@ -289,22 +305,74 @@ impl<T: DeserializeOwned> FrameDecoder<T> {
                     self.len = 0;
                     self.cobs = DecoderState::Idle;
                     self.skipping = true;
-                    Some(self.finish(Err(FrameError::TooLong)))
+                    Some(Err(FrameError::TooLong))
                 }
             },
             Ok(DecodeResult::DataComplete) => {
-                let body = self.body.get(..self.len).unwrap_or(&[]);
-                let r = decode_body(body);
-                self.len = 0;
-                Some(self.finish(r))
+                let len = core::mem::take(&mut self.len);
+                Some(Ok(self.body.get(..len).unwrap_or(&[])))
             }
             // The cobs state machine only errs on a 0x00 inside a block and
             // has already gone idle, so the next byte starts a new frame.
             Err(_) => {
                 self.len = 0;
-                Some(self.finish(Err(FrameError::BadCobs)))
+                Some(Err(FrameError::BadCobs))
             }
         }
+    }
+}
+
+/// Streaming frame reader with a fixed 68-byte buffer.
+///
+/// Feed it every byte read from the port, in order. It returns `Some` once
+/// per frame: `Ok(msg)` for a good one, `Err(reason)` for a dropped one.
+/// Empty frames (`00 00`) are ignored silently, so a sender may prefix a
+/// frame with `0x00` to flush a half-received one. An over-long frame is
+/// reported as soon as it overflows and the rest of it, up to the next
+/// `0x00`, is skipped silently.
+pub struct FrameDecoder<T> {
+    deframer: Deframer<MAX_BODY>,
+    stats: DecoderStats,
+    _msg: PhantomData<fn() -> T>,
+}
+
+impl<T: DeserializeOwned> Default for FrameDecoder<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T: DeserializeOwned> FrameDecoder<T> {
+    /// An idle decoder (waiting for the first byte of a frame).
+    pub fn new() -> Self {
+        Self {
+            deframer: Deframer::new(),
+            stats: DecoderStats::default(),
+            _msg: PhantomData,
+        }
+    }
+
+    /// Drop any half-received frame, e.g. after the port was reopened.
+    pub fn reset(&mut self) {
+        self.deframer.reset();
+    }
+
+    /// Counts so far.
+    pub fn stats(&self) -> DecoderStats {
+        self.stats
+    }
+
+    /// Feed one byte. `Some` when a frame ended here (or overflowed).
+    pub fn push(&mut self, byte: u8) -> Option<Result<T, FrameError>> {
+        let r = match self.deframer.push(byte)? {
+            Ok(body) => decode_body(body),
+            Err(e) => Err(e),
+        };
+        match &r {
+            Ok(_) => self.stats.frames_ok = self.stats.frames_ok.saturating_add(1),
+            Err(e) => self.stats.count(*e),
+        }
+        Some(r)
     }
 
     /// Feed a chunk; the iterator yields one result per finished frame.
@@ -316,13 +384,63 @@ impl<T: DeserializeOwned> FrameDecoder<T> {
             bytes: bytes.iter(),
         }
     }
+}
 
-    fn finish(&mut self, r: Result<T, FrameError>) -> Result<T, FrameError> {
+/// Streaming reader for a sealed link: like [`FrameDecoder`], but it stops
+/// at the CRC and hands out the payload (up to [`MAX_SEALED_PAYLOAD`]
+/// bytes), because whether a payload is a sealed frame or a plain
+/// handshake message is the session's call ([`crate::seal`]).
+pub struct PayloadDecoder {
+    deframer: Deframer<MAX_SEALED_BODY>,
+    stats: DecoderStats,
+}
+
+impl Default for PayloadDecoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PayloadDecoder {
+    /// An idle decoder.
+    pub const fn new() -> Self {
+        Self {
+            deframer: Deframer::new(),
+            stats: DecoderStats {
+                frames_ok: 0,
+                too_long: 0,
+                too_short: 0,
+                bad_cobs: 0,
+                bad_crc: 0,
+                does_not_decode: 0,
+                trailing_bytes: 0,
+            },
+        }
+    }
+
+    /// Drop any half-received frame.
+    pub fn reset(&mut self) {
+        self.deframer.reset();
+    }
+
+    /// Counts so far (`frames_ok`: payloads that passed the CRC; the
+    /// decode counters stay zero here, the session counts those).
+    pub fn stats(&self) -> DecoderStats {
+        self.stats
+    }
+
+    /// Feed one byte. `Some(Ok(payload))` when a frame with a good CRC
+    /// ended here; the slice is valid until the next `push`.
+    pub fn push(&mut self, byte: u8) -> Option<Result<&[u8], FrameError>> {
+        let r = match self.deframer.push(byte)? {
+            Ok(body) => check_body(body, MAX_SEALED_BODY),
+            Err(e) => Err(e),
+        };
         match &r {
             Ok(_) => self.stats.frames_ok = self.stats.frames_ok.saturating_add(1),
             Err(e) => self.stats.count(*e),
         }
-        r
+        Some(r)
     }
 }
 

@@ -216,6 +216,34 @@ pub enum Uplink {
         /// The nonce of the Ping being answered.
         nonce: u32,
     },
+    /// Sealed link, plain: the board's answer to the hub's `SealHello`
+    /// (see [`crate::seal`]).
+    SealHello {
+        /// Board identity, also bound into `tag`.
+        board_id: u8,
+        /// 16 fresh random bytes.
+        board_nonce: [u8; 16],
+        /// First 16 bytes of HMAC-SHA256(LK, "lockhub-seal-board" ||
+        /// hub_nonce || board_nonce || board_id).
+        tag: [u8; 16],
+    },
+    /// Pairing, plain: the board's fresh X25519 public key, sent only after
+    /// a `PairStart` (see [`crate::pair`]).
+    PairReply {
+        /// The board's X25519 public key.
+        board_pub: [u8; 32],
+    },
+    /// Pairing, plain: whether the code typed on the board matched (and the
+    /// new key is stored), or why pairing stopped.
+    PairDone {
+        /// True only when the board stored the new link key.
+        ok: bool,
+    },
+    /// Rekey, sealed: the board's fresh X25519 public key.
+    RekeyReply {
+        /// The board's X25519 public key.
+        board_pub: [u8; 32],
+    },
 }
 
 /// Hub -> board messages. Variant and field order are the wire format.
@@ -254,6 +282,35 @@ pub enum Downlink {
     Hello {
         /// Random per port opening.
         session: u32,
+    },
+    /// Sealed link, plain: the hub asks for a session (replaces `Hello`
+    /// on a sealed link).
+    SealHello {
+        /// 16 fresh random bytes.
+        hub_nonce: [u8; 16],
+    },
+    /// Sealed link, plain: the hub's proof of the link key; once it
+    /// verifies, both sides switch to the new session.
+    SealConfirm {
+        /// First 16 bytes of HMAC-SHA256(LK, "lockhub-seal-hub" ||
+        /// hub_nonce || board_nonce).
+        tag: [u8; 16],
+    },
+    /// Pairing, plain: the hub's commitment to its X25519 public key.
+    PairStart {
+        /// SHA-256("lockhub-pair-commit" || hub_pub).
+        commit: [u8; 32],
+    },
+    /// Pairing, plain: the hub's X25519 public key, sent only after the
+    /// board's `PairReply`.
+    PairReveal {
+        /// The hub's X25519 public key.
+        hub_pub: [u8; 32],
+    },
+    /// Rekey, sealed: the hub's fresh X25519 public key.
+    RekeyStart {
+        /// The hub's X25519 public key.
+        hub_pub: [u8; 32],
     },
 }
 

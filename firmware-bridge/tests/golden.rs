@@ -287,3 +287,62 @@ fn all_golden_frames_back_to_back_decode_in_order() {
         assert_eq!(to_frame(m).unwrap().as_slice(), ups[0].wire.as_slice());
     }
 }
+
+/// The sealed link's messages (`serial.md`, the `Uplink` and `Downlink`
+/// tables, indexes 7..=10 and 5..=9): the variant index, then each field in
+/// order, a `[u8; N]` as N raw bytes with no length. Built by hand from the
+/// tables, so a reordered variant or field fails here.
+#[test]
+fn sealed_link_messages_encode_as_the_tables_say_and_decode_back() {
+    fn bytes(parts: &[&[u8]]) -> Vec<u8> {
+        parts.concat()
+    }
+    let n16 = [0x11u8; 16];
+    let t16 = [0x22u8; 16];
+    let k32: [u8; 32] = std::array::from_fn(|i| i as u8 + 1);
+    let ups = [
+        (
+            Uplink::SealHello {
+                board_id: 3,
+                board_nonce: n16,
+                tag: t16,
+            },
+            bytes(&[&[7, 3], &n16, &t16]),
+        ),
+        (Uplink::PairReply { board_pub: k32 }, bytes(&[&[8], &k32])),
+        (Uplink::PairDone { ok: true }, vec![9, 1]),
+        (Uplink::PairDone { ok: false }, vec![9, 0]),
+        (Uplink::RekeyReply { board_pub: k32 }, bytes(&[&[10], &k32])),
+    ];
+    for (msg, want) in ups {
+        let mut buf = [0u8; 64];
+        assert_eq!(postcard::to_slice(&msg, &mut buf).unwrap(), want, "{msg:?}");
+        assert_eq!(postcard::from_bytes::<Uplink>(&want).unwrap(), msg);
+        let wire = to_frame(&msg).unwrap();
+        assert_eq!(firmware_bridge::decode_frame::<Uplink>(&wire), Ok(msg));
+    }
+    let downs = [
+        (Downlink::SealHello { hub_nonce: n16 }, bytes(&[&[5], &n16])),
+        (Downlink::SealConfirm { tag: t16 }, bytes(&[&[6], &t16])),
+        (Downlink::PairStart { commit: k32 }, bytes(&[&[7], &k32])),
+        (Downlink::PairReveal { hub_pub: k32 }, bytes(&[&[8], &k32])),
+        (Downlink::RekeyStart { hub_pub: k32 }, bytes(&[&[9], &k32])),
+    ];
+    for (msg, want) in downs {
+        let mut buf = [0u8; 64];
+        assert_eq!(postcard::to_slice(&msg, &mut buf).unwrap(), want, "{msg:?}");
+        assert_eq!(postcard::from_bytes::<Downlink>(&want).unwrap(), msg);
+        let wire = to_frame(&msg).unwrap();
+        assert_eq!(firmware_bridge::decode_frame::<Downlink>(&wire), Ok(msg));
+    }
+}
+
+#[test]
+fn a_sealed_payload_never_decodes_as_a_plain_message() {
+    // 0xA5 starts every sealed payload; as a varint it continues, and names
+    // a variant far past the last one in either direction.
+    let mut payload = vec![0xa5, 0x01, 0x00, 0x00, 0x00];
+    payload.extend_from_slice(&[0x42; 21]);
+    assert!(postcard::from_bytes::<Uplink>(&payload).is_err());
+    assert!(postcard::from_bytes::<Downlink>(&payload).is_err());
+}

@@ -10,6 +10,9 @@ pub(super) struct Diag<'t> {
     /// The secrets file: never echo anything from it that could be a secret.
     pub(super) secret: bool,
     pub(super) errors: Vec<ConfigError>,
+    /// Not problems: what an installer should know now (a serial device
+    /// absent now may be plugged in later). check-config prints them.
+    pub(super) warnings: Vec<ConfigError>,
 }
 
 impl<'t> Diag<'t> {
@@ -19,7 +22,18 @@ impl<'t> Diag<'t> {
             text,
             secret,
             errors: Vec::new(),
+            warnings: Vec::new(),
         }
+    }
+
+    pub(super) fn warn_at(&mut self, span: Range<usize>, message: impl Into<String>) {
+        let (line, column) = line_col(self.text, span.start);
+        self.warnings.push(ConfigError {
+            file: self.file.clone(),
+            line: Some(line),
+            column: Some(column),
+            message: message.into(),
+        });
     }
 
     pub(super) fn at(&mut self, span: Range<usize>, message: impl Into<String>) {

@@ -17,14 +17,12 @@ pub(super) fn read_serials(
             names.push((*n, span.clone()));
         }
         let port = s.path(d, "port", true, base);
+        if let Some((p, span)) = &port {
+            warn_if_absent(d, "[[serial]]", p, span.clone());
+        }
         // Optional: the wire contract names the default. An invalid value
         // is reported and fails the load whatever is kept here.
-        let baud = match s.get("baud") {
-            None => Some(DEFAULT_SERIAL_BAUD),
-            Some(_) => s
-                .int_in::<u32>(d, "baud", true, 1, u32::MAX.into())
-                .map(|b| b.0),
-        };
+        let baud = read_baud(d, s, DEFAULT_SERIAL_BAUD);
         serials.push((|| {
             Some(SerialConfig {
                 name: name?.0.to_owned(),

@@ -133,8 +133,41 @@ pub const DEFAULT_SERIAL_BAUD: u32 = 115_200;
 /// An `[[osdp]]` bus without `baud` (osdp.md 'Physical and addressing').
 pub const DEFAULT_OSDP_BAUD: u32 = 9600;
 
-/// The baud rates osdp.md allows on a bus.
+/// The baud rates osdp.md allows on a bus, and the standard rates a
+/// `[[serial]]` may use (11520 is a typo of 115200, not a speed).
 pub const OSDP_BAUDS: [u32; 6] = [9600, 19200, 38400, 57600, 115200, 230400];
+
+/// `baud` of `t`: `default` when absent; one of [`OSDP_BAUDS`], or a
+/// problem at the value.
+fn read_baud(d: &mut Diag<'_>, t: &Table<'_, '_>, default: u32) -> Option<u32> {
+    if t.get("baud").is_none() {
+        return Some(default);
+    }
+    let (b, span) = t.int_in::<u32>(d, "baud", true, 1, u32::MAX.into())?;
+    if OSDP_BAUDS.contains(&b) {
+        return Some(b);
+    }
+    let list: Vec<String> = OSDP_BAUDS.iter().map(u32::to_string).collect();
+    d.at(
+        span,
+        format!("`baud` must be one of {}; found {b}", list.join(", ")),
+    );
+    None
+}
+
+/// A device named by `port` that is not there now: a warning, not a
+/// problem (a USB adapter may be plugged in later; the daemon retries).
+fn warn_if_absent(d: &mut Diag<'_>, what: &str, port: &Path, span: Range<usize>) {
+    if !port.exists() {
+        d.warn_at(
+            span,
+            format!(
+                "{what} `port` {} does not exist now; the daemon retries until it appears (a USB adapter plugged in later is fine)",
+                port.display()
+            ),
+        );
+    }
+}
 
 /// The highest reader address (0x7F is broadcast).
 pub const MAX_READER_ADDRESS: u8 = 126;
@@ -409,9 +442,17 @@ pub const MAX_DOOR_INDEX: u8 = (firmware_bridge::board::MAX_DOORS - 1) as u8;
 /// of config.md. Reads only; writes and creates nothing (`data_dir` need not
 /// exist yet). Relative paths resolve against the folder of `path`.
 pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+    load_with_warnings(path).0
+}
+
+/// [`load`], and the warnings it found besides the problems (a device
+/// absent now), in file order: what check-config prints.
+pub fn load_with_warnings(path: &Path) -> (Result<Config, ConfigErrors>, Vec<ConfigError>) {
     let mut errors = Vec::new();
-    let config = load_inner(path, &mut errors);
-    match config {
+    let mut warnings = Vec::new();
+    let config = load_inner(path, &mut errors, &mut warnings);
+    let warnings = ordered(warnings, path);
+    let config = match config {
         Some(config) if errors.is_empty() => Ok(config),
         _ => {
             if errors.is_empty() {
@@ -422,7 +463,8 @@ pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
                 errors: ordered(errors, path),
             })
         }
-    }
+    };
+    (config, warnings)
 }
 
 fn file_error(file: &Path, message: impl Into<String>) -> ConfigError {
@@ -454,7 +496,11 @@ fn ordered(mut errors: Vec<ConfigError>, first: &Path) -> Vec<ConfigError> {
     errors
 }
 
-fn load_inner(path: &Path, errors: &mut Vec<ConfigError>) -> Option<Config> {
+fn load_inner(
+    path: &Path,
+    errors: &mut Vec<ConfigError>,
+    warnings: &mut Vec<ConfigError>,
+) -> Option<Config> {
     let text = match read_text(path) {
         Ok(t) => t,
         Err(ReadError::Io(e)) => {
@@ -535,6 +581,7 @@ fn load_inner(path: &Path, errors: &mut Vec<ConfigError>) -> Option<Config> {
     }
 
     errors.append(&mut d.errors);
+    warnings.append(&mut d.warnings);
     let (secrets_file, _) = secrets_ref?;
     let (doors, reader_doors) = doors?;
     Some(Config {

@@ -18,21 +18,11 @@ pub(super) fn read_osdp_buses(
             names.push((*n, span.clone()));
         }
         let port = t.path(d, "port", true, base);
+        if let Some((p, span)) = &port {
+            warn_if_absent(d, "[[osdp]]", p, span.clone());
+        }
         // Optional, as for a board (osdp.md names the default).
-        let baud = match t.get("baud") {
-            None => Some(DEFAULT_OSDP_BAUD),
-            Some(_) => t.int_in::<u32>(d, "baud", true, 1, u32::MAX.into()).and_then(|(b, span)| {
-            if OSDP_BAUDS.contains(&b) {
-                Some(b)
-            } else {
-                d.at(
-                    span,
-                    format!("`baud` must be one of 9600, 19200, 38400, 57600, 115200, 230400; found {b}"),
-                );
-                None
-            }
-        }),
-        };
+        let baud = read_baud(d, t, DEFAULT_OSDP_BAUD);
         buses.push((|| {
             Some(OsdpBusConfig {
                 name: name?.0.to_owned(),

@@ -459,6 +459,13 @@ impl Session {
                 });
             }
             Uplink::Heartbeat { .. } | Uplink::Pong { .. } | Uplink::Ack { .. } => {}
+            // The sealed link's handshake, pairing and rekey messages
+            // (docs/protocol/serial.md, "Sealed link"): this port speaks the
+            // plain link only, so they are ignored here.
+            Uplink::SealHello { .. }
+            | Uplink::PairReply { .. }
+            | Uplink::PairDone { .. }
+            | Uplink::RekeyReply { .. } => {}
         }
     }
 

@@ -60,22 +60,37 @@ pub enum SimEvent {
 impl SimEvent {
     /// The line `sim-board` prints, for the events a person cares about.
     pub fn line(&self) -> Option<String> {
+        self.line_for(&[])
+    }
+
+    /// [`SimEvent::line`] with doors named as the hub's config names them
+    /// (`--door-name 101=0`: `door 101`).
+    pub fn line_for(&self, doors: &[(String, u8)]) -> Option<String> {
+        let at = |door: &u8| door_label(*door, doors);
         Some(match self {
-            SimEvent::EntrySent { door } => format!("door {door}: entry sent"),
-            SimEvent::RelayOpened { door } => format!("door {door}: relay open"),
-            SimEvent::RelayClosed { door } => format!("door {door}: relay closed"),
+            SimEvent::EntrySent { door } => format!("{}: entry sent", at(door)),
+            SimEvent::RelayOpened { door } => format!("{}: relay open", at(door)),
+            SimEvent::RelayClosed { door } => format!("{}: relay closed", at(door)),
             SimEvent::Denied {
                 door,
                 locked_out: false,
-            } => format!("door {door}: denied"),
+            } => format!("{}: denied", at(door)),
             SimEvent::Denied {
                 door,
                 locked_out: true,
-            } => format!("door {door}: denied (keypad locked out)"),
+            } => format!("{}: denied (keypad locked out)", at(door)),
             SimEvent::LinkUp => "link up".to_owned(),
             SimEvent::LinkDown => "link down".to_owned(),
             _ => return None,
         })
+    }
+}
+
+/// `door NAME` for a door the hub's config names, else `door INDEX`.
+pub fn door_label(door: u8, doors: &[(String, u8)]) -> String {
+    match doors.iter().find(|(_, i)| *i == door) {
+        Some((name, _)) => format!("door {name}"),
+        None => format!("door {door}"),
     }
 }
 
@@ -434,6 +449,30 @@ impl Command {
         Ok(cmd)
     }
 
+    /// What `sim-board` says it did, at once (the board's answers follow as
+    /// their own lines). Never the keys themselves: they may be a PIN.
+    pub fn echo(&self, doors: &[(String, u8)]) -> String {
+        match self {
+            Command::Keys { door, keys } => {
+                let at = door_label(*door, doors);
+                let n = keys.chars().count();
+                if keys.ends_with('#') {
+                    format!("{at}: {n} keys pressed")
+                } else {
+                    format!(
+                        "{at}: {n} keys pressed, no # at the end: the board sends the entry when # is pressed"
+                    )
+                }
+            }
+            Command::Sensor { door, open } => format!(
+                "{}: contact {}",
+                door_label(*door, doors),
+                if *open { "open" } else { "closed" }
+            ),
+            Command::Tamper => "tamper switch tripped".to_owned(),
+        }
+    }
+
     /// Applies the command to the board.
     pub fn apply<Io: AsyncRead + AsyncWrite + Unpin>(self, sim: &mut SimBoard<Io>) {
         match self {
@@ -480,7 +519,10 @@ pub async fn run_interactive(
             match rx.try_recv() {
                 Ok(line) if line.trim().is_empty() => {}
                 Ok(line) => match Command::parse(&line, &doors) {
-                    Ok(cmd) => cmd.apply(&mut sim),
+                    Ok(cmd) => {
+                        println!("{}", cmd.echo(&doors));
+                        cmd.apply(&mut sim);
+                    }
                     Err(why) => println!("? {why}"),
                 },
                 Err(tokio::sync::mpsc::error::TryRecvError::Empty) => break,
@@ -492,7 +534,7 @@ pub async fn run_interactive(
         }
         sim.step().await?;
         for ev in sim.take_events() {
-            if let Some(line) = ev.line() {
+            if let Some(line) = ev.line_for(&doors) {
                 println!("{line}");
             }
         }
@@ -557,6 +599,27 @@ mod tests {
     fn a_command_never_shows_its_keys() {
         let c = Command::parse("0 482913#", &[]).unwrap();
         assert!(!format!("{c:?}").contains("482913"));
+    }
+
+    #[test]
+    fn every_command_is_echoed_with_the_doors_name_and_never_its_keys() {
+        let doors = [("101".to_owned(), 0u8)];
+        let echo = |l: &str| Command::parse(l, &doors).unwrap().echo(&doors);
+        assert_eq!(echo("101 482913#"), "door 101: 7 keys pressed");
+        assert_eq!(
+            echo("101 482913"),
+            "door 101: 6 keys pressed, no # at the end: the board sends the entry when # is pressed"
+        );
+        assert_eq!(echo("1 5#"), "door 1: 2 keys pressed");
+        assert_eq!(echo("open 101"), "door 101: contact open");
+        assert_eq!(echo("close 0"), "door 101: contact closed");
+        assert_eq!(echo("tamper"), "tamper switch tripped");
+        assert_eq!(
+            SimEvent::RelayOpened { door: 0 }
+                .line_for(&doors)
+                .as_deref(),
+            Some("door 101: relay open")
+        );
     }
 
     #[test]

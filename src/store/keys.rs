@@ -168,6 +168,49 @@ pub fn format_keys(keys: &[KeyListing], counts: &KeyCounts) -> String {
     out
 }
 
+/// One key in `lockhub keys --json` (stable field names, times RFC 3339
+/// UTC; docs/protocol/config.md).
+#[derive(Debug, serde::Serialize)]
+struct KeyJson<'a> {
+    key_id: &'a str,
+    version: i64,
+    state: &'a str,
+    doors: &'a [String],
+    valid_from: String,
+    valid_until: String,
+    check_in_id: Option<&'a str>,
+    reservation_id: Option<&'a str>,
+}
+
+/// `lockhub keys --json`: `{"keys": [...], "counts": {...}}`.
+pub fn keys_json(keys: &[KeyListing], counts: &KeyCounts) -> String {
+    let keys: Vec<KeyJson<'_>> = keys
+        .iter()
+        .map(|k| KeyJson {
+            key_id: &k.key_id,
+            version: k.version,
+            state: &k.state,
+            doors: &k.doors,
+            valid_from: k.valid_from.to_rfc3339(),
+            valid_until: k.valid_until.to_rfc3339(),
+            check_in_id: k.check_in_id.as_deref(),
+            reservation_id: k.reservation_id.as_deref(),
+        })
+        .collect();
+    let doc = serde_json::json!({ "keys": keys, "counts": counts });
+    serde_json::to_string_pretty(&doc).unwrap_or_default() + "\n"
+}
+
+/// [`keys_json`] of the mirror to `out` (`lockhub keys --json`).
+pub fn print_keys_json(conn: &Connection, out: &mut dyn std::io::Write) -> Result<(), StoreError> {
+    let text = keys_json(&list(conn)?, &counts(conn)?);
+    out.write_all(text.as_bytes())
+        .map_err(|source| StoreError::Output {
+            what: "the key list",
+            source,
+        })
+}
+
 /// Lists the mirror to `out` (the `lockhub keys` command).
 pub fn print_keys(conn: &Connection, out: &mut dyn std::io::Write) -> Result<(), StoreError> {
     let text = format_keys(&list(conn)?, &counts(conn)?);

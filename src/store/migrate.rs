@@ -57,6 +57,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0012_more_guards",
         include_str!("../../migrations/0012_more_guards.sql"),
     ),
+    (
+        "0013_broker_error",
+        include_str!("../../migrations/0013_broker_error.sql"),
+    ),
 ];
 
 /// The schema version a database is at.

@@ -45,7 +45,8 @@ pub fn record_start(conn: &Connection, now: Timestamp) -> Result<(), StoreError>
         "INSERT INTO hub_runtime (id, started_at, version, broker, broker_since)
          VALUES (1, ?1, ?2, 'connecting', ?1)
          ON CONFLICT (id) DO UPDATE SET started_at = ?1, version = ?2,
-             broker = 'connecting', broker_since = ?1",
+             broker = 'connecting', broker_since = ?1,
+             broker_error = NULL, broker_error_since = NULL",
         params![now.0, env!("CARGO_PKG_VERSION")],
     )?;
     Ok(())
@@ -63,6 +64,54 @@ pub fn record_broker(
         params![state.as_str(), now.0],
     )?;
     Ok(())
+}
+
+/// Longest error text kept (the column's CHECK); longer ones are cut.
+pub const MAX_ERROR_LEN: usize = 512;
+
+/// The broker link's last error is now `error` (None: connected, no error
+/// since). `broker_error_since` moves only when the text changes.
+pub fn record_broker_error(
+    conn: &Connection,
+    error: Option<&str>,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    let error = error.map(|e| {
+        let mut end = e.len().min(MAX_ERROR_LEN);
+        while !e.is_char_boundary(end) {
+            end -= 1;
+        }
+        &e[..end]
+    });
+    conn.execute(
+        "UPDATE hub_runtime SET
+             broker_error_since = CASE WHEN ?1 IS NULL THEN NULL
+                 WHEN broker_error IS ?1 THEN broker_error_since ELSE ?2 END,
+             broker_error = ?1 WHERE id = 1",
+        params![error, now.0],
+    )?;
+    Ok(())
+}
+
+/// The broker link's last error and since when, if any (None also on a
+/// database older than migration 0013).
+pub fn read_broker_error(conn: &Connection) -> Result<Option<(String, Timestamp)>, StoreError> {
+    let has_column: bool = conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM pragma_table_info('hub_runtime') WHERE name = 'broker_error')",
+        [],
+        |r| r.get(0),
+    )?;
+    if !has_column {
+        return Ok(None);
+    }
+    Ok(conn
+        .query_row(
+            "SELECT broker_error, broker_error_since FROM hub_runtime
+             WHERE id = 1 AND broker_error IS NOT NULL",
+            [],
+            |r| Ok((r.get(0)?, Timestamp(r.get(1)?))),
+        )
+        .optional()?)
 }
 
 /// The row, if a daemon of this schema has started (None before that, and

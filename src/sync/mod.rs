@@ -49,7 +49,7 @@ use crate::store::alerts;
 use crate::store::outbox::{self, Topic};
 use crate::store::runtime::{self, BrokerState};
 use crate::store::{Priority, Store, StoreError};
-use client::{Access, Gate, LinkEvent, PollSettings, PollSinks};
+use client::{Access, Gate, LinkEvent, LinkNews, PollSettings, PollSinks};
 use ed25519_dalek::SigningKey;
 use ingest::{Decide, Decided, IngestSinks};
 use lockhub_proto::outputs::Condition;
@@ -291,7 +291,7 @@ impl SyncHandle {
 struct ControlInputs {
     session: mpsc::Receiver<LinkEvent>,
     decided: mpsc::Receiver<(u64, Decided)>,
-    access: mpsc::Receiver<Access>,
+    access: mpsc::Receiver<LinkNews>,
 }
 
 /// The control task: sync requests, `cloud_stale`, `broker_denied` and the
@@ -371,7 +371,8 @@ async fn control(
                 None => session_open = false,
             },
             a = access_rx.recv(), if access_open => match a {
-                Some(a) => broker.access(&store, a, &outbox_wake).await,
+                Some(LinkNews::Access(a)) => broker.access(&store, a, &outbox_wake).await,
+                Some(LinkNews::Failed(error)) => broker.failed(&store, error).await,
                 None => access_open = false,
             },
             d = decided_rx.recv(), if decided_open => match d {
@@ -413,6 +414,8 @@ struct BrokerLink {
     /// else would end the alert.
     clear_again: Vec<&'static str>,
     clear_again_at: Option<Duration>,
+    /// The last error recorded for `lockhub status` (written on a change).
+    last_error: Option<String>,
 }
 
 impl BrokerLink {
@@ -445,6 +448,33 @@ impl BrokerLink {
             denied_subscribe,
             clear_again: Vec::new(),
             clear_again_at: None,
+            last_error: None,
+        }
+    }
+
+    /// A connection attempt failed or the connection was lost with `error`:
+    /// recorded for `lockhub status` when it changes, and a hub that never
+    /// got in is `down`, not `connecting`, from its first failure.
+    async fn failed(&mut self, store: &Store, error: String) {
+        if self.state == BrokerState::Connecting {
+            self.set(store, BrokerState::Down).await;
+        }
+        if self.last_error.as_deref() != Some(error.as_str()) {
+            self.record_error(store, Some(error)).await;
+        }
+    }
+
+    async fn record_error(&mut self, store: &Store, error: Option<String>) {
+        let now = Timestamp::now_system();
+        let text = error.clone();
+        match store
+            .write(Priority::Bulk, move |c| {
+                runtime::record_broker_error(c, text.as_deref(), now)
+            })
+            .await
+        {
+            Ok(()) => self.last_error = error,
+            Err(e) => tracing::error!(error = %e, "cannot record the broker link's error"),
         }
     }
 
@@ -525,6 +555,9 @@ impl BrokerLink {
 
     async fn connected(&mut self, store: &Store, outbox_wake: &Notify) {
         self.set(store, BrokerState::Up).await;
+        if self.last_error.is_some() {
+            self.record_error(store, None).await;
+        }
         if self.denied_connect {
             self.denied_connect = false;
             self.clear(store, DENIED_CONNECT, outbox_wake).await;
@@ -533,7 +566,9 @@ impl BrokerLink {
 
     async fn access(&mut self, store: &Store, access: Access, outbox_wake: &Notify) {
         match access {
-            Access::ConnectRefused(_) | Access::CertificateRefused(_) => {
+            Access::ConnectRefused(_)
+            | Access::CertificateRefused(_)
+            | Access::BrokerUntrusted(_) => {
                 self.denied_connect = true;
                 self.set(store, BrokerState::Denied).await;
                 self.alert(store, AlertChange::Raise, DENIED_CONNECT, outbox_wake)

@@ -71,6 +71,12 @@ def main():
     ap.add_argument("--no-sc", action="store_true", help="a reader without Secure Channel")
     ap.add_argument("--no-enforce", action="store_true", help="accept plain text")
     ap.add_argument("--nak-output", action="store_true", help="refuse osdp_OUT (NAK)")
+    ap.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["emergency", "alert", "critical", "error", "warning", "notice", "info", "debug"],
+        help="libosdp's own logging on stderr (the demo: emergency, so its stderr is lockhub's)",
+    )
     args = ap.parse_args()
 
     master, slave = os.openpty()
@@ -102,7 +108,7 @@ def main():
         flags=flags,
         id=osdp.PdId(1, 7, args.vendor, args.serial, 0x010203),
     )
-    pd = osdp.PeripheralDevice(info, osdp.PDCapabilities(caps), log_level=osdp.LogLevel.Warning)
+    pd = osdp.PeripheralDevice(info, osdp.PDCapabilities(caps), log_level=getattr(osdp.LogLevel, args.log_level.capitalize()))
     if args.nak_output:
         pd.set_command_handler(
             lambda cmd: (-1, None) if cmd.get("command") == osdp.Command.Output else (0, None)

@@ -32,7 +32,10 @@ use std::path::{Path, PathBuf};
 
 /// The repository's root (the `lockhub` package), for files that ship.
 pub fn repo_root() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+    // The parent, not `testkit/..`: paths built on it are shown to people
+    // (the demo names the OSDP venv it looks for).
+    let testkit = Path::new(env!("CARGO_MANIFEST_DIR"));
+    testkit.parent().unwrap_or(testkit)
 }
 
 /// The `lockhub` binary Cargo built beside the running test, bench or

@@ -1113,7 +1113,8 @@ fn check_config(path: &Path) -> std::process::Output {
 
 #[test]
 fn check_config_exits_0_on_a_good_file_and_changes_nothing() {
-    let fx = Fixture::new();
+    // A device that is there on every machine (an absent one is a warning).
+    let fx = Fixture::with_hub_edits(&[("/dev/ttyAMA0", "/dev/null")]);
     let before = listing(fx.dir.path());
     let out = check_config(&fx.hub());
     assert_eq!(
@@ -1132,6 +1133,8 @@ fn check_config_exits_2_with_every_problem_at_file_line_col() {
     let fx = Fixture::with_hub_edits(&[
         ("hub_id = \"hub-lobby-1\"", "hub_id = \"no spaces\""),
         ("serial = \"board-a\"", "serial = \"board-z\""),
+        // Present, so that only the problems are printed.
+        ("/dev/ttyAMA0", "/dev/null"),
     ]);
     set_mode(&fx.secrets(), 0o644);
     let out = check_config(&fx.hub());
@@ -1177,4 +1180,52 @@ fn listing(dir: &Path) -> Vec<(std::path::PathBuf, u64, std::time::SystemTime)> 
         .collect();
     v.sort();
     v
+}
+
+#[test]
+fn a_serial_baud_rate_that_is_not_standard_is_refused_at_its_value() {
+    // 11520: a typo of 115200.
+    hub_error(
+        &[("baud = 115200", "baud = 11520")],
+        19,
+        8,
+        "`baud` must be one of 9600, 19200, 38400, 57600, 115200, 230400; found 11520",
+    );
+}
+
+#[test]
+fn a_serial_device_absent_now_is_a_warning_at_its_line_and_the_config_is_still_valid() {
+    let fx = Fixture::new();
+    let absent = fx.path("ttyUSB-not-plugged-in");
+    let present = fx.path("ttyUSB-here");
+    std::fs::write(&present, "").unwrap();
+    let hub = fx.write_hub(&testkit::files::edit(
+        &testkit::files::hub_toml(),
+        &[("/dev/ttyAMA0", absent.to_str().unwrap())],
+    ));
+    let out = check_config(&hub);
+    assert_eq!(out.status.code(), Some(0), "a warning, not a problem");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "{}:18:8: warning: [[serial]] `port` {} does not exist now",
+            hub.display(),
+            absent.display()
+        )),
+        "{err}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).ends_with(": ok\n"));
+
+    // The device there: nothing to say.
+    fx.write_hub(&testkit::files::edit(
+        &testkit::files::hub_toml(),
+        &[("/dev/ttyAMA0", present.to_str().unwrap())],
+    ));
+    let out = check_config(&hub);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

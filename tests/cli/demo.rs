@@ -187,6 +187,24 @@ fn the_demo_tells_the_whole_story_and_leaks_no_secret() {
     // Every message the cloud got was hub-signed, and it said so.
     assert!(!run.stdout.contains("REFUSED"), "{}", run.stdout);
 
+    // stderr is lockhub's own: the daemon's log lines and the demo's notes,
+    // no libosdp chatter from the reader; the planned outage says so.
+    for line in run.stderr.lines().filter(|l| !l.trim().is_empty()) {
+        let daemon = line
+            .split_whitespace()
+            .nth(2)
+            .is_some_and(|target| target.starts_with("lockhub"));
+        assert!(
+            daemon || line.starts_with("demo"),
+            "not lockhub's own line on stderr: {line}"
+        );
+    }
+    assert!(
+        run.stderr.contains("stops the broker on purpose"),
+        "{}",
+        run.stderr
+    );
+
     // The secrets the demo generated, and the tags of the PINs it used.
     let secrets = std::fs::read_to_string(dir.join("secrets.toml")).expect("secrets.toml");
     let hub_key = secret_of(&secrets, &["hub_key", "secret"]);

@@ -86,3 +86,53 @@ fn keys_with_a_bad_config_exits_2_with_the_position() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("hub.toml:24:"));
 }
+
+#[test]
+fn keys_json_has_the_documented_fields_and_no_tags() {
+    let fx = Fixture::new();
+    let config = lockhub::config::load(&fx.hub()).expect("valid fixture");
+    let store = Store::open(&config.database_path(), &config.policy).unwrap();
+    store
+        .write_blocking(Priority::Bulk, |c| {
+            insert_key(c, &K::active("k-json-1", "482913", &["101"]))?;
+            Ok(())
+        })
+        .unwrap();
+    store.close();
+    let out = Command::new(env!("CARGO_BIN_EXE_lockhub"))
+        .args(["keys", "--json", "--config"])
+        .arg(fx.hub())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let k = &v["keys"][0];
+    let mut fields: Vec<&str> = k.as_object().unwrap().keys().map(String::as_str).collect();
+    fields.sort_unstable();
+    // docs/protocol/config.md, `keys --json`.
+    assert_eq!(
+        fields,
+        [
+            "check_in_id",
+            "doors",
+            "key_id",
+            "reservation_id",
+            "state",
+            "valid_from",
+            "valid_until",
+            "version"
+        ]
+    );
+    assert_eq!(k["key_id"], "k-json-1");
+    assert_eq!(k["state"], "active");
+    assert_eq!(k["doors"], serde_json::json!(["101"]));
+    assert!(k["valid_from"].as_str().unwrap().ends_with('Z'), "{k}");
+    assert_eq!(v["counts"]["active"], 1);
+    let tag = pin_tag(&pin_keys()[0].secret, b"482913");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains(&b64u_encode(&tag)) && !text.contains("482913"));
+}

@@ -4,6 +4,8 @@
 
 mod config;
 mod demo;
+mod grammar;
 mod keys_cli;
 mod provision;
+mod scripts;
 mod status;

@@ -303,6 +303,29 @@ fn bad_input_exits_2_and_writes_nothing() {
 }
 
 #[test]
+fn an_owner_that_does_not_exist_says_how_to_create_it_and_writes_nothing() {
+    let p = paths();
+    let mut f = flags();
+    f.extend(["--owner".into(), "no-such-lockhub-user".into()]);
+    let out = provision(&p, &as_strs(&f));
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("unknown user \"no-such-lockhub-user\""),
+        "{err}"
+    );
+    assert!(
+        err.contains("adduser --system --group") && err.contains("leave out --owner"),
+        "{err}"
+    );
+    let mut f = flags();
+    f.extend(["--owner".into(), "65534:no-such-lockhub-group".into()]);
+    let err = String::from_utf8_lossy(&provision(&p, &as_strs(&f)).stderr).into_owned();
+    assert!(err.contains("unknown group"), "{err}");
+    assert!(!p.root.join("etc").exists());
+}
+
+#[test]
 fn owner_gets_the_secrets_file_and_the_data_folder() {
     if unsafe_is_not_root() {
         eprintln!("skipped: chown needs root");
@@ -344,13 +367,48 @@ fn a_config_check_config_would_refuse_is_reported_and_nothing_is_left() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("ca_file"), "{err}");
+    // The field and its flag, not a line of a hub.toml that was never
+    // written (nor the staged file's name).
     assert!(
-        err.contains(&p.config.display().to_string()),
-        "names the real path: {err}"
+        err.contains(
+            "bundle field `mqtt` (--mqtt-url and the TLS flags): mqtts:// needs `ca_file`"
+        ),
+        "{err}"
     );
-    assert!(!err.contains(".hub.toml."), "{err}");
+    assert!(!err.contains("hub.toml"), "{err}");
     // Nothing left: the folders provision made for the files go with them.
     assert!(!p.root.join("etc").exists(), "folders left behind");
+}
+
+#[test]
+fn a_bundle_check_config_would_refuse_names_each_field_at_fault() {
+    let p = paths();
+    std::fs::create_dir_all(&p.root).unwrap();
+    let bundle = p.root.join("b.json");
+    let body = serde_json::json!({
+        "v": 1, "site_id": SITE, "hub_id": "hub-lobby-1",
+        "mqtt": {"url": "mqtt://broker.example.net"},
+        "trust": [{"id": "cloud-2026-11", "public_key": CLOUD_KEY}],
+        "serials": [{"name": "board-a", "port": "/dev/null", "baud": 11520}],
+        "doors": [
+            {"name": "101", "serial": "board-a", "index": 0},
+            {"name": "102", "serial": "board-a", "index": 16}
+        ]
+    });
+    std::fs::write(&bundle, body.to_string()).unwrap();
+    let out = provision(&p, &["--bundle", bundle.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bundle field `serials[0].baud`: `baud` must be one of"),
+        "{err}"
+    );
+    assert!(
+        err.contains("bundle field `doors[1].index`: `index` must be in 0..=15, found 16"),
+        "{err}"
+    );
+    assert!(!err.contains("hub.toml"), "{err}");
+    assert!(!p.root.join("etc").exists());
 }
 
 #[test]

@@ -259,6 +259,29 @@ fn status_changes_nothing_and_a_clock_behind_the_floor_is_untrusted() {
 }
 
 #[test]
+fn a_cloud_that_sent_no_checkpoint_reads_as_no_checkpoint_yet_not_as_a_head_of_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path());
+    // Events 1..=3 applied, no checkpoint ever.
+    let store = Store::open(&dir.path().join("data/lockhub.db"), &Policy::default()).unwrap();
+    store
+        .write_blocking(Priority::Bulk, |c| {
+            c.execute("UPDATE seq_state SET watermark = 3", [])?;
+            Ok(())
+        })
+        .unwrap();
+    store.close();
+    let text = String::from_utf8(status(&config, false).stdout).unwrap();
+    assert!(
+        text.contains("sync     watermark 3, no checkpoint yet, last sign of life"),
+        "{text}"
+    );
+    assert!(!text.contains("cloud head"), "{text}");
+    let v: serde_json::Value = serde_json::from_slice(&status(&config, true).stdout).unwrap();
+    assert_eq!(v["sync"]["head_seq"], 0, "the JSON keeps the figure");
+}
+
+#[test]
 fn an_old_schema_shows_links_as_unknown() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path());

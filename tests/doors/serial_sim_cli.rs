@@ -77,9 +77,15 @@ async fn sim_board_sends_typed_entries_and_prints_relay_and_deny_feedback_but_ne
                 }
             }
         }
-        if link.ready() && !typed {
+        // Typed once the board says its link is up, as a person would: the
+        // board's outbox is small, and seven commands typed into a link
+        // still opening could overflow it.
+        lines.extend(line_rx.try_iter());
+        if link.ready() && !typed && lines.iter().any(|l| l == "link up") {
             stdin
-                .write_all(b"101 482913#\n1 55 55#\nbogus line\n")
+                .write_all(
+                    b"101 482913#\n1 55 55#\nbogus line\n1 9876\nopen 101\nclose 0\ntamper\n",
+                )
                 .unwrap();
             stdin.flush().unwrap();
             typed = true;
@@ -89,8 +95,9 @@ async fn sim_board_sends_typed_entries_and_prints_relay_and_deny_feedback_but_ne
             master.write_all(&to_frame(&m).unwrap()).await.unwrap();
         }
         lines.extend(line_rx.try_iter());
-        if lines.iter().any(|l| l == "door 0: relay closed")
+        if lines.iter().any(|l| l == "door 101: relay closed")
             && lines.iter().any(|l| l == "door 1: denied")
+            && lines.iter().any(|l| l == "tamper switch tripped")
         {
             break;
         }
@@ -102,14 +109,23 @@ async fn sim_board_sends_typed_entries_and_prints_relay_and_deny_feedback_but_ne
 
     assert_eq!(
         pins_seen,
-        [Some("482913".to_owned()), Some("5555".to_owned())]
+        [Some("482913".to_owned()), Some("5555".to_owned())],
+        "{lines:?}"
     );
+    // Door 0 is named 101 (`--door-name 101=0`); door 1 has no name. Every
+    // command is echoed; a PIN without # is said to be waiting for it.
     for want in [
-        "door 0: entry sent",
-        "door 0: relay open",
-        "door 0: relay closed",
+        "door 101: 7 keys pressed",
+        "door 101: entry sent",
+        "door 101: relay open",
+        "door 101: relay closed",
+        "door 1: 5 keys pressed",
         "door 1: entry sent",
         "door 1: denied",
+        "door 1: 4 keys pressed, no # at the end: the board sends the entry when # is pressed",
+        "door 101: contact open",
+        "door 101: contact closed",
+        "tamper switch tripped",
     ] {
         assert!(lines.iter().any(|l| l == want), "{want:?} not in {lines:?}");
     }
@@ -120,7 +136,7 @@ async fn sim_board_sends_typed_entries_and_prints_relay_and_deny_feedback_but_ne
     assert!(
         lines
             .iter()
-            .all(|l| !l.contains("482913") && !l.contains("5555")),
+            .all(|l| !l.contains("482913") && !l.contains("5555") && !l.contains("9876")),
         "a PIN was printed: {lines:?}"
     );
 }

@@ -107,8 +107,8 @@ impl AclBroker {
 }
 
 /// A plain MQTT 3.1.1 client (what a hub speaks) that records what it gets.
-struct Raw {
-    client: AsyncClient,
+pub(crate) struct Raw {
+    pub(crate) client: AsyncClient,
     rx: tokio::sync::mpsc::UnboundedReceiver<Result<Packet, String>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -116,8 +116,13 @@ struct Raw {
 impl Raw {
     async fn connect(port: u16, client_id: &str, user: &str, pass: &str) -> Raw {
         let mut o = MqttOptions::new(client_id, "127.0.0.1", port);
-        o.set_credentials(user, pass)
-            .set_keep_alive(Duration::from_secs(30));
+        o.set_credentials(user, pass);
+        Raw::connect_with(o)
+    }
+
+    /// Connects with `o` (TLS, credentials: the caller's), keep alive 30 s.
+    pub(crate) fn connect_with(mut o: MqttOptions) -> Raw {
+        o.set_keep_alive(Duration::from_secs(30));
         let (client, mut el) = AsyncClient::new(o, 64);
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let task = tokio::spawn(async move {
@@ -140,7 +145,7 @@ impl Raw {
     }
 
     /// The next packet (bounded by WAIT); Err is the connection's error.
-    async fn next(&mut self) -> Result<Packet, String> {
+    pub(crate) async fn next(&mut self) -> Result<Packet, String> {
         tokio::time::timeout(WAIT, self.rx.recv())
             .await
             .expect("a packet in time")
@@ -148,7 +153,7 @@ impl Raw {
     }
 
     /// Every publish that arrives within `window`.
-    async fn publishes_within(&mut self, window: Duration) -> Vec<rumqttc::Publish> {
+    pub(crate) async fn publishes_within(&mut self, window: Duration) -> Vec<rumqttc::Publish> {
         let mut got = vec![];
         let deadline = tokio::time::Instant::now() + window;
         while let Ok(Some(p)) = tokio::time::timeout_at(deadline, self.rx.recv()).await {

@@ -7,6 +7,8 @@
 mod broker_acl;
 mod daemon_notify;
 mod effective_time;
+mod link_failures;
+mod shipped_broker;
 mod status_live;
 mod sync_faults;
 mod sync_malformed;

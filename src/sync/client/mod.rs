@@ -39,7 +39,7 @@
 //!   so an envelope a little over 1 MiB still reaches step 1 and gets its
 //!   `payload_too_large` result instead of killing the connection (which the
 //!   broker would answer by redelivering it forever). Larger ones are the
-//!   broker's to refuse: set Mosquitto's `message_size_limit`.
+//!   broker's to refuse: set Mosquitto's `max_packet_size`.
 
 pub mod gate;
 pub mod options;
@@ -51,5 +51,5 @@ pub use options::{
     CLIENT_INFLIGHT, KEEP_ALIVE, MAX_INCOMING_PACKET, MAX_OUTGOING_PACKET, REQUEST_CAPACITY,
     WillSource, mqtt_options, offline_will, online_status_payload, status_payload, tls_config,
 };
-pub use poll::{Inbound, LinkEvent, PollSettings, PollSinks, poll_loop};
+pub use poll::{Inbound, LinkEvent, LinkNews, PollSettings, PollSinks, poll_loop};
 pub use state::{Access, PollState};

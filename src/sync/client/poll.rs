@@ -4,7 +4,7 @@
 //! channel), writes the queued PUBACKs itself, sleeps the backoff, logs.
 
 use super::gate::Gate;
-use super::state::{Access, ConnAckStep, PollState, Refusal, SubAckStep};
+use super::state::{Access, ConnAckStep, Loudness, PollState, Refusal, SubAckStep};
 use crate::sync::window::{PausedPings, ReceiveWindow};
 use rumqttc::{Event, EventLoop, Outgoing, Packet, PubAck, Publish};
 use std::collections::VecDeque;
@@ -39,6 +39,17 @@ pub enum LinkEvent {
     Closed,
 }
 
+/// What the control task hears about the broker link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinkNews {
+    /// What the broker (or the hub's check of the broker) said about access.
+    Access(Access),
+    /// A connection attempt failed, or the connection was lost: the error,
+    /// for `lockhub status` (no secret is in it: rumqttc's error, or what
+    /// was refused).
+    Failed(String),
+}
+
 /// Where the poll task forwards what it sees.
 pub struct PollSinks {
     pub inbound: mpsc::Sender<Inbound>,
@@ -46,8 +57,8 @@ pub struct PollSinks {
     pub link: mpsc::Sender<LinkEvent>,
     /// Everyone else who cares about Connected / Lost (sync planner).
     pub session: mpsc::Sender<LinkEvent>,
-    /// The control task: refusals and grants (`broker_denied`).
-    pub access: mpsc::Sender<Access>,
+    /// The control task: refusals and grants (`broker_denied`), failures.
+    pub access: mpsc::Sender<LinkNews>,
 }
 
 /// What the poll task connects with besides the options it was built with.
@@ -176,6 +187,12 @@ fn log_refusal(r: &Refusal, topic: &str) {
     let retry_in = r.retry_in;
     if r.repeated {
         tracing::debug!(refused = %what, topic, ?retry_in, "the broker still refuses");
+    } else if matches!(r.access, Access::BrokerUntrusted(_)) {
+        tracing::warn!(
+            refused = %what,
+            ?retry_in,
+            "the hub does not trust the broker (broker_denied); check mqtt.ca_file, the host in mqtt.url and the broker's certificate"
+        );
     } else {
         tracing::warn!(
             refused = %what,
@@ -239,6 +256,8 @@ pub async fn poll_loop(
     let mut access = Parked::new(access);
     let mut state = PollState::new();
     let mut pings = PausedPings::new(eventloop.mqtt_options.keep_alive());
+    // The failure at hand was a refusal, already logged by `log_refusal`.
+    let mut refused = false;
     loop {
         let up = state.is_up();
         // While connected, `acks_ready` is always armed, so the select never
@@ -378,7 +397,7 @@ pub async fn poll_loop(
                             }
                             SubAckStep::Refused(r) => log_refusal(&r, &events_topic),
                         }
-                        access.push(step.access());
+                        access.push(LinkNews::Access(step.access()));
                     }
                     Event::Outgoing(Outgoing::Publish(pkid)) => {
                         link.push(LinkEvent::Sent { epoch, pkid });
@@ -399,19 +418,34 @@ pub async fn poll_loop(
                 if step.start_clean {
                     eventloop.mqtt_options.set_clean_session(true);
                 }
-                if let Some(r) = step.refusal {
-                    log_refusal(&r, &events_topic);
-                    access.push(r.access);
+                match step.refusal {
+                    Some(r) => {
+                        log_refusal(&r, &events_topic);
+                        access.push(LinkNews::Access(r.access));
+                        refused = true;
+                        r.access.describe()
+                    }
+                    None => e.to_string(),
                 }
-                e.to_string()
             }
         };
         let lost = state.on_lost(rand::random());
         gate.lost(|| forget_connection(&mut eventloop));
+        access.push(LinkNews::Failed(failure.clone()));
+        let loudness = state.on_failure_logged(tokio::time::Instant::now());
         if let Some(epoch) = lost.epoch {
             tracing::warn!(epoch, error = %failure, "mqtt connection lost");
             link.push(LinkEvent::Lost { epoch });
             session.push(LinkEvent::Lost { epoch });
+        } else if std::mem::take(&mut refused) {
+            // Said by log_refusal.
+        } else if let Loudness::Warn { quiet_since } = loudness {
+            tracing::warn!(
+                error = %failure,
+                failed_quietly_since_last = quiet_since,
+                retry_in = ?lost.retry_in,
+                "cannot reach the broker; retrying (said at most once a minute)"
+            );
         } else {
             tracing::debug!(error = %failure, "mqtt connect failed");
         }

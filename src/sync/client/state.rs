@@ -36,40 +36,90 @@ pub enum Access {
     SubscribeDowngraded,
     /// The subscription to the events topic was granted.
     Granted,
+    /// The hub does not trust the broker: the broker's TLS certificate
+    /// failed the hub's checks (mqtt.md 'Broker access'). Not the broker's
+    /// word, but as much a reason to raise `broker_denied`: nothing gets
+    /// through until an installer fixes a CA, a name or a certificate.
+    BrokerUntrusted(Untrusted),
+}
+
+/// Why the hub does not trust the broker's certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Untrusted {
+    /// Not signed by the CA in `mqtt.ca_file`.
+    UnknownCa,
+    /// It does not name the host of `mqtt.url`.
+    WrongName,
+    Expired,
+    NotYetValid,
+    Revoked,
+    /// Any other failed check (an unsupported algorithm, a bad encoding).
+    Other,
+}
+
+impl Untrusted {
+    fn of(e: &rustls::CertificateError) -> Untrusted {
+        use rustls::CertificateError as E;
+        match e {
+            // A bad signature under a trusted CA's name: another CA that
+            // has the same name (two "lockhub CA"s), so still the wrong CA.
+            E::UnknownIssuer | E::BadSignature => Untrusted::UnknownCa,
+            E::NotValidForName | E::NotValidForNameContext { .. } => Untrusted::WrongName,
+            E::Expired | E::ExpiredContext { .. } => Untrusted::Expired,
+            E::NotValidYet | E::NotValidYetContext { .. } => Untrusted::NotYetValid,
+            E::Revoked => Untrusted::Revoked,
+            _ => Untrusted::Other,
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Untrusted::UnknownCa => "it is not signed by the CA in mqtt.ca_file",
+            Untrusted::WrongName => "it does not name the host in mqtt.url",
+            Untrusted::Expired => "it has expired (or the hub's clock is wrong)",
+            Untrusted::NotYetValid => "it is not valid yet (or the hub's clock is wrong)",
+            Untrusted::Revoked => "it is revoked",
+            Untrusted::Other => "it fails the hub's TLS checks",
+        }
+    }
+}
+
+/// The rustls error inside a failed connection, if there is one: directly,
+/// or wrapped in the I/O error of the handshake or of the first read (with
+/// TLS 1.3 the server judges the client's certificate after the client's
+/// side of the handshake is done, so its alert comes with the CONNACK).
+fn rustls_error(e: &rumqttc::ConnectionError) -> Option<&rustls::Error> {
+    fn of_io(io: &std::io::Error) -> Option<&rustls::Error> {
+        io.get_ref()?.downcast_ref::<rustls::Error>()
+    }
+    match e {
+        rumqttc::ConnectionError::Tls(rumqttc::TlsError::TLS(r)) => Some(r),
+        rumqttc::ConnectionError::Tls(rumqttc::TlsError::Io(io))
+        | rumqttc::ConnectionError::Io(io)
+        | rumqttc::ConnectionError::MqttState(
+            rumqttc::StateError::Io(io)
+            | rumqttc::StateError::Deserialization(rumqttc::mqttbytes::Error::Io(io)),
+        ) => of_io(io),
+        _ => None,
+    }
 }
 
 impl Access {
     /// What a failed connection attempt says about access, if anything: a
     /// CONNACK refusal and a TLS alert about the client's certificate are
-    /// the broker's word; every other failure (TCP, timeouts, a TLS error
-    /// on the hub's side) is the network's or the hub's own.
+    /// the broker's word, and a broker certificate the hub refuses is the
+    /// hub's; every other failure (TCP, DNS, timeouts) is the network's.
     pub fn of_connection_error(e: &rumqttc::ConnectionError) -> Option<Access> {
-        // With TLS 1.3 the server judges the client's certificate after the
-        // client's side of the handshake is done, so its alert comes with
-        // the first read (the CONNACK), as an I/O error wrapping rustls's
-        // (rumqttc reports it as a failure to read the packet).
-        let alert = |io: &std::io::Error| match io.get_ref()?.downcast_ref::<rustls::Error>() {
-            Some(rustls::Error::AlertReceived(a)) => Some(*a),
-            _ => None,
-        };
-        let received = match e {
-            rumqttc::ConnectionError::ConnectionRefused(code) => {
-                return Some(Access::ConnectRefused(*code));
+        if let rumqttc::ConnectionError::ConnectionRefused(code) = e {
+            return Some(Access::ConnectRefused(*code));
+        }
+        match rustls_error(e)? {
+            rustls::Error::AlertReceived(a) if refuses_the_certificate(*a) => {
+                Some(Access::CertificateRefused(*a))
             }
-            rumqttc::ConnectionError::Tls(rumqttc::TlsError::TLS(
-                rustls::Error::AlertReceived(a),
-            )) => Some(*a),
-            rumqttc::ConnectionError::Tls(rumqttc::TlsError::Io(io))
-            | rumqttc::ConnectionError::Io(io)
-            | rumqttc::ConnectionError::MqttState(
-                rumqttc::StateError::Io(io)
-                | rumqttc::StateError::Deserialization(rumqttc::mqttbytes::Error::Io(io)),
-            ) => alert(io),
+            rustls::Error::InvalidCertificate(c) => Some(Access::BrokerUntrusted(Untrusted::of(c))),
             _ => None,
-        };
-        received
-            .filter(|a| refuses_the_certificate(*a))
-            .map(Access::CertificateRefused)
+        }
     }
 
     /// What the SUBACK for the events topic (the only topic the hub
@@ -111,6 +161,10 @@ impl Access {
                 "subscription to the events topic granted at QoS 0 only: events are neither acked after their commit nor kept while the hub is away (the broker's max_qos must be 1 or more)".to_owned()
             }
             Access::Granted => "subscription granted".to_owned(),
+            Access::BrokerUntrusted(why) => format!(
+                "the broker's TLS certificate is not trusted: {}",
+                why.describe()
+            ),
         }
     }
 }
@@ -131,7 +185,7 @@ fn refuses_the_certificate(alert: AlertDescription) -> bool {
 }
 
 /// Whether the connection died on an incoming packet over
-/// [`MAX_INCOMING_PACKET`](super::MAX_INCOMING_PACKET). With Mosquitto's `message_size_limit` set (as
+/// [`MAX_INCOMING_PACKET`](super::MAX_INCOMING_PACKET). With Mosquitto's `max_packet_size` set (as
 /// it should be) this never happens; without it, one oversized publish on
 /// the events topic would otherwise wedge the hub in a reconnect loop.
 fn poisoned_session(e: &rumqttc::ConnectionError) -> bool {
@@ -164,6 +218,24 @@ pub struct PollState {
     resubscribe_at: Option<Instant>,
     /// The last refusal reported as new (repeats are quieter).
     last_refusal: Option<Access>,
+    /// Failures to reach the broker are logged at warn at most once per
+    /// [`FAILURE_LOG_EVERY`]: until this time, they are counted instead.
+    quiet_until: Option<Instant>,
+    /// Failures not logged at warn since the last warn.
+    quiet_failures: u32,
+}
+
+/// How often a broker the hub cannot reach is said at warn (mqtt.md
+/// 'Broker access': on the first failure, then at most once a minute).
+pub const FAILURE_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// How to log a failure to reach the broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loudness {
+    /// At warn, with how many failures went by quietly since the last warn.
+    Warn { quiet_since: u32 },
+    /// At debug (a warn was said less than a minute ago).
+    Quiet,
 }
 
 /// What to do with a CONNACK.
@@ -250,6 +322,26 @@ impl PollState {
             subscribe_backoff: reconnect_backoff(),
             resubscribe_at: None,
             last_refusal: None,
+            quiet_until: None,
+            quiet_failures: 0,
+        }
+    }
+
+    /// A connection failed or an attempt did at `now`, for a reason that is
+    /// not a refusal (those have [`Refusal::repeated`]): the first since
+    /// the hub was last connected is loud, then one a minute.
+    pub fn on_failure_logged(&mut self, now: Instant) -> Loudness {
+        match self.quiet_until {
+            Some(t) if now < t => {
+                self.quiet_failures += 1;
+                Loudness::Quiet
+            }
+            _ => {
+                self.quiet_until = Some(now + FAILURE_LOG_EVERY);
+                Loudness::Warn {
+                    quiet_since: std::mem::take(&mut self.quiet_failures),
+                }
+            }
         }
     }
 
@@ -287,6 +379,8 @@ impl PollState {
         }
         self.epoch += 1;
         self.up = true;
+        self.quiet_until = None;
+        self.quiet_failures = 0;
         self.outstanding.reset();
         self.backoff.reset();
         self.resubscribe_at = None;
@@ -698,5 +792,70 @@ mod tests {
         // The new connection subscribes on its own CONNACK.
         s.on_connack(true);
         assert_eq!(s.resubscribe_at(), None);
+    }
+
+    #[test]
+    fn an_unreachable_broker_is_loud_on_the_first_failure_then_once_a_minute_and_again_after_a_connection()
+     {
+        let t0 = Instant::now();
+        let mut s = PollState::new();
+        assert_eq!(s.on_failure_logged(t0), Loudness::Warn { quiet_since: 0 });
+        for i in 1..=5 {
+            assert_eq!(
+                s.on_failure_logged(t0 + Duration::from_secs(i * 10)),
+                Loudness::Quiet
+            );
+        }
+        assert_eq!(
+            s.on_failure_logged(t0 + FAILURE_LOG_EVERY),
+            Loudness::Warn { quiet_since: 5 },
+            "a minute on, with what went by quietly"
+        );
+        assert_eq!(
+            s.on_failure_logged(t0 + FAILURE_LOG_EVERY + Duration::from_secs(1)),
+            Loudness::Quiet
+        );
+        // Connected again: the next outage is news at once.
+        s.on_connack(true);
+        assert_eq!(
+            s.on_failure_logged(t0 + FAILURE_LOG_EVERY + Duration::from_secs(2)),
+            Loudness::Warn { quiet_since: 0 }
+        );
+    }
+
+    #[test]
+    fn a_broker_certificate_the_hub_refuses_is_untrusted_with_its_reason() {
+        use rustls::CertificateError as E;
+        let bad = |c| {
+            Access::of_connection_error(&rumqttc::ConnectionError::Tls(rumqttc::TlsError::TLS(
+                rustls::Error::InvalidCertificate(c),
+            )))
+        };
+        assert_eq!(
+            bad(E::UnknownIssuer),
+            Some(Access::BrokerUntrusted(Untrusted::UnknownCa))
+        );
+        assert_eq!(
+            bad(E::NotValidForName),
+            Some(Access::BrokerUntrusted(Untrusted::WrongName))
+        );
+        assert_eq!(
+            bad(E::Expired),
+            Some(Access::BrokerUntrusted(Untrusted::Expired))
+        );
+        // Wrapped in the handshake's I/O error, as tokio-rustls reports it.
+        let io = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(E::UnknownIssuer),
+        );
+        assert_eq!(
+            Access::of_connection_error(&rumqttc::ConnectionError::Tls(rumqttc::TlsError::Io(io))),
+            Some(Access::BrokerUntrusted(Untrusted::UnknownCa))
+        );
+        let said = Access::BrokerUntrusted(Untrusted::WrongName).describe();
+        assert!(
+            said.contains("not trusted") && said.contains("mqtt.url"),
+            "{said}"
+        );
     }
 }

@@ -2,9 +2,11 @@
 //! config, persistence folder and free loopback port; killed on Drop;
 //! restartable on the same port and persistence, to test reconnects and
 //! persistent sessions), its TLS test PKI, password files and ACLs; and
-//! rumqttd, the second broker ([`rumqttd`]).
+//! rumqttd, the second broker ([`rumqttd`]); and Mosquitto with the
+//! configs shipped in packaging/mosquitto/ ([`shipped`]).
 
 pub mod rumqttd;
+pub mod shipped;
 
 pub use self::rumqttd::{AnyBroker, Rumqttd};
 pub use crate::ports::free_port;
@@ -161,46 +163,24 @@ impl Mosquitto {
             .stderr(Stdio::null())
             .spawn()
             .expect("start mosquitto");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            // Our broker must be the one answering: a port taken by someone
-            // else between `free_port` and Mosquitto's bind makes it exit.
-            let exited = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten());
-            assert!(
-                exited.is_none(),
-                "mosquitto exited ({exited:?}) before listening on {}: {}",
-                self.port,
-                self.log()
-            );
-            if self.times_running() > started_before
-                && TcpStream::connect(("127.0.0.1", self.port)).is_ok()
-            {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "mosquitto did not start: {}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let (port, log) = (self.port, self.dir.path().join("mosquitto.log"));
+        let child = self.child.insert(child);
+        wait_running(
+            child,
+            port,
+            || times_running(&read_log(&log)) > started_before,
+            || read_log(&log),
+        );
     }
 
-    /// How many times this broker has logged that it runs (all listeners bound).
+    /// How many times this broker has logged that it runs.
     fn times_running(&self) -> usize {
-        self.log()
-            .lines()
-            .filter(|l| l.contains("mosquitto version") && l.ends_with(" running"))
-            .count()
+        times_running(&self.log())
     }
 
     /// The broker's log so far (for assertion messages).
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("mosquitto.log")).unwrap_or_default()
+        read_log(&self.dir.path().join("mosquitto.log"))
     }
 
     /// Stops the broker (SIGTERM, so it saves its persistence), waits for it.
@@ -296,6 +276,49 @@ impl Drop for Mosquitto {
     }
 }
 
+/// A broker's log file so far ("" before it exists).
+fn read_log(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// How many times a Mosquitto `log` says it runs (all listeners bound).
+fn times_running(log: &str) -> usize {
+    log.lines()
+        .filter(|l| l.contains("mosquitto version") && l.ends_with(" running"))
+        .count()
+}
+
+/// Waits (at most 10 s) until the Mosquitto `child` says it runs
+/// (`running`, checked by the caller over its log) and answers on `port`.
+/// Our broker must be the one answering: a port taken by someone else
+/// between `free_port` and Mosquitto's bind makes it exit, which fails
+/// the test with the broker's `log`.
+fn wait_running(
+    child: &mut Child,
+    port: u16,
+    running: impl Fn() -> bool,
+    log: impl Fn() -> String,
+) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let exited = child.try_wait().ok().flatten();
+        assert!(
+            exited.is_none(),
+            "mosquitto exited ({exited:?}) before listening on {port}: {}",
+            log()
+        );
+        if running() && TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "mosquitto did not start: {}",
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Whether this process runs as root (CI does).
 pub fn is_root() -> bool {
     // `id -u` avoids a libc dependency for one syscall.
@@ -373,6 +396,65 @@ impl TestPki {
         )
         .expect("chmod key");
         (d.join(format!("{name}.crt")), d.join(key))
+    }
+
+    /// A server certificate for 127.0.0.1 from this CA that expired in
+    /// 2020 (`openssl ca` with fixed dates: `x509 -days` cannot go back),
+    /// as (ca, server cert, server key) for [`BrokerOptions::tls`].
+    pub fn expired_server(&self) -> (PathBuf, PathBuf, PathBuf) {
+        let d = self.dir.path();
+        std::fs::write(
+            d.join("ca.cnf"),
+            "[ca]\ndefault_ca = d\n[d]\ndatabase = index.txt\nnew_certs_dir = .\n\
+             serial = ca.serial\ndefault_md = sha256\npolicy = p\n[p]\ncommonName = supplied\n",
+        )
+        .expect("ca config");
+        std::fs::write(d.join("index.txt"), "").expect("ca index");
+        std::fs::write(d.join("ca.serial"), "01\n").expect("ca serial");
+        openssl(
+            d,
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                "expired.key",
+                "-out",
+                "expired.csr",
+                "-subj",
+                "/CN=127.0.0.1",
+            ],
+        );
+        openssl(
+            d,
+            &[
+                "ca",
+                "-batch",
+                "-config",
+                "ca.cnf",
+                "-cert",
+                "ca.crt",
+                "-keyfile",
+                "ca.key",
+                "-in",
+                "expired.csr",
+                "-out",
+                "expired.crt",
+                "-notext",
+                "-startdate",
+                "20200101000000Z",
+                "-enddate",
+                "20200102000000Z",
+                "-extfile",
+                "server.ext",
+            ],
+        );
+        (
+            self.path("ca.crt"),
+            self.path("expired.crt"),
+            self.path("expired.key"),
+        )
     }
 
     /// (ca, server cert, server key) for [`BrokerOptions::tls`].
@@ -465,9 +547,11 @@ pub fn shipped_acl() -> String {
     std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("cannot read {}: {e}", p.display()))
 }
 
-/// The shipped ACL plus the cloud's identity `cloud_user` for `site`: the
-/// mirror image of a hub's rights, for every hub of that site (the block
-/// packaging/mosquitto/lockhub.acl documents for the cloud).
+/// The shipped ACL plus one cloud identity `cloud_user` for `site` that
+/// both publishes events and reads the hubs' topics, for every hub of that
+/// site: the test cloud ([`crate::cloud::CloudClient`]) is one connection.
+/// The shipped ACL's own cloud block has an identity per connection
+/// ([`shipped::shipped_acl_for_site`]).
 pub fn acl_with_cloud(cloud_user: &str, site: &str) -> String {
     format!(
         "{}\nuser {cloud_user}\n\
