@@ -393,7 +393,7 @@ fn the_key_listing_shows_doors_and_windows_but_never_tags_or_names() {
     assert_eq!((counts.active, counts.revoked), (1, 1));
 
     let mut out = Vec::new();
-    keys::print_keys(&r, &mut out).unwrap();
+    keys::print_keys(&r, "UTC", &mut out).unwrap();
     let text = String::from_utf8(out).unwrap();
     assert!(text.starts_with("KEY"), "{text}");
     assert!(text.contains("k-1") && text.contains("101,lobby"), "{text}");
