@@ -208,6 +208,53 @@ fn refused(db: &Db, sql: &'static str) -> String {
         .to_string()
 }
 
+/// A key that took its one use and ended `used_up`, its window ending `until`.
+fn insert_used_up_key(
+    c: &rusqlite::Connection,
+    id: &'static str,
+    until: Timestamp,
+) -> rusqlite::Result<()> {
+    let mut k = K::active(id, "333333", &["101"]);
+    k.from = until.saturating_add_secs(-DAY);
+    k.until = until;
+    insert_key(c, &k)?;
+    c.execute(
+        "UPDATE keys SET version = 2, max_uses = 1 WHERE key_id = ?1",
+        [id],
+    )?;
+    c.execute(
+        "UPDATE keys SET use_count = 1, state = 'used_up' WHERE key_id = ?1",
+        [id],
+    )?;
+    Ok(())
+}
+
+#[test]
+fn a_used_up_key_is_pruned_like_any_final_key_once_its_retention_is_over() {
+    let db = Db::open();
+    let p = db.policy; // 14 days dedupe
+    db.write(|c| {
+        insert_used_up_key(c, "k-used-old", ago(15))?;
+        insert_used_up_key(c, "k-used-recent", ago(13))?;
+        Ok(())
+    });
+    assert!(
+        refused(&db, "DELETE FROM keys WHERE key_id = 'k-used-recent'")
+            .contains("key retention not reached")
+    );
+    let now = Timestamp::now_system();
+    let pruned = db.write(move |c| prune(c, now, &p));
+    assert_eq!(pruned.keys, 1);
+    assert_eq!(
+        db.count("SELECT count(*) FROM keys WHERE key_id = 'k-used-recent' AND state = 'used_up'"),
+        1
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM key_doors WHERE key_id = 'k-used-old'"),
+        0
+    );
+}
+
 #[test]
 fn prune_deletes_only_what_retention_allows_and_the_triggers_refuse_anything_earlier() {
     let db = Db::open();
