@@ -111,6 +111,7 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
         );
         let reader = store.reader().expect("reader");
         let now = Timestamp::now_system();
+        let zone = jiff::tz::TimeZone::UTC;
         let mut rng = Lcg(42);
         // Warm the page cache the way a running hub's would be.
         for _ in 0..sizes.scale_probes.min(500) {
@@ -121,7 +122,7 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
                 tags: pin_tags(fixture::pin(i).as_bytes(), &keys),
                 at: now,
             };
-            evaluate(&reader, &e, &policy).expect("evaluate");
+            evaluate(&reader, &e, &policy, &zone).expect("evaluate");
         }
         let mut run_medians = vec![];
         let mut all = vec![];
@@ -136,7 +137,7 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
                     tags: pin_tags(fixture::pin(i).as_bytes(), &keys),
                     at: now,
                 };
-                let (d, _) = evaluate(&reader, &e, &policy).expect("evaluate");
+                let (d, _) = evaluate(&reader, &e, &policy, &zone).expect("evaluate");
                 samples.push(t.elapsed());
                 assert!(matches!(d, Decision::Unlock(_)), "every probed key opens");
             }
@@ -162,8 +163,9 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
                 at: now.saturating_add_micros(k as i64),
             };
             let t = Instant::now();
+            let zone = zone.clone();
             let out = store
-                .write(Priority::Door, move |c| door_entry(c, &e, &policy))
+                .write(Priority::Door, move |c| door_entry(c, &e, &policy, &zone))
                 .await
                 .expect("door_entry");
             writes.push(t.elapsed());

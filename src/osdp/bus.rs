@@ -88,6 +88,8 @@ pub struct OsdpSettings {
     pub buses: Vec<BusSettings>,
     pub policy: Policy,
     pub pin_keys: Arc<[PinKey]>,
+    /// `[hub] timezone`: key schedules are read in it.
+    pub zone: jiff::tz::TimeZone,
     pub timing: Timing,
     /// Reopen delays: 100 ms doubling to 5 s, as for serial ports.
     pub backoff_initial: Duration,
@@ -130,6 +132,7 @@ impl OsdpSettings {
             buses,
             policy: config.policy,
             pin_keys: config.secrets.pin_keys.clone().into(),
+            zone: config.hub.timezone.clone(),
             timing: Timing::CONTRACT,
             backoff_initial: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
@@ -190,6 +193,7 @@ pub fn spawn(
         store: store.clone(),
         pin_keys: settings.pin_keys.clone(),
         policy: settings.policy,
+        zone: settings.zone.clone(),
         now: now.clone(),
         wake: outbox_wake.clone(),
     });
@@ -334,6 +338,7 @@ struct DecideCtx {
     store: Store,
     pin_keys: Arc<[PinKey]>,
     policy: Policy,
+    zone: jiff::tz::TimeZone,
     now: TimeSource,
     wake: Option<Arc<Notify>>,
 }
@@ -609,6 +614,7 @@ impl BusTask {
                     &self.ctx.store,
                     &self.ctx.pin_keys,
                     self.ctx.policy,
+                    &self.ctx.zone,
                     entry::Entry {
                         driver: &self.name,
                         door: &door,
@@ -864,6 +870,7 @@ impl BusTask {
                 &ctx.store,
                 &ctx.pin_keys,
                 ctx.policy,
+                &ctx.zone,
                 entry::Entry {
                     driver: &bus,
                     door: &door,

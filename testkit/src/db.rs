@@ -72,15 +72,30 @@ impl Db {
     }
 
     pub fn enter_raw(&self, door: &str, known: bool, pin: &[u8], at: Timestamp) -> DoorOutcome {
+        self.enter_in(&jiff::tz::TimeZone::UTC, door, known, pin, at)
+    }
+
+    /// A keypad entry decided in the hub time zone `zone` (key schedules
+    /// are read in it); [`Db::enter`] uses UTC.
+    pub fn enter_in(
+        &self,
+        zone: &jiff::tz::TimeZone,
+        door: &str,
+        known: bool,
+        pin: &[u8],
+        at: Timestamp,
+    ) -> DoorOutcome {
         let entry = DoorEntry {
             door: door.into(),
             door_known: known,
             tags: pin_tags(pin, &pin_keys()),
             at,
         };
-        let policy = self.policy;
+        let (policy, zone) = (self.policy, zone.clone());
         self.store
-            .write_blocking(Priority::Door, move |c| door_entry(c, &entry, &policy))
+            .write_blocking(Priority::Door, move |c| {
+                door_entry(c, &entry, &policy, &zone)
+            })
             .unwrap()
     }
 

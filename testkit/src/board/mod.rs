@@ -62,6 +62,7 @@ pub fn settings(ports: Vec<PortSettings>, policy: Policy) -> SerialSettings {
         ports,
         policy,
         pin_keys: pin_keys().into(),
+        zone: jiff::tz::TimeZone::UTC,
         link: firmware_bridge::LinkConfig::hub(),
         backoff_initial: Duration::from_millis(50),
         backoff_max: Duration::from_millis(400),
