@@ -505,6 +505,33 @@ mod tests {
         }
     }
 
+    /// Real minutes inside `text` over the 26 hours from `from` (UTC),
+    /// read in Berlin: the examples of docs/protocol/mqtt.md '`schedule`'.
+    fn open_minutes(text: &str, from: &str) -> i64 {
+        let s = Schedule::new(vec![Interval::parse_text(text).unwrap()]).unwrap();
+        let tz = TimeZone::get("Europe/Berlin").unwrap();
+        let start = at(from).0;
+        (0..26 * 60)
+            .filter(|m| s.contains(Timestamp(start + m * 60_000_000), &tz))
+            .count() as i64
+    }
+
+    #[test]
+    fn the_daylight_saving_examples_of_the_docs_hold_in_berlin() {
+        // Spring forward: Sunday 2027-03-28; fall back: Sunday 2026-10-25;
+        // an ordinary Sunday: 2026-11-01. Each window starts Saturday 22:00Z.
+        let spring = "2027-03-27T22:00:00Z";
+        let autumn = "2026-10-24T22:00:00Z";
+        let plain = "2026-10-31T22:00:00Z";
+        assert_eq!(open_minutes("sun 02:00-03:00", spring), 0);
+        assert_eq!(open_minutes("sun 02:00-03:00", autumn), 120);
+        assert_eq!(open_minutes("sun 02:00-03:00", plain), 60);
+        assert_eq!(open_minutes("sun 01:30-02:30", spring), 30);
+        assert_eq!(open_minutes("sun 01:30-02:30", autumn), 90);
+        assert_eq!(open_minutes("sun 02:30-05:00", spring), 120);
+        assert_eq!(open_minutes("sun 02:30-05:00", plain), 150);
+    }
+
     #[test]
     fn an_instant_past_what_the_zone_database_can_name_is_never_inside() {
         let s = one(
