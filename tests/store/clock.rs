@@ -117,6 +117,40 @@ fn past_valid_until_by_the_effective_time_the_door_denies_even_with_a_clock_behi
 }
 
 #[test]
+fn a_schedule_is_read_at_the_effective_time_even_with_the_clock_behind() {
+    let at = |s: &str| Timestamp::parse_rfc3339(s).unwrap();
+    let db = Db::open();
+    let mut k = K::active("k-1", "482913", &["101"]);
+    k.from = at("2026-11-01T00:00:00Z");
+    k.until = at("2026-12-31T00:00:00Z");
+    insert(&db, &[k]);
+    db.write(|c| {
+        Ok(c.execute(
+            r#"UPDATE keys SET version = 2,
+                   schedule = '[{"days":["mon","tue","wed","thu","fri"],"from":"09:00","until":"17:30"}]'
+                 WHERE key_id = 'k-1'"#,
+            [],
+        )?)
+    });
+    let berlin = jiff::tz::TimeZone::get("Europe/Berlin").unwrap();
+    // The floor (say, from an issued_at) is Saturday 11:00 in Berlin; the
+    // system clock, behind, says Friday 11:00, inside the hours.
+    let floor_at = at("2026-12-05T10:00:00Z");
+    db.write(move |c| floor::raise_to(c, floor_at));
+    let mut clock = Clock::start(floor::load(&db.reader()).unwrap());
+    let now = clock.effective(at("2026-12-04T10:00:00Z"), Duration::ZERO);
+    assert_eq!(now, at("2026-12-05T10:00:00Z"));
+    let o = db.enter_in(&berlin, "101", true, b"482913", now);
+    assert_eq!(
+        o.decision,
+        Decision::Deny {
+            reason: DenyReason::OutsideSchedule,
+            lockout: None
+        }
+    );
+}
+
+#[test]
 fn the_sweep_expires_due_keys_only_while_the_clock_is_trusted() {
     let db = Db::open();
     let mut due = K::active("k-due", "111111", &["101"]);
