@@ -270,6 +270,22 @@ pub fn insert_row(c: &Connection, r: &KeyRow<'_>) -> rusqlite::Result<()> {
     Ok(())
 }
 
+/// Moves live key `key_id` to its next version with `max_uses` and a
+/// `schedule` (the wire's JSON), as a grant carrying them writes the row;
+/// the use count stays.
+pub fn regrant(
+    c: &Connection,
+    key_id: &str,
+    max_uses: Option<u32>,
+    schedule: Option<&str>,
+) -> rusqlite::Result<()> {
+    c.execute(
+        "UPDATE keys SET version = version + 1, max_uses = ?2, schedule = ?3 WHERE key_id = ?1",
+        params![key_id, max_uses, schedule],
+    )?;
+    Ok(())
+}
+
 /// Inserts a key and its doors; a final key is inserted live and then moved,
 /// as the schema demands of a real key's history.
 pub fn insert_key(c: &Connection, k: &K) -> rusqlite::Result<()> {

@@ -11,7 +11,7 @@ use lockhub::sim::board::SimEvent;
 use lockhub_proto::time::Timestamp;
 use testkit::board::pty::Pty;
 use testkit::board::*;
-use testkit::db::{Db, K, insert_key};
+use testkit::db::{Db, K, insert_key, regrant};
 
 /// Distinct `Unlock` (or, with `deny`, `Deny` reason 1) commands, by seq,
 /// the board received for `door`: every answer, also one that finds the
@@ -62,10 +62,7 @@ async fn key_with(db: &Db, max_uses: Option<u32>, schedule: Option<&'static str>
     db.store
         .write(lockhub::store::Priority::Bulk, move |c| {
             insert_key(c, &key)?;
-            c.execute(
-                "UPDATE keys SET version = 2, max_uses = ?1, schedule = ?2 WHERE key_id = 'k-1'",
-                rusqlite::params![max_uses, schedule],
-            )?;
+            regrant(c, "k-1", max_uses, schedule)?;
             Ok(())
         })
         .await

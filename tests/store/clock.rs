@@ -125,11 +125,11 @@ fn a_schedule_is_read_at_the_effective_time_even_with_the_clock_behind() {
     k.until = at("2026-12-31T00:00:00Z");
     insert(&db, &[k]);
     db.write(|c| {
-        Ok(c.execute(
-            r#"UPDATE keys SET version = 2,
-                   schedule = '[{"days":["mon","tue","wed","thu","fri"],"from":"09:00","until":"17:30"}]'
-                 WHERE key_id = 'k-1'"#,
-            [],
+        Ok(regrant(
+            c,
+            "k-1",
+            None,
+            Some(r#"[{"days":["mon","tue","wed","thu","fri"],"from":"09:00","until":"17:30"}]"#),
         )?)
     });
     let berlin = jiff::tz::TimeZone::get("Europe/Berlin").unwrap();
@@ -252,10 +252,7 @@ fn insert_used_up_key(
     k.from = until.saturating_add_secs(-DAY);
     k.until = until;
     insert_key(c, &k)?;
-    c.execute(
-        "UPDATE keys SET version = 2, max_uses = 1 WHERE key_id = ?1",
-        [id],
-    )?;
+    regrant(c, id, Some(1), None)?;
     c.execute(
         "UPDATE keys SET use_count = 1, state = 'used_up' WHERE key_id = ?1",
         [id],

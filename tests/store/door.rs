@@ -521,14 +521,13 @@ fn a_grant_a_crash_left_without_an_outcome_is_recorded_unconfirmed_once_at_start
 
 /// A later version of `key_id` with `max_uses` and a schedule (the wire's
 /// JSON), as a grant would write it.
-fn regrant(db: &Db, key_id: &'static str, max_uses: Option<u32>, schedule: Option<&'static str>) {
-    db.write(move |c| {
-        c.execute(
-            "UPDATE keys SET version = version + 1, max_uses = ?2, schedule = ?3 WHERE key_id = ?1",
-            rusqlite::params![key_id, max_uses, schedule],
-        )?;
-        Ok(())
-    });
+fn regrant_key(
+    db: &Db,
+    key_id: &'static str,
+    max_uses: Option<u32>,
+    schedule: Option<&'static str>,
+) {
+    db.write(move |c| Ok(regrant(c, key_id, max_uses, schedule)?));
 }
 
 fn key_state(db: &Db, key_id: &str) -> (String, i64) {
@@ -545,7 +544,7 @@ fn key_state(db: &Db, key_id: &str) -> (String, i64) {
 fn a_two_use_key_opens_twice_then_is_denied_used_up_with_key_used_up_audited_once() {
     let db = Db::open();
     insert(&db, &[K::active("k-1", "482913", &["101"])]);
-    regrant(&db, "k-1", Some(2), None);
+    regrant_key(&db, "k-1", Some(2), None);
     let first = db.enter("101", "482913", t(0));
     assert!(is_unlock(&first));
     assert_eq!(key_state(&db, "k-1"), ("active".to_owned(), 1));
@@ -589,7 +588,7 @@ fn a_two_use_key_opens_twice_then_is_denied_used_up_with_key_used_up_audited_onc
 fn a_new_guest_who_reuses_a_used_up_pin_gets_in() {
     let db = Db::open();
     insert(&db, &[K::active("k-old", "482913", &["101"])]);
-    regrant(&db, "k-old", Some(1), None);
+    regrant_key(&db, "k-old", Some(1), None);
     assert!(is_unlock(&db.enter("101", "482913", t(0))));
     assert_eq!(
         denied(&db.enter("101", "482913", t(1))),
@@ -611,7 +610,7 @@ fn keys_without_a_limit_count_their_uses_and_never_run_out() {
     }
     assert_eq!(key_state(&db, "k-1"), ("active".to_owned(), 5));
     // A later version with a limit at the count leaves no use to take.
-    regrant(&db, "k-1", Some(5), None);
+    regrant_key(&db, "k-1", Some(5), None);
     assert_eq!(
         denied(&db.enter("101", "482913", t(6))),
         Some(DenyReason::UsedUp)
@@ -633,7 +632,7 @@ fn a_scheduled_key_opens_inside_its_hours_and_is_denied_outside_by_the_time_give
     k.from = at("2026-11-01T00:00:00Z");
     k.until = at("2026-12-31T00:00:00Z");
     insert(&db, &[k]);
-    regrant(&db, "k-1", None, Some(OFFICE));
+    regrant_key(&db, "k-1", None, Some(OFFICE));
     let berlin = jiff::tz::TimeZone::get("Europe/Berlin").unwrap();
     let enter =
         |zone: &jiff::tz::TimeZone, when: &str| db.enter_in(zone, "101", true, b"482913", at(when));
@@ -689,7 +688,7 @@ fn a_scheduled_key_with_uses_is_checked_window_then_schedule_then_uses() {
     k.from = at("2026-11-01T00:00:00Z");
     k.until = at("2026-12-31T00:00:00Z");
     insert(&db, &[k]);
-    regrant(&db, "k-1", Some(1), Some(OFFICE));
+    regrant_key(&db, "k-1", Some(1), Some(OFFICE));
     let utc = jiff::tz::TimeZone::UTC;
     let enter = |when: &str| db.enter_in(&utc, "101", true, b"482913", at(when));
     // Outside the hours the use is not taken.
