@@ -116,7 +116,7 @@ fn run(n: usize, base: &std::path::Path) -> Result<(), StoreError> {
         let i = rng.next(n);
         let t = Instant::now();
         let e = entry(i, now);
-        let (d, _) = evaluate(&reader, &e, &policy)?;
+        let (d, _) = evaluate(&reader, &e, &policy, &jiff::tz::TimeZone::UTC)?;
         reads.push(t.elapsed());
         assert!(matches!(d, Decision::Unlock(_)), "key {i} must open");
     }
@@ -126,7 +126,9 @@ fn run(n: usize, base: &std::path::Path) -> Result<(), StoreError> {
         let i = rng.next(n);
         let e = entry(i, now.saturating_add_micros(k as i64));
         let t = Instant::now();
-        let out = store.write_blocking(Priority::Door, move |c| door_entry(c, &e, &policy))?;
+        let out = store.write_blocking(Priority::Door, move |c| {
+            door_entry(c, &e, &policy, &jiff::tz::TimeZone::UTC)
+        })?;
         writes.push(t.elapsed());
         assert!(matches!(out.decision, Decision::Unlock(_)));
     }

@@ -10,21 +10,24 @@
 use lockhub_proto::event::{Grant, GrantState, Reason};
 use lockhub_proto::time::Timestamp;
 
-/// A key's state in the mirror. `revoked` and `expired` are final.
+/// A key's state in the mirror. `revoked`, `expired` and `used_up` are
+/// final; `used_up` (every one of `max_uses` taken) but for a revoke.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KeyState {
     PreIssued,
     Active,
     Revoked,
     Expired,
+    UsedUp,
 }
 
 impl KeyState {
-    pub const ALL: [KeyState; 4] = [
+    pub const ALL: [KeyState; 5] = [
         KeyState::PreIssued,
         KeyState::Active,
         KeyState::Revoked,
         KeyState::Expired,
+        KeyState::UsedUp,
     ];
 
     /// The name stored in `keys.state`.
@@ -34,6 +37,7 @@ impl KeyState {
             KeyState::Active => "active",
             KeyState::Revoked => "revoked",
             KeyState::Expired => "expired",
+            KeyState::UsedUp => "used_up",
         }
     }
 
@@ -46,7 +50,8 @@ impl KeyState {
         matches!(self, KeyState::PreIssued | KeyState::Active)
     }
 
-    /// Final keys never change again (except that `holder_name` is erased).
+    /// Final keys never change again (except that `holder_name` is erased,
+    /// and a `used_up` key may be revoked).
     pub fn is_final(self) -> bool {
         !self.is_live()
     }
@@ -61,15 +66,17 @@ impl From<GrantState> for KeyState {
     }
 }
 
-/// The transition whitelist: `pre_issued -> active | revoked | expired`,
-/// `active -> revoked | expired`. Staying in the same state is not a
-/// transition and is not listed. The schema's `keys_state_whitelist` trigger
-/// holds the same list.
+/// The transition whitelist: `pre_issued -> active | revoked | expired |
+/// used_up`, `active -> revoked | expired | used_up`, `used_up -> revoked`.
+/// Staying in the same state is not a transition and is not listed. The
+/// schema's `keys_state_whitelist` trigger holds the same list.
 pub fn may_move(from: KeyState, to: KeyState) -> bool {
     use KeyState::*;
     matches!(
         (from, to),
-        (PreIssued, Active | Revoked | Expired) | (Active, Revoked | Expired)
+        (PreIssued, Active | Revoked | Expired | UsedUp)
+            | (Active, Revoked | Expired | UsedUp)
+            | (UsedUp, Revoked)
     )
 }
 
@@ -177,7 +184,7 @@ pub fn plan_grant(
 /// The plan for a revocation (`key.revoked`, a `supersedes` entry).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RevokePlan {
-    /// A live key becomes `revoked`: `applied`.
+    /// A live or used-up key becomes `revoked`: `applied`.
     Revoke,
     /// An unknown key id gets a tombstone: `applied`.
     Tombstone,
@@ -186,10 +193,11 @@ pub enum RevokePlan {
 }
 
 /// Step 5 for a revocation: a revoke always wins, whatever its version, so
-/// the version plays no part.
+/// the version plays no part. A `used_up` key is revoked too: the one move
+/// it has left (mqtt.md 'Invariants').
 pub fn plan_revoke(existing: Option<KeyState>, tombstoned: bool) -> RevokePlan {
     match existing {
-        Some(s) if s.is_live() => RevokePlan::Revoke,
+        Some(s) if s.is_live() || s == KeyState::UsedUp => RevokePlan::Revoke,
         Some(_) => RevokePlan::Noop,
         None if tombstoned => RevokePlan::Noop,
         None => RevokePlan::Tombstone,
@@ -222,6 +230,8 @@ mod tests {
             pin_key_id: "k1".into(),
             holder_ref: None,
             holder_name: None,
+            schedule: None,
+            max_uses: None,
         }
     }
 
@@ -250,22 +260,25 @@ mod tests {
     }
 
     #[test]
-    fn pre_issued_and_active_are_live_and_revoked_and_expired_are_final() {
+    fn pre_issued_and_active_are_live_and_revoked_expired_and_used_up_are_final() {
         assert!(PreIssued.is_live() && Active.is_live());
-        assert!(Revoked.is_final() && Expired.is_final());
+        assert!(Revoked.is_final() && Expired.is_final() && UsedUp.is_final());
         for s in KeyState::ALL {
             assert_ne!(s.is_live(), s.is_final());
         }
     }
 
     #[test]
-    fn exactly_the_five_whitelisted_transitions_are_allowed() {
+    fn exactly_the_eight_whitelisted_transitions_are_allowed() {
         let legal = [
             (PreIssued, Active),
             (PreIssued, Revoked),
             (PreIssued, Expired),
+            (PreIssued, UsedUp),
             (Active, Revoked),
             (Active, Expired),
+            (Active, UsedUp),
+            (UsedUp, Revoked),
         ];
         for from in KeyState::ALL {
             for to in KeyState::ALL {
@@ -286,6 +299,13 @@ mod tests {
             for to in KeyState::ALL {
                 assert!(!may_move(from, to));
             }
+        }
+    }
+
+    #[test]
+    fn a_used_up_key_moves_only_to_revoked() {
+        for to in KeyState::ALL {
+            assert_eq!(may_move(UsedUp, to), to == Revoked, "{}", to.as_str());
         }
     }
 
@@ -346,7 +366,7 @@ mod tests {
 
     #[test]
     fn a_final_key_refuses_a_higher_version_as_an_illegal_transition() {
-        for state in [Revoked, Expired] {
+        for state in [Revoked, Expired, UsedUp] {
             assert_eq!(
                 plan(view(1, state), &grant(2, GrantState::Active)),
                 rejected(Reason::IllegalTransition)
@@ -356,7 +376,7 @@ mod tests {
 
     #[test]
     fn a_final_key_answers_the_same_or_a_lower_version_with_noop() {
-        for state in [Revoked, Expired] {
+        for state in [Revoked, Expired, UsedUp] {
             assert_eq!(
                 plan(view(2, state), &grant(2, GrantState::Active)),
                 GrantPlan::Noop
@@ -461,6 +481,11 @@ mod tests {
     fn a_revoke_revokes_a_live_key() {
         assert_eq!(plan_revoke(Some(PreIssued), false), RevokePlan::Revoke);
         assert_eq!(plan_revoke(Some(Active), false), RevokePlan::Revoke);
+    }
+
+    #[test]
+    fn a_revoke_revokes_a_used_up_key_its_one_move_left() {
+        assert_eq!(plan_revoke(Some(UsedUp), false), RevokePlan::Revoke);
     }
 
     #[test]

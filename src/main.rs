@@ -303,9 +303,9 @@ fn keys(path: &std::path::Path, json: bool) -> ExitCode {
     let out = &mut std::io::stdout().lock();
     let listed = lockhub::store::open::open_read_only(&config.database_path()).and_then(|conn| {
         if json {
-            lockhub::store::keys::print_keys_json(&conn, out)
+            lockhub::store::keys::print_keys_json(&conn, config.hub.timezone_name(), out)
         } else {
-            lockhub::store::keys::print_keys(&conn, out)
+            lockhub::store::keys::print_keys(&conn, config.hub.timezone_name(), out)
         }
     });
     match listed {

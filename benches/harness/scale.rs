@@ -5,6 +5,10 @@
 //!   anything does, with the number of keys;
 //! - `door_entry`: the same plus its audit row, committed on the writer with
 //!   `Priority::Door` (one fsync, `synchronous=FULL`): what a door waits for.
+//! - `decide_scheduled`: `decide` for a key with a weekly schedule (read in
+//!   the hub's zone, Europe/Berlin here). Every other key has one, and the
+//!   probes pick keys at random, so both kinds are measured interleaved in
+//!   the same run; `scale.schedule.ratio` compares them at the largest size.
 //!
 //! Keys are bulk-loaded with plain SQL in one transaction (every schema
 //! trigger runs). `examples/bench_decision.rs` is the standalone version of
@@ -20,7 +24,17 @@ use lockhub::store::{Priority, Store};
 use lockhub_proto::time::Timestamp;
 use std::time::{Duration, Instant};
 
-pub const IDS: &[&str] = &["scale.decide.ratio", "scale.door_entry.ratio", "disk.fsync"];
+pub const IDS: &[&str] = &[
+    "scale.decide.ratio",
+    "scale.door_entry.ratio",
+    "scale.schedule.ratio",
+    "disk.fsync",
+];
+
+/// The schedule every other key gets: three intervals that together cover
+/// the whole week, so every probed key opens whenever the bench runs, and
+/// the interval that matches on most days is the last one checked.
+const SCHEDULE: &str = r#"[{"days":["sat"],"from":"00:00","until":"24:00"},{"days":["sun"],"from":"00:00","until":"24:00"},{"days":["mon","tue","wed","thu","fri"],"from":"00:00","until":"24:00"}]"#;
 
 const S: &str = "scale";
 /// `door_entry` commits per size: each is an fsync, so fewer than reads.
@@ -91,6 +105,7 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
         format!("{} ({})", micros(fs.median()), micros(fs.p99())),
     ));
     let mut decide_medians = vec![];
+    let mut scheduled_medians = vec![];
     let mut write_medians = vec![];
     let policy = fixture::default_policy();
     let keys = pin_keys();
@@ -104,6 +119,18 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
             })
             .await
             .expect("bulk load");
+        // Odd keys get a schedule, as a later version of their grant would.
+        store
+            .write(Priority::Bulk, move |c| {
+                c.execute(
+                    "UPDATE keys SET version = version + 1, schedule = ?1
+                      WHERE CAST(substr(key_id, 2) AS INTEGER) % 2 = 1",
+                    [SCHEDULE],
+                )?;
+                Ok(())
+            })
+            .await
+            .expect("schedules");
         println!(
             "   loaded {} keys in {:.1} s (not timed)",
             thousands(n as f64),
@@ -111,6 +138,7 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
         );
         let reader = store.reader().expect("reader");
         let now = Timestamp::now_system();
+        let zone = lockhub::config::time_zone("Europe/Berlin").expect("a zone the database knows");
         let mut rng = Lcg(42);
         // Warm the page cache the way a running hub's would be.
         for _ in 0..sizes.scale_probes.min(500) {
@@ -121,12 +149,14 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
                 tags: pin_tags(fixture::pin(i).as_bytes(), &keys),
                 at: now,
             };
-            evaluate(&reader, &e, &policy).expect("evaluate");
+            evaluate(&reader, &e, &policy, &zone).expect("evaluate");
         }
         let mut run_medians = vec![];
+        let mut scheduled_runs = vec![];
         let mut all = vec![];
         for _ in 0..sizes.runs.max(3) {
             let mut samples = Vec::with_capacity(sizes.scale_probes);
+            let mut scheduled = Vec::with_capacity(sizes.scale_probes);
             for _ in 0..sizes.scale_probes {
                 let i = rng.next(n);
                 let t = Instant::now();
@@ -136,13 +166,19 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
                     tags: pin_tags(fixture::pin(i).as_bytes(), &keys),
                     at: now,
                 };
-                let (d, _) = evaluate(&reader, &e, &policy).expect("evaluate");
-                samples.push(t.elapsed());
+                let (d, _) = evaluate(&reader, &e, &policy, &zone).expect("evaluate");
+                if i % 2 == 1 {
+                    scheduled.push(t.elapsed());
+                } else {
+                    samples.push(t.elapsed());
+                }
                 assert!(matches!(d, Decision::Unlock(_)), "every probed key opens");
             }
             run_medians.push(Summary::from_durations(&samples).median());
+            scheduled_runs.push(Summary::from_durations(&scheduled).median());
             all.extend(samples);
         }
+        scheduled_medians.push(median(&scheduled_runs));
         let decide = median(&run_medians);
         let p99 = Summary::from_durations(&all).p99();
         decide_medians.push(decide);
@@ -154,7 +190,8 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
             WRITES
         };
         for k in 0..count {
-            let i = rng.next(n);
+            // An unscheduled key, so the figure stays the one it always was.
+            let i = rng.next(n) & !1;
             let e = DoorEntry {
                 door: fixture::door_name(i),
                 door_known: true,
@@ -162,8 +199,9 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
                 at: now.saturating_add_micros(k as i64),
             };
             let t = Instant::now();
+            let zone = zone.clone();
             let out = store
-                .write(Priority::Door, move |c| door_entry(c, &e, &policy))
+                .write(Priority::Door, move |c| door_entry(c, &e, &policy, &zone))
                 .await
                 .expect("door_entry");
             writes.push(t.elapsed());
@@ -180,6 +218,15 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
                 thousands(n as f64)
             ),
             format!("{} ({})", micros(decide), micros(p99)),
+        ));
+        figures.push(Figure::new(
+            &format!("scale.decide_scheduled.{label}"),
+            S,
+            &format!(
+                "decision at {} keys for a key with a weekly schedule (3 intervals, Europe/Berlin), same run: median of run medians",
+                thousands(n as f64)
+            ),
+            micros(*scheduled_medians.last().expect("this size")),
         ));
         figures.push(Figure::new(
             &format!("scale.door_entry.{label}"),
@@ -207,6 +254,17 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
             format!("{r:.2}×"),
         )
         .target("≤ 2×", r <= 2.0),
+    );
+    let r = scheduled_medians.last().copied().unwrap_or(f64::NAN)
+        / decide_medians.last().copied().unwrap_or(f64::NAN);
+    figures.push(
+        Figure::new(
+            "scale.schedule.ratio",
+            S,
+            &format!("decision with a schedule / without, at {last} keys, same run"),
+            format!("{r:.2}×"),
+        )
+        .target("≤ 1.10×", r <= 1.10),
     );
     let r = ratio(&write_medians);
     figures.push(Figure::new(

@@ -234,6 +234,14 @@ pub struct GrantArgs {
     /// The guest's pseudonymous reference (for `erase`).
     #[arg(long)]
     pub holder_ref: Option<String>,
+    /// Weekly hours in the hub's time zone, DAYS FROM-UNTIL (for example
+    /// 'mon-fri 09:00-17:30'; repeat for several). Default: any hour.
+    #[arg(long, value_name = "DAYS FROM-UNTIL")]
+    pub schedule: Vec<String>,
+    /// How many entries the key grants in all (1..=100000; 1 is a
+    /// one-time code). Default: no limit.
+    #[arg(long = "uses", value_name = "N")]
+    pub max_uses: Option<u32>,
     /// Retries with this key and the same request return the stored result
     /// (default: check-in:ID, or reservation:ID for a pre-issued key).
     #[arg(long)]
@@ -657,6 +665,8 @@ fn grant(
         valid_until: a.valid_until,
         holder_ref: a.holder_ref,
         idempotency_key: a.idempotency_key,
+        schedule: a.schedule,
+        max_uses: a.max_uses,
     };
     let active = signer::load_active(&store, db)?;
     let m = ops::grant(&store, &active, &req, now)?;
@@ -984,6 +994,10 @@ enum FileItem {
         valid_from: Option<String>,
         valid_until: String,
         holder_ref: Option<String>,
+        /// As `--schedule`: one `DAYS FROM-UNTIL` string per interval.
+        #[serde(default)]
+        schedule: Vec<String>,
+        max_uses: Option<u32>,
     },
     Revoke {
         key_id: String,
@@ -1023,6 +1037,8 @@ fn read_batch(text: &str, hub: &HubRef) -> Result<Vec<BatchItem>, CloudError> {
                     valid_from,
                     valid_until,
                     holder_ref,
+                    schedule,
+                    max_uses,
                 } => BatchItem::Issue(Box::new(GrantRequest {
                     command: GrantCommand::Issue,
                     hub: hub.clone(),
@@ -1037,6 +1053,8 @@ fn read_batch(text: &str, hub: &HubRef) -> Result<Vec<BatchItem>, CloudError> {
                     valid_until,
                     holder_ref,
                     idempotency_key: None,
+                    schedule,
+                    max_uses,
                 })),
                 FileItem::Revoke { key_id, reason } => BatchItem::Revoke { key_id, reason },
                 FileItem::Erase { holder_ref } => BatchItem::Erase { holder_ref },

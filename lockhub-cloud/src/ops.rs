@@ -346,6 +346,8 @@ fn grant_spec(g: &Grant) -> GrantSpec {
         reservation_id: g.reservation_id.clone(),
         holder_ref: g.holder_ref.clone(),
         holder_name: None,
+        schedule: g.schedule.clone(),
+        max_uses: g.max_uses,
     }
 }
 

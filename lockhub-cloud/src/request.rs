@@ -11,7 +11,8 @@
 
 use crate::store::{HubRecord, HubRef, Idempotency, PinKey};
 use lockhub_proto::crypto::{b64u_encode, pin_tag, sha256};
-use lockhub_proto::event::is_key_id;
+use lockhub_proto::event::{MAX_USES, is_key_id};
+use lockhub_proto::schedule::{Interval, MAX_INTERVALS, Schedule, ScheduleTextError};
 use lockhub_proto::time::Timestamp;
 use serde::Serialize;
 
@@ -77,10 +78,38 @@ pub enum InputError {
     BadId { what: &'static str, value: String },
     #[error("the idempotency key must be 1..={MAX_IDEMPOTENCY_KEY} characters")]
     BadIdempotencyKey,
+    #[error("--schedule {text:?}: {reason}")]
+    BadSchedule {
+        text: String,
+        reason: ScheduleTextError,
+    },
+    #[error("a schedule has at most {MAX_INTERVALS} intervals")]
+    TooManyIntervals,
+    #[error("--uses {0}: use 1..={MAX_USES}")]
+    BadMaxUses(u32),
     #[error("{0}")]
     Invalid(String),
     #[error("the hub would refuse this event ({0}); nothing was signed")]
     HubWouldRefuse(String),
+}
+
+/// The `--schedule` intervals as one schedule; none given is none.
+fn parse_schedule(texts: &[String]) -> Result<Option<Schedule>, InputError> {
+    if texts.is_empty() {
+        return Ok(None);
+    }
+    let intervals = texts
+        .iter()
+        .map(|t| {
+            Interval::parse_text(t).map_err(|reason| InputError::BadSchedule {
+                text: t.clone(),
+                reason,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Schedule::new(intervals)
+        .map(Some)
+        .ok_or(InputError::TooManyIntervals)
 }
 
 /// Parses `SITE/HUB`: the site is a UUID (written lowercase), the hub a
@@ -144,6 +173,11 @@ pub struct GrantRequest {
     pub valid_until: String,
     pub holder_ref: Option<String>,
     pub idempotency_key: Option<String>,
+    /// Weekly hours in the form for people (`mon-fri 09:00-17:30`), one
+    /// interval each; none means at any hour of the window.
+    pub schedule: Vec<String>,
+    /// How many entries the key grants in all; none means no limit.
+    pub max_uses: Option<u32>,
 }
 
 /// A checked grant, ready to sign.
@@ -161,6 +195,8 @@ pub struct Grant {
     pub pin_key_id: String,
     pub pin_tag: [u8; 32],
     pub holder_ref: Option<String>,
+    pub schedule: Option<Schedule>,
+    pub max_uses: Option<u32>,
     pub idempotency: Idempotency,
 }
 
@@ -190,6 +226,12 @@ struct Canonical<'a> {
     pin_key_id: &'a str,
     pin_tag: String,
     holder_ref: Option<&'a str>,
+    /// Left out when absent, so a request made before schedules existed
+    /// keeps its fingerprint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    schedule: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_uses: Option<u32>,
 }
 
 /// The default idempotency key: the check-in, or the reservation for a
@@ -287,6 +329,12 @@ pub fn check_grant(
     if valid_until <= now {
         return Err(InputError::WindowOver(valid_until.to_rfc3339()));
     }
+    let schedule = parse_schedule(&req.schedule)?;
+    if let Some(n) = req.max_uses
+        && !(1..=MAX_USES).contains(&n)
+    {
+        return Err(InputError::BadMaxUses(n));
+    }
     let tag = req.pin.tag(pin_key);
     let idem_key = req
         .idempotency_key
@@ -308,6 +356,8 @@ pub fn check_grant(
         pin_key_id: &pin_key.id,
         pin_tag: b64u_encode(&tag),
         holder_ref: req.holder_ref.as_deref(),
+        schedule: schedule.as_ref().map(Schedule::to_json),
+        max_uses: req.max_uses,
     };
     let request_sha256 = sha256(&serde_json::to_vec(&canonical).unwrap_or_default());
     Ok(Grant {
@@ -322,6 +372,8 @@ pub fn check_grant(
         pin_key_id: pin_key.id.clone(),
         pin_tag: tag,
         holder_ref: req.holder_ref.clone(),
+        schedule,
+        max_uses: req.max_uses,
         idempotency: Idempotency {
             key: idem_key,
             request_sha256,
@@ -360,6 +412,8 @@ mod tests {
             valid_until: "2099-01-01T00:00:00Z".into(),
             holder_ref: None,
             idempotency_key: None,
+            schedule: Vec::new(),
+            max_uses: None,
         }
     }
 
@@ -415,5 +469,43 @@ mod tests {
         assert!(parse_hub_ref("not-a-uuid/hub").is_err());
         assert!(parse_hub_ref("6f1c1c0e-8a51-4d39-9d2e-6a3c5a7d9e10").is_err());
         assert!(format!("{:?}", Pin::parse("482913").unwrap()).contains("redacted"));
+    }
+
+    #[test]
+    fn a_schedule_and_a_use_limit_are_checked_and_change_the_fingerprint() {
+        let plain = check_grant(&req("482913"), &hub(), now(), || "k".into()).unwrap();
+        assert_eq!((plain.schedule.as_ref(), plain.max_uses), (None, None));
+        let mut r = req("482913");
+        r.schedule = vec!["mon-fri 09:00-17:30".into(), "sat 10:00-12:00".into()];
+        r.max_uses = Some(3);
+        let g = check_grant(&r, &hub(), now(), || "k".into()).unwrap();
+        let s = g.schedule.as_ref().unwrap();
+        assert_eq!(s.intervals().len(), 2);
+        assert_eq!(s.intervals()[0].from_minute(), 9 * 60);
+        assert_eq!(g.max_uses, Some(3));
+        assert_ne!(
+            g.idempotency.request_sha256,
+            plain.idempotency.request_sha256
+        );
+
+        let mut r = req("482913");
+        r.schedule = vec!["monday 09:00-17:30".into()];
+        let e = check_grant(&r, &hub(), now(), String::new).err().unwrap();
+        assert!(matches!(e, InputError::BadSchedule { .. }), "{e:?}");
+        assert!(e.to_string().contains("mon tue wed"), "{e}");
+        let mut r = req("482913");
+        r.schedule = vec!["mon 09:00-10:00".into(); MAX_INTERVALS + 1];
+        assert_eq!(
+            check_grant(&r, &hub(), now(), String::new).err(),
+            Some(InputError::TooManyIntervals)
+        );
+        for bad in [0, MAX_USES + 1] {
+            let mut r = req("482913");
+            r.max_uses = Some(bad);
+            assert_eq!(
+                check_grant(&r, &hub(), now(), String::new).err(),
+                Some(InputError::BadMaxUses(bad))
+            );
+        }
     }
 }

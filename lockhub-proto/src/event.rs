@@ -7,6 +7,7 @@
 //! stable codes below. Those codes are a contract with the cloud team
 //! (mqtt.md 'Deciding an event'): never rename one.
 
+use crate::schedule::Schedule;
 use crate::time::Timestamp;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -197,7 +198,15 @@ pub struct Grant {
     pub pin_key_id: String,
     pub holder_ref: Option<String>,
     pub holder_name: Option<String>,
+    /// The weekly hours it opens, in the hub's time zone; `None`: any hour
+    /// of its window.
+    pub schedule: Option<Schedule>,
+    /// How many entries it grants in all, 1..=[`MAX_USES`]; `None`: no limit.
+    pub max_uses: Option<u32>,
 }
+
+/// The largest `max_uses` a grant may carry (mqtt.md 'Grant').
+pub const MAX_USES: u32 = 100_000;
 
 /// One change a batch may carry (no nested batch, no checkpoint).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -635,6 +644,14 @@ fn parse_grant_shape(v: &Value) -> Result<Grant, Reason> {
         Some(s) if is_text(s, 0) => Some(s.to_owned()),
         Some(_) => return Err(BAD),
     };
+    let schedule = match o.get("schedule") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(Schedule::from_json(v).ok_or(BAD)?),
+    };
+    let max_uses = match o.get("max_uses") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(json_int_in(v, 1, u64::from(MAX_USES)).ok_or(BAD)? as u32),
+    };
     Ok(Grant {
         key_id,
         version,
@@ -648,6 +665,8 @@ fn parse_grant_shape(v: &Value) -> Result<Grant, Reason> {
         pin_key_id,
         holder_ref,
         holder_name,
+        schedule,
+        max_uses,
     })
 }
 
@@ -1078,6 +1097,59 @@ mod parse_tests {
             ("holder_ref", json!("g".repeat(65))),
             ("holder_ref", json!(["g-1"])),
             ("reservation_id", json!(false)),
+        ] {
+            assert_eq!(
+                err(&issued(grant_with(k, v.clone()))),
+                Reason::InvalidGrant,
+                "{k} = {v}"
+            );
+        }
+    }
+
+    #[test]
+    fn schedule_and_max_uses_are_optional_and_read_as_sent() {
+        let plain = issued_key(&issued(grant()));
+        assert_eq!((plain.schedule, plain.max_uses), (None, None));
+        let mut g = grant_with("schedule", Value::Null);
+        g["max_uses"] = Value::Null;
+        let nulls = issued_key(&issued(g));
+        assert_eq!((nulls.schedule, nulls.max_uses), (None, None));
+        let sched = json!([{"days": ["mon", "fri"], "from": "09:00", "until": "17:30"}]);
+        let mut g = grant_with("schedule", sched.clone());
+        g["max_uses"] = json!(2);
+        let key = issued_key(&issued(g));
+        assert_eq!(key.schedule.unwrap().to_json(), sched);
+        assert_eq!(key.max_uses, Some(2));
+        for n in [1, MAX_USES] {
+            assert_eq!(
+                issued_key(&issued(grant_with("max_uses", json!(n)))).max_uses,
+                Some(n)
+            );
+        }
+    }
+
+    #[test]
+    fn a_bad_schedule_or_max_uses_is_invalid_grant() {
+        for (k, v) in [
+            ("schedule", json!([])),
+            (
+                "schedule",
+                json!({"days": ["mon"], "from": "09:00", "until": "10:00"}),
+            ),
+            (
+                "schedule",
+                json!([{"days": ["mon"], "from": "10:00", "until": "09:00"}]),
+            ),
+            (
+                "schedule",
+                json!([{"days": ["mon", "mon"], "from": "09:00", "until": "10:00"}]),
+            ),
+            ("schedule", json!("mon-fri 09:00-17:30")),
+            ("max_uses", json!(0)),
+            ("max_uses", json!(MAX_USES + 1)),
+            ("max_uses", json!(-1)),
+            ("max_uses", json!(2.0)),
+            ("max_uses", json!("2")),
         ] {
             assert_eq!(
                 err(&issued(grant_with(k, v.clone()))),

@@ -13,6 +13,7 @@
 //! | [`event`] | the cloud's events and the hub's results as plain data; the id rules; body parsing (step 4) |
 //! | [`mirror`] | the mirror proof: live filter, lines, buckets, bucket and mirror digests (incremental), the checkpoint claim |
 //! | [`outputs`] | the hub's bodies as serde types (audit, alert, sync request, status, the three proof forms) and their wire codes (AuditKind, Condition, ...) |
+//! | [`schedule`] | weekly schedules: the wire form, the text for people, and whether an instant's local wall time is inside |
 //! | [`sign`] | the cloud's side, pure: `GrantSpec`, event bodies, `EventSigner` (seq, id and time given), cloud envelopes |
 //! | [`topics`] | the seven topic leaves, `P/S/H/leaf` built and parsed back strictly |
 //! | [`verify`] | step 1 of an event: size, envelope, signer, `verify_strict`, ids; the trust-ring entry [`verify::Signer`] |
@@ -22,6 +23,7 @@ pub mod crypto;
 pub mod event;
 pub mod mirror;
 pub mod outputs;
+pub mod schedule;
 pub mod sign;
 pub mod time;
 pub mod topics;

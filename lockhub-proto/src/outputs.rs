@@ -75,6 +75,8 @@ wire_codes! {
         KeyActivated = "key.activated",
         KeyRevoked = "key.revoked",
         KeyExpired = "key.expired",
+        /// The grant that took the last of `max_uses` (mqtt.md 'Grant').
+        KeyUsedUp = "key.used_up",
     }
 }
 
@@ -297,7 +299,7 @@ mod tests {
             assert_eq!(round_trip(&c), c);
         }
         assert_eq!(Condition::ALL.len(), 20);
-        assert_eq!(AuditKind::ALL.len(), 13);
+        assert_eq!(AuditKind::ALL.len(), 14);
         assert!(serde_json::from_str::<AuditKind>(r#""door.opened""#).is_err());
         assert!(serde_json::from_str::<SyncReason>(r#""Gap""#).is_err());
     }

@@ -7,6 +7,7 @@
 //! keeps its own in memory on top of [`EventSigner`].
 
 use crate::crypto::{self, ENVELOPE_VERSION, EVENT_CONTEXT};
+use crate::schedule::Schedule;
 use crate::time::Timestamp;
 use ed25519_dalek::{SigningKey, VerifyingKey};
 use serde_json::{Value, json};
@@ -30,6 +31,10 @@ pub struct GrantSpec {
     pub reservation_id: Option<String>,
     pub holder_ref: Option<String>,
     pub holder_name: Option<String>,
+    /// The weekly hours it opens (the hub reads them in its own time zone).
+    pub schedule: Option<Schedule>,
+    /// How many entries it grants in all (1..=100000).
+    pub max_uses: Option<u32>,
 }
 
 impl std::fmt::Debug for GrantSpec {
@@ -42,6 +47,8 @@ impl std::fmt::Debug for GrantSpec {
             .field("valid_from", &self.valid_from)
             .field("valid_until", &self.valid_until)
             .field("pin_key_id", &self.pin_key_id)
+            .field("schedule", &self.schedule)
+            .field("max_uses", &self.max_uses)
             .finish_non_exhaustive()
     }
 }
@@ -71,6 +78,8 @@ impl GrantSpec {
             reservation_id: None,
             holder_ref: None,
             holder_name: None,
+            schedule: None,
+            max_uses: None,
         }
     }
 
@@ -130,6 +139,12 @@ impl GrantSpec {
             if let Some(v) = value {
                 obj.insert(name.to_owned(), json!(v));
             }
+        }
+        if let Some(s) = &self.schedule {
+            obj.insert("schedule".to_owned(), s.to_json());
+        }
+        if let Some(n) = self.max_uses {
+            obj.insert("max_uses".to_owned(), json!(n));
         }
         key
     }
@@ -417,7 +432,15 @@ mod tests {
     #[test]
     fn each_event_type_parses_back_into_what_was_asked() {
         let schema = SchemaContext::new(["101"], ["k1"]);
-        let g = GrantSpec::active_at(issued_at(), "k-2", "c-1", "101", "482913", ("k1", &[1; 32]));
+        let mut g =
+            GrantSpec::active_at(issued_at(), "k-2", "c-1", "101", "482913", ("k1", &[1; 32]));
+        g.schedule = Some(
+            Schedule::new(vec![
+                crate::schedule::Interval::parse_text("mon-fri 09:00-17:30").unwrap(),
+            ])
+            .unwrap(),
+        );
+        g.max_uses = Some(5);
         let ring = ring();
         let s = signer();
         let id = Uuid::parse_str(EVENT_ID).unwrap();
@@ -431,6 +454,8 @@ mod tests {
                 assert_eq!(key.key_id, "k-2");
                 assert_eq!(key.pin_tag.0, g.pin_tag);
                 assert_eq!(key.valid_until, g.valid_until);
+                assert_eq!(key.schedule, g.schedule);
+                assert_eq!(key.max_uses, Some(5));
                 assert_eq!(supersedes, ["k-0"]);
             }
             other => panic!("{other:?}"),

@@ -45,6 +45,7 @@ use secrets::*;
 use table::*;
 use trust::*;
 
+pub use hub::time_zone;
 pub use mqtt::{IdentityError, MqttUrl, parse_mqtt_url, read_client_identity, read_roots};
 
 /// The SQLite file's name inside `data_dir`.
@@ -78,6 +79,16 @@ pub struct HubConfig {
     /// 1..=64 of `[A-Za-z0-9._-]`.
     pub hub_id: String,
     pub data_dir: PathBuf,
+    /// `timezone` (default UTC): the wall clock key schedules are read in
+    /// (mqtt.md 'Grant').
+    pub timezone: jiff::tz::TimeZone,
+}
+
+impl HubConfig {
+    /// The zone's IANA name, as `lockhub status` and `lockhub keys` show it.
+    pub fn timezone_name(&self) -> &str {
+        self.timezone.iana_name().unwrap_or("UTC")
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -18,6 +18,7 @@ use crate::config::{PinKey, Policy};
 use crate::door::{Decision, pin_tags};
 use crate::store::Store;
 use crate::store::door::{DoorEntry, decide_entry};
+use jiff::tz::TimeZone;
 use lockhub_proto::time::Timestamp;
 
 /// Keypad entries that may wait behind the one being decided, per door.
@@ -152,6 +153,7 @@ pub async fn decide(
     store: &Store,
     pin_keys: &[PinKey],
     policy: Policy,
+    zone: &TimeZone,
     e: Entry<'_>,
     wake: Option<&Notify>,
 ) -> Answer {
@@ -164,7 +166,7 @@ pub async fn decide(
         tags,
         at: e.at,
     };
-    let result = decide_entry(store, entry, policy, e.received).await;
+    let result = decide_entry(store, entry, policy, zone.clone(), e.received).await;
     if let Some(w) = wake {
         w.notify_one();
     }

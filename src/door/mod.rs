@@ -12,21 +12,31 @@
 //!    a door the config does not name has no keypad state to protect.
 //! 2. Locked out: [`Decision::LockedOut`], even for a correct PIN; not counted.
 //! 3. PIN bytes not 4..=12 ASCII digits: deny `bad_format`.
-//! 4. No live key for the PIN's tags: deny `unknown_pin`.
+//! 4. No live key for the PIN's tags: an ended key explains it (mqtt.md 'At
+//!    the door'): a `used_up` key with that tag denies `used_up`, an
+//!    `expired` one `outside_window`; otherwise deny `unknown_pin`. Live keys
+//!    come first, so a new guest who reuses an old guest's PIN gets in.
 //! 5. Two or more live keys match: deny `pin_ambiguous` (+ alert). Checked
 //!    before the windows, as mqtt.md words it ("matches two live keys"): the
 //!    hub cannot tell whose PIN was typed, so it cannot attribute the entry.
-//! 6. The one live key is outside `[valid_from, valid_until)` by the
-//!    effective time: deny `outside_window`.
-//! 7. Otherwise unlock.
+//! 6. For the one live key, in this order: outside `[valid_from,
+//!    valid_until)` by the effective time: deny `outside_window`; its local
+//!    wall time then (in the hub's zone) outside its schedule: deny
+//!    `outside_schedule`; no use left: deny `used_up`.
+//! 7. Otherwise unlock (the store takes the use with the audit row).
 //!
 //! ## Which denials count toward a lockout
-//! `bad_format`, `unknown_pin`, `outside_window` and `pin_ambiguous`: each is
-//! a PIN typed at a known door that did not open it. `unknown_door` (no such
-//! keypad) and `storage_failure` (the hub's fault, not the typist's) do not.
+//! Only `bad_format` and `unknown_pin` (serial.md 'Lockout'): a PIN that
+//! matches no key is what guessing looks like. A real guest's PIN at the
+//! wrong hour, after its window or uses, or one shared by two keys is
+//! denied but not counted: it must not lock the door for everyone.
+//! `unknown_door` (no such keypad) and `storage_failure` (the hub's fault,
+//! not the typist's) do not count either.
 
 use crate::config::{LOCKOUT_MAX_S, PinKey, Policy};
+use jiff::tz::TimeZone;
 use lockhub_proto::crypto::pin_tag;
+use lockhub_proto::schedule::Schedule;
 use lockhub_proto::time::Timestamp;
 use std::fmt;
 
@@ -66,6 +76,10 @@ pub enum DenyReason {
     BadFormat,
     UnknownPin,
     OutsideWindow,
+    /// Inside the window, but not inside the key's weekly schedule.
+    OutsideSchedule,
+    /// Every one of the key's `max_uses` is taken.
+    UsedUp,
     PinAmbiguous,
     StorageFailure,
     /// A card at an OSDP reader: the hub knows PINs only (osdp.md).
@@ -74,11 +88,13 @@ pub enum DenyReason {
 
 impl DenyReason {
     #[cfg(any(test, feature = "testing"))]
-    pub const ALL: [DenyReason; 7] = [
+    pub const ALL: [DenyReason; 9] = [
         DenyReason::UnknownDoor,
         DenyReason::BadFormat,
         DenyReason::UnknownPin,
         DenyReason::OutsideWindow,
+        DenyReason::OutsideSchedule,
+        DenyReason::UsedUp,
         DenyReason::PinAmbiguous,
         DenyReason::StorageFailure,
         DenyReason::UnsupportedCredential,
@@ -90,6 +106,8 @@ impl DenyReason {
             DenyReason::BadFormat => "bad_format",
             DenyReason::UnknownPin => "unknown_pin",
             DenyReason::OutsideWindow => "outside_window",
+            DenyReason::OutsideSchedule => "outside_schedule",
+            DenyReason::UsedUp => "used_up",
             DenyReason::PinAmbiguous => "pin_ambiguous",
             DenyReason::StorageFailure => "storage_failure",
             DenyReason::UnsupportedCredential => "unsupported_credential",
@@ -99,13 +117,7 @@ impl DenyReason {
     /// Whether this denial counts toward the door's lockout (module docs).
     #[cfg(any(test, feature = "testing"))]
     pub fn counts_toward_lockout(self) -> bool {
-        matches!(
-            self,
-            DenyReason::BadFormat
-                | DenyReason::UnknownPin
-                | DenyReason::OutsideWindow
-                | DenyReason::PinAmbiguous
-        )
+        matches!(self, DenyReason::BadFormat | DenyReason::UnknownPin)
     }
 }
 
@@ -114,7 +126,8 @@ impl DenyReason {
 pub struct Candidate {
     pub key_id: String,
     pub pin_key_id: String,
-    /// The `keys.state` column: `pre_issued`, `active`, `revoked`, `expired`.
+    /// The `keys.state` column: `pre_issued`, `active`, `revoked`,
+    /// `expired`, `used_up`.
     pub state: String,
     pub valid_from: Timestamp,
     pub valid_until: Timestamp,
@@ -122,10 +135,17 @@ pub struct Candidate {
     pub holder_ref: Option<String>,
     /// Personal data: goes into the local audit row, never into a log.
     pub holder_name: Option<String>,
+    /// The weekly hours it opens, in the hub's wall time; `None`: any hour.
+    pub schedule: Option<Schedule>,
+    /// `None`: no limit.
+    pub max_uses: Option<u32>,
+    /// Entries granted so far, across the key's versions.
+    pub use_count: u32,
 }
 
 impl Candidate {
-    /// `pre_issued` and `active` keys may open; `revoked` and `expired` never.
+    /// `pre_issued` and `active` keys may open; `revoked`, `expired` and
+    /// `used_up` never.
     pub fn is_live(&self) -> bool {
         matches!(self.state.as_str(), "pre_issued" | "active")
     }
@@ -133,6 +153,21 @@ impl Candidate {
     /// The window is half-open: `valid_until` itself is already outside.
     pub fn in_window(&self, now: Timestamp) -> bool {
         self.valid_from <= now && now < self.valid_until
+    }
+
+    /// Inside its schedule at `now`, read in `zone` (always, without one).
+    pub fn in_schedule(&self, now: Timestamp, zone: &TimeZone) -> bool {
+        self.schedule.as_ref().is_none_or(|s| s.contains(now, zone))
+    }
+
+    /// Whether an entry may still take a use.
+    pub fn has_use_left(&self) -> bool {
+        self.max_uses.is_none_or(|max| self.use_count < max)
+    }
+
+    /// Whether the use an entry takes now is the key's last.
+    pub fn takes_last_use(&self) -> bool {
+        self.max_uses == Some(self.use_count.saturating_add(1))
     }
 }
 
@@ -150,6 +185,9 @@ impl fmt::Debug for Candidate {
                 "holder_name",
                 &self.holder_name.as_ref().map(|_| "<redacted>"),
             )
+            .field("schedule", &self.schedule)
+            .field("max_uses", &self.max_uses)
+            .field("use_count", &self.use_count)
             .finish()
     }
 }
@@ -247,10 +285,14 @@ pub struct DoorInput<'a> {
     pub door_known: bool,
     /// The PIN bytes were 4..=12 ASCII digits (see [`pin_tags`]).
     pub well_formed: bool,
-    /// Keys the mirror returned for the PIN's tags at this door.
+    /// Keys the mirror returned for the PIN's tags at this door: the live
+    /// ones, and the ended ones (`used_up`, `expired`) that explain a
+    /// denial when no live key matches.
     pub candidates: &'a [Candidate],
     /// The effective time (never the raw system clock).
     pub now: Timestamp,
+    /// The hub's time zone (`[hub] timezone`): schedules are read in it.
+    pub zone: &'a TimeZone,
     pub lockout: &'a LockoutFacts,
     pub policy: &'a Policy,
 }
@@ -304,7 +346,10 @@ pub fn decide(input: &DoorInput<'_>) -> Decision {
         Ok(key) => Decision::Unlock(key.clone()),
         Err(reason) => Decision::Deny {
             reason,
-            lockout: lockout_after_denial(input.lockout, input.now, input.policy),
+            lockout: reason
+                .counts_toward_lockout()
+                .then(|| lockout_after_denial(input.lockout, input.now, input.policy))
+                .flatten(),
         },
     }
 }
@@ -315,14 +360,36 @@ fn match_key<'a>(input: &DoorInput<'a>) -> Result<&'a Candidate, DenyReason> {
         return Err(DenyReason::BadFormat);
     }
     let mut live = input.candidates.iter().filter(|c| c.is_live());
-    let key = live.next().ok_or(DenyReason::UnknownPin)?;
+    let Some(key) = live.next() else {
+        return Err(ended_reason(input.candidates));
+    };
     if live.next().is_some() {
         return Err(DenyReason::PinAmbiguous);
     }
     if !key.in_window(input.now) {
         return Err(DenyReason::OutsideWindow);
     }
+    if !key.in_schedule(input.now, input.zone) {
+        return Err(DenyReason::OutsideSchedule);
+    }
+    if !key.has_use_left() {
+        return Err(DenyReason::UsedUp);
+    }
     Ok(key)
+}
+
+/// Why a PIN that matches no live key is denied: a used-up key with its
+/// tag says `used_up`, an expired one `outside_window`; a revoked key says
+/// nothing (`unknown_pin`, as for a PIN nobody holds).
+fn ended_reason(candidates: &[Candidate]) -> DenyReason {
+    let has = |state: &str| candidates.iter().any(|c| c.state == state);
+    if has("used_up") {
+        DenyReason::UsedUp
+    } else if has("expired") {
+        DenyReason::OutsideWindow
+    } else {
+        DenyReason::UnknownPin
+    }
 }
 
 #[cfg(test)]
@@ -349,6 +416,9 @@ mod tests {
             check_in_id: Some("c-1".into()),
             holder_ref: Some("g-1".into()),
             holder_name: Some("Ada".into()),
+            schedule: None,
+            max_uses: None,
+            use_count: 0,
         }
     }
 
@@ -358,6 +428,7 @@ mod tests {
             well_formed: true,
             candidates,
             now: t(now),
+            zone: &TimeZone::UTC,
             lockout: facts,
             policy: &policy(),
         })
@@ -430,6 +501,7 @@ mod tests {
             well_formed: true,
             candidates: &[key("k", "active", -10, 10)],
             now: t(5),
+            zone: &TimeZone::UTC,
             lockout: &facts,
             policy: &policy(),
         });
@@ -465,15 +537,184 @@ mod tests {
     }
 
     #[test]
-    fn revoked_and_expired_keys_never_open() {
-        for state in ["revoked", "expired"] {
+    fn revoked_expired_and_used_up_keys_never_open_and_only_a_revoked_one_is_an_unknown_pin() {
+        for (state, reason) in [
+            ("revoked", DenyReason::UnknownPin),
+            ("expired", DenyReason::OutsideWindow),
+            ("used_up", DenyReason::UsedUp),
+        ] {
             let k = [key("k", state, -10, 10)];
             assert_eq!(
                 decide_at(0, &k, &LockoutFacts::default()),
-                deny(DenyReason::UnknownPin),
+                deny(reason),
                 "{state}"
             );
         }
+        // Used up beats expired when both hold the tag.
+        let both = [key("a", "expired", -10, 10), key("b", "used_up", -10, 10)];
+        assert_eq!(
+            decide_at(0, &both, &LockoutFacts::default()),
+            deny(DenyReason::UsedUp)
+        );
+    }
+
+    #[test]
+    fn a_live_key_is_matched_before_an_ended_one_with_the_same_pin() {
+        let new_guest = key("new", "active", -10, 10);
+        for old in ["used_up", "expired", "revoked"] {
+            let d = decide_at(
+                0,
+                &[key("old", old, -100, 100), new_guest.clone()],
+                &LockoutFacts::default(),
+            );
+            assert_eq!(d, Decision::Unlock(new_guest.clone()), "{old}");
+        }
+        // The live key's own denial is what the door says, not the ended one's.
+        let outside = key("new", "active", 20, 30);
+        assert_eq!(
+            decide_at(
+                0,
+                &[key("old", "used_up", -100, 100), outside],
+                &LockoutFacts::default()
+            ),
+            deny(DenyReason::OutsideWindow)
+        );
+    }
+
+    fn office() -> Schedule {
+        Schedule::new(vec![
+            lockhub_proto::schedule::Interval::parse_text("mon-fri 09:00-17:30").unwrap(),
+        ])
+        .unwrap()
+    }
+
+    fn decide_in(zone: &TimeZone, at: &str, k: &Candidate) -> Decision {
+        decide(&DoorInput {
+            door_known: true,
+            well_formed: true,
+            candidates: std::slice::from_ref(k),
+            now: Timestamp::parse_rfc3339(at).unwrap(),
+            zone,
+            lockout: &LockoutFacts::default(),
+            policy: &policy(),
+        })
+    }
+
+    fn wide(state: &str) -> Candidate {
+        let mut k = key("k", state, 0, 0);
+        k.valid_from = Timestamp::parse_rfc3339("2026-01-01T00:00:00Z").unwrap();
+        k.valid_until = Timestamp::parse_rfc3339("2027-01-01T00:00:00Z").unwrap();
+        k
+    }
+
+    #[test]
+    fn a_scheduled_key_opens_inside_its_hours_in_the_hubs_zone_and_is_denied_outside() {
+        let mut k = wide("active");
+        k.schedule = Some(office());
+        let berlin = TimeZone::get("Europe/Berlin").unwrap();
+        // Friday 2026-12-04: 08:30 UTC is 09:30 in Berlin, 08:30 in UTC.
+        assert_eq!(
+            decide_in(&berlin, "2026-12-04T08:30:00Z", &k),
+            Decision::Unlock(k.clone())
+        );
+        assert_eq!(
+            decide_in(&TimeZone::UTC, "2026-12-04T08:30:00Z", &k),
+            deny(DenyReason::OutsideSchedule)
+        );
+        // Saturday, and Friday at 17:30 sharp: outside.
+        for at in ["2026-12-05T10:00:00Z", "2026-12-04T16:30:00Z"] {
+            assert_eq!(
+                decide_in(&berlin, at, &k),
+                deny(DenyReason::OutsideSchedule),
+                "{at}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_key_opens_while_it_has_uses_left_and_is_used_up_after() {
+        let mut k = wide("active");
+        k.max_uses = Some(2);
+        assert!(!k.takes_last_use());
+        assert!(matches!(
+            decide_in(&TimeZone::UTC, "2026-12-04T08:30:00Z", &k),
+            Decision::Unlock(_)
+        ));
+        k.use_count = 1;
+        assert!(k.takes_last_use());
+        assert!(matches!(
+            decide_in(&TimeZone::UTC, "2026-12-04T08:30:00Z", &k),
+            Decision::Unlock(_)
+        ));
+        // A live key with no use left (a later version lowered the limit).
+        k.use_count = 2;
+        assert_eq!(
+            decide_in(&TimeZone::UTC, "2026-12-04T08:30:00Z", &k),
+            deny(DenyReason::UsedUp)
+        );
+        let unlimited = wide("active");
+        assert!(unlimited.has_use_left() && !unlimited.takes_last_use());
+    }
+
+    #[test]
+    fn the_checks_of_the_matched_key_run_window_then_schedule_then_uses() {
+        let mut k = wide("active");
+        k.schedule = Some(office());
+        k.max_uses = Some(1);
+        k.use_count = 1;
+        let utc = TimeZone::UTC;
+        // Past the window, outside the hours, out of uses: the window says it.
+        assert_eq!(
+            decide_in(&utc, "2027-06-05T03:00:00Z", &k),
+            deny(DenyReason::OutsideWindow)
+        );
+        // In the window, outside the hours, out of uses: the schedule.
+        assert_eq!(
+            decide_in(&utc, "2026-12-05T03:00:00Z", &k),
+            deny(DenyReason::OutsideSchedule)
+        );
+        // In the hours: the uses.
+        assert_eq!(
+            decide_in(&utc, "2026-12-04T10:00:00Z", &k),
+            deny(DenyReason::UsedUp)
+        );
+    }
+
+    #[test]
+    fn a_real_pin_denied_for_its_hours_window_or_uses_never_starts_a_lockout() {
+        // Four counted denials: the fifth counted one would lock the keypad.
+        let four = denials(&[0, 10, 20, 30]);
+        let mut k = key("k", "active", -100, 100);
+        k.schedule = Some(office());
+        let cases: [(Vec<Candidate>, DenyReason); 5] = [
+            (vec![key("k", "active", 50, 100)], DenyReason::OutsideWindow),
+            (vec![k], DenyReason::OutsideSchedule),
+            (vec![key("k", "used_up", -100, 100)], DenyReason::UsedUp),
+            (
+                vec![key("k", "expired", -100, 0)],
+                DenyReason::OutsideWindow,
+            ),
+            (
+                vec![key("a", "active", -100, 100), key("b", "active", -100, 100)],
+                DenyReason::PinAmbiguous,
+            ),
+        ];
+        for (candidates, reason) in cases {
+            // t(40) is Friday 2027-01-15 08:00:40 UTC, before the office opens.
+            assert_eq!(
+                decide_at(40, &candidates, &four),
+                deny(reason),
+                "{reason:?}"
+            );
+        }
+        // An unknown PIN at the same moment does start it.
+        assert!(matches!(
+            decide_at(40, &[], &four),
+            Decision::Deny {
+                lockout: Some(_),
+                ..
+            }
+        ));
     }
 
     #[test]
@@ -487,6 +728,7 @@ mod tests {
             well_formed: false,
             candidates: &[],
             now: t(0),
+            zone: &TimeZone::UTC,
             lockout: &LockoutFacts::default(),
             policy: &policy(),
         });
@@ -524,15 +766,7 @@ mod tests {
             .into_iter()
             .filter(|r| r.counts_toward_lockout())
             .collect();
-        assert_eq!(
-            counted,
-            [
-                DenyReason::BadFormat,
-                DenyReason::UnknownPin,
-                DenyReason::OutsideWindow,
-                DenyReason::PinAmbiguous
-            ]
-        );
+        assert_eq!(counted, [DenyReason::BadFormat, DenyReason::UnknownPin]);
     }
 
     #[test]

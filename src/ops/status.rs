@@ -91,6 +91,7 @@ struct PartialReader {
 struct PartialHub {
     hub_id: Option<String>,
     data_dir: PathBuf,
+    timezone: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -109,6 +110,8 @@ pub struct Target {
     pub serials: Vec<(String, Option<PathBuf>)>,
     /// `(name, bus, address)` of each `[[reader]]`, in config order.
     pub readers: Vec<(String, Option<String>, Option<u8>)>,
+    /// `[hub] timezone` as written (default `UTC`).
+    pub timezone: String,
 }
 
 impl Target {
@@ -136,6 +139,7 @@ impl Target {
                 .into_iter()
                 .map(|r| (r.name, r.bus, r.address))
                 .collect(),
+            timezone: c.hub.timezone.unwrap_or_else(|| "UTC".to_owned()),
         })
     }
 }
@@ -240,6 +244,11 @@ pub struct ClockStatus {
     /// floors (crate::clock, 'Trust') and no `clock_untrusted` alert is
     /// raised (expiry sweeps run only while trusted).
     pub trusted: bool,
+    /// `[hub] timezone`: the wall clock key schedules are read in.
+    pub timezone: String,
+    /// The effective time on that wall clock (RFC 3339 with its offset);
+    /// null when the zone is not one the time zone database knows.
+    pub local: Option<String>,
 }
 
 /// Everything `status` shows.
@@ -445,6 +454,8 @@ pub fn gather(target: &Target, now: Timestamp) -> Result<Status, StatusError> {
         floor: at.floors.effective.to_rfc3339(),
         effective: at.effective.to_rfc3339(),
         trusted: at.trusted && !untrusted_alert,
+        timezone: target.timezone.clone(),
+        local: local_time(at.effective, &target.timezone),
     };
 
     Ok(Status {
@@ -464,6 +475,17 @@ pub fn gather(target: &Target, now: Timestamp) -> Result<Status, StatusError> {
         health,
         broker,
     })
+}
+
+/// `at` on the wall clock of the zone named `zone`, as schedules read it.
+fn local_time(at: Timestamp, zone: &str) -> Option<String> {
+    let tz = crate::config::time_zone(zone)?;
+    let ts = jiff::Timestamp::from_microsecond(at.0).ok()?;
+    Some(
+        ts.to_zoned_datetime(tz)
+            .strftime("%Y-%m-%dT%H:%M:%S%:z")
+            .to_string(),
+    )
 }
 
 /// `lockhub status --config FILE`: the status now.
@@ -514,8 +536,8 @@ impl Status {
         let k = &self.keys;
         let _ = writeln!(
             s,
-            "keys     active {}, pre_issued {}, revoked {}, expired {}, tombstones {}",
-            k.active, k.pre_issued, k.revoked, k.expired, k.tombstones
+            "keys     active {}, pre_issued {}, revoked {}, expired {}, used_up {}, tombstones {}",
+            k.active, k.pre_issued, k.revoked, k.expired, k.used_up, k.tombstones
         );
         let y = &self.sync;
         let _ = writeln!(
@@ -554,6 +576,14 @@ impl Status {
             if c.trusted { "trusted" } else { "UNTRUSTED" },
             c.system,
             c.floor
+        );
+        let _ = writeln!(
+            s,
+            "zone     {}: {}",
+            c.timezone,
+            c.local
+                .as_deref()
+                .unwrap_or("not a zone this hub's time zone database knows")
         );
         let h = &self.health;
         let _ = writeln!(

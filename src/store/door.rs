@@ -22,8 +22,10 @@ use super::floor;
 use crate::config::Policy;
 use crate::door::sensor::{DoorAlarm, DoorState};
 use crate::door::{self, Candidate, Decision, DenyReason, DoorInput, Lockout, LockoutFacts};
+use jiff::tz::TimeZone;
 use lockhub_proto::outputs::AuditKind;
 use lockhub_proto::outputs::Condition;
+use lockhub_proto::schedule::Schedule;
 use lockhub_proto::time::Timestamp;
 use rusqlite::{Connection, OptionalExtension, params};
 use std::collections::{BTreeMap, VecDeque};
@@ -80,40 +82,81 @@ pub struct DoorOutcome {
 
 /// The denial reasons that count, as SQL (must match
 /// [`DenyReason::counts_toward_lockout`]; a test checks).
-const COUNTED_REASONS_SQL: &str =
-    "('bad_format', 'unknown_pin', 'outside_window', 'pin_ambiguous')";
+const COUNTED_REASONS_SQL: &str = "('bad_format', 'unknown_pin')";
 
 /// The probe for one tag (public so a test can check its query plan).
 pub const CANDIDATES_SQL: &str =
     "SELECT k.key_id, k.pin_key_id, k.state, k.valid_from, k.valid_until,
-        k.check_in_id, k.holder_ref, k.holder_name
+        k.check_in_id, k.holder_ref, k.holder_name, k.schedule, k.max_uses, k.use_count
    FROM key_doors d JOIN keys k ON k.key_id = d.key_id
   WHERE d.door = ?1 AND d.pin_tag = ?2 AND d.live = 1 AND k.pin_key_id = ?3";
 
+/// The probe for one tag among ended keys, made only when no live key
+/// matched: a `used_up` or `expired` key with the tag explains the denial
+/// (mqtt.md 'At the door'). Index `key_doors_ended_by_tag`.
+pub const ENDED_CANDIDATES_SQL: &str =
+    "SELECT k.key_id, k.pin_key_id, k.state, k.valid_from, k.valid_until,
+        k.check_in_id, k.holder_ref, k.holder_name, k.schedule, k.max_uses, k.use_count
+   FROM key_doors d JOIN keys k ON k.key_id = d.key_id
+  WHERE d.door = ?1 AND d.pin_tag = ?2 AND d.live = 0 AND k.pin_key_id = ?3
+    AND k.state IN ('used_up', 'expired')
+  LIMIT 4";
+
+fn candidate(r: &rusqlite::Row<'_>) -> rusqlite::Result<Candidate> {
+    let key_id: String = r.get(0)?;
+    let schedule = match r.get::<_, Option<String>>(8)? {
+        None => None,
+        // The schema keeps it a JSON list; one this lockhub cannot read is
+        // a damaged row, and the door stays shut (a storage error denies).
+        Some(text) => Some(Schedule::from_json_str(&text).ok_or_else(|| {
+            rusqlite::Error::FromSqlConversionFailure(
+                8,
+                rusqlite::types::Type::Text,
+                format!("unreadable schedule of key {key_id}").into(),
+            )
+        })?),
+    };
+    Ok(Candidate {
+        key_id,
+        pin_key_id: r.get(1)?,
+        state: r.get(2)?,
+        valid_from: Timestamp(r.get(3)?),
+        valid_until: Timestamp(r.get(4)?),
+        check_in_id: r.get(5)?,
+        holder_ref: r.get(6)?,
+        holder_name: r.get(7)?,
+        schedule,
+        max_uses: r.get(9)?,
+        use_count: r.get(10)?,
+    })
+}
+
 /// The live keys holding one of `tags` at `door`: one index probe per tag on
 /// `key_doors (door, pin_tag) WHERE live = 1`, so the cost does not grow
-/// with the number of keys.
+/// with the number of keys. When none is live, the ended (`used_up`,
+/// `expired`) keys with those tags, one more probe per tag.
 pub fn candidates(
     conn: &Connection,
     door: &str,
     tags: &[(String, [u8; 32])],
 ) -> Result<Vec<Candidate>, StoreError> {
-    let mut stmt = conn.prepare_cached(CANDIDATES_SQL)?;
+    let mut out = probe(conn, CANDIDATES_SQL, door, tags)?;
+    if out.is_empty() {
+        out = probe(conn, ENDED_CANDIDATES_SQL, door, tags)?;
+    }
+    Ok(out)
+}
+
+fn probe(
+    conn: &Connection,
+    sql: &str,
+    door: &str,
+    tags: &[(String, [u8; 32])],
+) -> Result<Vec<Candidate>, StoreError> {
+    let mut stmt = conn.prepare_cached(sql)?;
     let mut out = Vec::new();
     for (pin_key_id, tag) in tags {
-        let rows = stmt.query_map(params![door, &tag[..], pin_key_id], |r| {
-            Ok(Candidate {
-                key_id: r.get(0)?,
-                pin_key_id: r.get(1)?,
-                state: r.get(2)?,
-                valid_from: Timestamp(r.get(3)?),
-                valid_until: Timestamp(r.get(4)?),
-                check_in_id: r.get(5)?,
-                holder_ref: r.get(6)?,
-                holder_name: r.get(7)?,
-            })
-        })?;
-        for c in rows {
+        for c in stmt.query_map(params![door, &tag[..], pin_key_id], candidate)? {
             out.push(c?);
         }
     }
@@ -164,11 +207,13 @@ pub fn lockout_facts(
 }
 
 /// Gathers the facts and decides, without writing anything (the read side
-/// of [`door_entry`]; also what the benchmark times).
+/// of [`door_entry`]; also what the benchmark times). `zone` is the hub's
+/// time zone, in which schedules are read.
 pub fn evaluate(
     conn: &Connection,
     entry: &DoorEntry,
     policy: &Policy,
+    zone: &TimeZone,
 ) -> Result<(Decision, LockoutFacts), StoreError> {
     let (facts, found) = if entry.door_known {
         let facts = lockout_facts(conn, &entry.door, entry.at, policy)?;
@@ -185,23 +230,31 @@ pub fn evaluate(
         well_formed: entry.tags.is_some(),
         candidates: &found,
         now: entry.at,
+        zone,
         lockout: &facts,
         policy,
     });
     Ok((decision, facts))
 }
 
-/// Decides one keypad entry and records it: the audit row, a new lockout
-/// and its alert, the `pin_ambiguous` alert, and the end of a finished
-/// lockout's alert. Run it with `Priority::Door`; act on the decision only
-/// once the write has committed.
+/// Decides one keypad entry and records it: the audit row, the use a grant
+/// takes (and `key.used_up` when it was the last), a new lockout and its
+/// alert, the `pin_ambiguous` alert, and the end of a finished lockout's
+/// alert. Run it with `Priority::Door`; act on the decision only once the
+/// write has committed: the use is taken in the same transaction as the
+/// `door.granted` row, so a crash loses it or keeps it with its row, never
+/// one without the other (mqtt.md '`max_uses`').
 pub fn door_entry(
     conn: &Connection,
     entry: &DoorEntry,
     policy: &Policy,
+    zone: &TimeZone,
 ) -> Result<DoorOutcome, StoreError> {
-    let (decision, facts) = evaluate(conn, entry, policy)?;
+    let (decision, facts) = evaluate(conn, entry, policy, zone)?;
     let audit_id = audit::record(conn, &audit_record(entry, &decision))?;
+    if let Decision::Unlock(key) = &decision {
+        take_use(conn, key, entry.at)?;
+    }
     let locked = matches!(decision, Decision::LockedOut { .. });
     if entry.door_known && !locked {
         // Before a new lockout, so that each episode is its own alert.
@@ -225,6 +278,35 @@ pub fn door_entry(
     }
     floor::raise_to(conn, entry.at)?;
     Ok(DoorOutcome { decision, audit_id })
+}
+
+/// The grant takes one of the key's uses; the last one moves it to
+/// `used_up` and writes `key.used_up` (the schema refuses a use past the
+/// limit, or a last one that leaves the key live).
+fn take_use(conn: &Connection, key: &Candidate, at: Timestamp) -> Result<(), StoreError> {
+    let last = key.takes_last_use();
+    let changed = conn
+        .prepare_cached(
+            "UPDATE keys SET use_count = use_count + 1, updated_at = ?2,
+                             state = CASE WHEN ?3 THEN 'used_up' ELSE state END
+              WHERE key_id = ?1 AND use_count = ?4",
+        )?
+        .execute(params![key.key_id, at.0, last, key.use_count])?;
+    if changed != 1 {
+        // The row moved under the decision (it cannot in the one writer):
+        // refuse rather than open on a stale count.
+        return Err(StoreError::Unreadable {
+            what: format!("the use count of key {}", key.key_id),
+        });
+    }
+    if last {
+        let mut rec = AuditRecord::new(AuditKind::KeyUsedUp, at);
+        rec.key_id = Some(key.key_id.clone());
+        rec.check_in_id = key.check_in_id.clone();
+        rec.holder_ref = key.holder_ref.clone();
+        audit::record(conn, &rec)?;
+    }
+    Ok(())
 }
 
 fn audit_record(entry: &DoorEntry, decision: &Decision) -> AuditRecord {
@@ -654,6 +736,7 @@ pub async fn decide_entry(
     store: &Store,
     entry: DoorEntry,
     policy: Policy,
+    zone: TimeZone,
     received: Instant,
 ) -> Result<DoorOutcome, StoreError> {
     let failures = store.storage_failures();
@@ -665,7 +748,7 @@ pub async fn decide_entry(
         writer
             .write_door(received + COMMIT_WITHIN, move |c| {
                 write_missed(c, &job_missed)?;
-                let outcome = door_entry(c, &entry, &policy)?;
+                let outcome = door_entry(c, &entry, &policy, &zone)?;
                 alerts::clear_all(c, Condition::StorageFailure, entry.at)?;
                 Ok(outcome)
             })

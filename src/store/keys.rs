@@ -1,10 +1,13 @@
 //! The local mirror as an operator sees it (`lockhub keys`): every key with
-//! its state, doors and window, and counts by state.
+//! its state, doors, window, uses and schedule, and counts by state.
+//! Schedules are wall times in the hub's zone (`[hub] timezone`), which the
+//! listing names.
 //!
 //! Never the PIN tag (as good as the PIN to anyone holding the PIN key) and
 //! never the holder's name (personal data stays out of terminals and logs).
 
 use super::StoreError;
+use lockhub_proto::schedule::Schedule;
 use lockhub_proto::time::Timestamp;
 use rusqlite::Connection;
 use std::fmt::Write as _;
@@ -21,6 +24,22 @@ pub struct KeyListing {
     pub valid_until: Timestamp,
     pub check_in_id: Option<String>,
     pub reservation_id: Option<String>,
+    /// The weekly hours it opens, in the hub's wall time; `None`: any hour.
+    pub schedule: Option<Schedule>,
+    /// `None`: no limit.
+    pub max_uses: Option<u32>,
+    /// Entries granted so far, across its versions.
+    pub use_count: u32,
+}
+
+impl KeyListing {
+    /// `3 of 5`, or the count alone for a key without a limit.
+    pub fn uses(&self) -> String {
+        match self.max_uses {
+            Some(max) => format!("{} of {max}", self.use_count),
+            None => self.use_count.to_string(),
+        }
+    }
 }
 
 /// How many keys are in each state, plus tombstones (`lockhub keys` and
@@ -31,6 +50,7 @@ pub struct KeyCounts {
     pub active: u64,
     pub revoked: u64,
     pub expired: u64,
+    pub used_up: u64,
     pub tombstones: u64,
 }
 
@@ -38,7 +58,7 @@ pub struct KeyCounts {
 pub fn list(conn: &Connection) -> Result<Vec<KeyListing>, StoreError> {
     let mut stmt = conn.prepare_cached(
         "SELECT k.key_id, k.version, k.state, k.valid_from, k.valid_until,
-                k.check_in_id, k.reservation_id, d.door
+                k.check_in_id, k.reservation_id, d.door, k.schedule, k.max_uses, k.use_count
            FROM keys k LEFT JOIN key_doors d ON d.key_id = k.key_id
           ORDER BY k.key_id, d.door",
     )?;
@@ -48,6 +68,15 @@ pub fn list(conn: &Connection) -> Result<Vec<KeyListing>, StoreError> {
         let key_id: String = r.get(0)?;
         let door: Option<String> = r.get(7)?;
         if out.last().is_none_or(|k| k.key_id != key_id) {
+            let schedule =
+                match r.get::<_, Option<String>>(8)? {
+                    None => None,
+                    Some(text) => Some(Schedule::from_json_str(&text).ok_or_else(|| {
+                        StoreError::Unreadable {
+                            what: format!("the schedule of key {key_id}"),
+                        }
+                    })?),
+                };
             out.push(KeyListing {
                 key_id,
                 version: r.get(1)?,
@@ -57,6 +86,9 @@ pub fn list(conn: &Connection) -> Result<Vec<KeyListing>, StoreError> {
                 valid_until: Timestamp(r.get(4)?),
                 check_in_id: r.get(5)?,
                 reservation_id: r.get(6)?,
+                schedule,
+                max_uses: r.get(9)?,
+                use_count: r.get(10)?,
             });
         }
         if let (Some(door), Some(k)) = (door, out.last_mut()) {
@@ -78,6 +110,7 @@ pub fn counts(conn: &Connection) -> Result<KeyCounts, StoreError> {
             "active" => c.active = n,
             "revoked" => c.revoked = n,
             "expired" => c.expired = n,
+            "used_up" => c.used_up = n,
             _ => {}
         }
     }
@@ -110,8 +143,9 @@ fn short_time(t: Timestamp) -> String {
     }
 }
 
-/// A table for humans: one line per key, then the counts.
-pub fn format_keys(keys: &[KeyListing], counts: &KeyCounts) -> String {
+/// A table for humans: one line per key, then the counts and the zone the
+/// schedules are read in (`zone`, the hub's).
+pub fn format_keys(keys: &[KeyListing], counts: &KeyCounts, zone: &str) -> String {
     let header = [
         "KEY",
         "VERSION",
@@ -121,8 +155,10 @@ pub fn format_keys(keys: &[KeyListing], counts: &KeyCounts) -> String {
         "VALID UNTIL",
         "CHECK-IN",
         "RESERVATION",
+        "USES",
+        "SCHEDULE",
     ];
-    let rows: Vec<[String; 8]> = keys
+    let rows: Vec<[String; 10]> = keys
         .iter()
         .map(|k| {
             [
@@ -134,6 +170,10 @@ pub fn format_keys(keys: &[KeyListing], counts: &KeyCounts) -> String {
                 short_time(k.valid_until),
                 clean(k.check_in_id.as_deref().unwrap_or("-")),
                 clean(k.reservation_id.as_deref().unwrap_or("-")),
+                k.uses(),
+                k.schedule
+                    .as_ref()
+                    .map_or_else(|| "-".to_owned(), ToString::to_string),
             ]
         })
         .collect();
@@ -158,13 +198,15 @@ pub fn format_keys(keys: &[KeyListing], counts: &KeyCounts) -> String {
     }
     let _ = writeln!(
         out,
-        "{} keys: {} pre_issued, {} active, {} revoked, {} expired",
+        "{} keys: {} pre_issued, {} active, {} revoked, {} expired, {} used_up",
         keys.len(),
         counts.pre_issued,
         counts.active,
         counts.revoked,
-        counts.expired
+        counts.expired,
+        counts.used_up
     );
+    let _ = writeln!(out, "schedules are wall times in {}", clean(zone));
     out
 }
 
@@ -180,10 +222,14 @@ struct KeyJson<'a> {
     valid_until: String,
     check_in_id: Option<&'a str>,
     reservation_id: Option<&'a str>,
+    /// The wire's intervals, read in `timezone`; null: any hour.
+    schedule: Option<serde_json::Value>,
+    max_uses: Option<u32>,
+    use_count: u32,
 }
 
-/// `lockhub keys --json`: `{"keys": [...], "counts": {...}}`.
-pub fn keys_json(keys: &[KeyListing], counts: &KeyCounts) -> String {
+/// `lockhub keys --json`: `{"keys": [...], "counts": {...}, "timezone": zone}`.
+pub fn keys_json(keys: &[KeyListing], counts: &KeyCounts, zone: &str) -> String {
     let keys: Vec<KeyJson<'_>> = keys
         .iter()
         .map(|k| KeyJson {
@@ -195,15 +241,23 @@ pub fn keys_json(keys: &[KeyListing], counts: &KeyCounts) -> String {
             valid_until: k.valid_until.to_rfc3339(),
             check_in_id: k.check_in_id.as_deref(),
             reservation_id: k.reservation_id.as_deref(),
+            schedule: k.schedule.as_ref().map(Schedule::to_json),
+            max_uses: k.max_uses,
+            use_count: k.use_count,
         })
         .collect();
-    let doc = serde_json::json!({ "keys": keys, "counts": counts });
+    let doc = serde_json::json!({ "keys": keys, "counts": counts, "timezone": zone });
     serde_json::to_string_pretty(&doc).unwrap_or_default() + "\n"
 }
 
-/// [`keys_json`] of the mirror to `out` (`lockhub keys --json`).
-pub fn print_keys_json(conn: &Connection, out: &mut dyn std::io::Write) -> Result<(), StoreError> {
-    let text = keys_json(&list(conn)?, &counts(conn)?);
+/// [`keys_json`] of the mirror to `out` (`lockhub keys --json`); `zone` is
+/// the hub's time zone name.
+pub fn print_keys_json(
+    conn: &Connection,
+    zone: &str,
+    out: &mut dyn std::io::Write,
+) -> Result<(), StoreError> {
+    let text = keys_json(&list(conn)?, &counts(conn)?, zone);
     out.write_all(text.as_bytes())
         .map_err(|source| StoreError::Output {
             what: "the key list",
@@ -211,9 +265,14 @@ pub fn print_keys_json(conn: &Connection, out: &mut dyn std::io::Write) -> Resul
         })
 }
 
-/// Lists the mirror to `out` (the `lockhub keys` command).
-pub fn print_keys(conn: &Connection, out: &mut dyn std::io::Write) -> Result<(), StoreError> {
-    let text = format_keys(&list(conn)?, &counts(conn)?);
+/// Lists the mirror to `out` (the `lockhub keys` command); `zone` is the
+/// hub's time zone name.
+pub fn print_keys(
+    conn: &Connection,
+    zone: &str,
+    out: &mut dyn std::io::Write,
+) -> Result<(), StoreError> {
+    let text = format_keys(&list(conn)?, &counts(conn)?, zone);
     out.write_all(text.as_bytes())
         .map_err(|source| StoreError::Output {
             what: "the key list",

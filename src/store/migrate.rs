@@ -61,6 +61,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0013_broker_error",
         include_str!("../../migrations/0013_broker_error.sql"),
     ),
+    (
+        "0014_schedules_and_uses",
+        include_str!("../../migrations/0014_schedules_and_uses.sql"),
+    ),
 ];
 
 /// The schema version a database is at.

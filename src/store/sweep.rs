@@ -136,7 +136,7 @@ pub fn prune(conn: &Connection, now: Timestamp, policy: &Policy) -> Result<Prune
         ))?,
         keys: run(format!(
             "DELETE FROM keys WHERE key_id IN (SELECT key_id FROM keys
-               WHERE state IN ('revoked', 'expired') AND valid_until <= {CUTOFF} - {dedupe} LIMIT {n})"
+               WHERE state IN ('revoked', 'expired', 'used_up') AND valid_until <= {CUTOFF} - {dedupe} LIMIT {n})"
         ))?,
         key_tombstones: run(format!(
             "DELETE FROM key_tombstones WHERE key_id IN (SELECT key_id FROM key_tombstones

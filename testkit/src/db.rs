@@ -72,15 +72,30 @@ impl Db {
     }
 
     pub fn enter_raw(&self, door: &str, known: bool, pin: &[u8], at: Timestamp) -> DoorOutcome {
+        self.enter_in(&jiff::tz::TimeZone::UTC, door, known, pin, at)
+    }
+
+    /// A keypad entry decided in the hub time zone `zone` (key schedules
+    /// are read in it); [`Db::enter`] uses UTC.
+    pub fn enter_in(
+        &self,
+        zone: &jiff::tz::TimeZone,
+        door: &str,
+        known: bool,
+        pin: &[u8],
+        at: Timestamp,
+    ) -> DoorOutcome {
         let entry = DoorEntry {
             door: door.into(),
             door_known: known,
             tags: pin_tags(pin, &pin_keys()),
             at,
         };
-        let policy = self.policy;
+        let (policy, zone) = (self.policy, zone.clone());
         self.store
-            .write_blocking(Priority::Door, move |c| door_entry(c, &entry, &policy))
+            .write_blocking(Priority::Door, move |c| {
+                door_entry(c, &entry, &policy, &zone)
+            })
             .unwrap()
     }
 
@@ -252,6 +267,22 @@ pub fn insert_row(c: &Connection, r: &KeyRow<'_>) -> rusqlite::Result<()> {
     for d in r.doors {
         door.execute(params![r.id, d, &r.pin_tag[..]])?;
     }
+    Ok(())
+}
+
+/// Moves live key `key_id` to its next version with `max_uses` and a
+/// `schedule` (the wire's JSON), as a grant carrying them writes the row;
+/// the use count stays.
+pub fn regrant(
+    c: &Connection,
+    key_id: &str,
+    max_uses: Option<u32>,
+    schedule: Option<&str>,
+) -> rusqlite::Result<()> {
+    c.execute(
+        "UPDATE keys SET version = version + 1, max_uses = ?2, schedule = ?3 WHERE key_id = ?1",
+        params![key_id, max_uses, schedule],
+    )?;
     Ok(())
 }
 

@@ -127,6 +127,8 @@ pub fn grant(key_id: &str, version: u64, state: GrantState, check_in: &str, tag:
         pin_key_id: "k1".into(),
         holder_ref: Some("g-1".into()),
         holder_name: Some("Ada Guest".into()),
+        schedule: None,
+        max_uses: None,
     }
 }
 

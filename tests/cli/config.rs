@@ -534,6 +534,133 @@ fn hub_id_must_be_1_to_64_safe_characters() {
 }
 
 #[test]
+fn timezone_defaults_to_utc_and_reads_an_iana_zone() {
+    let c = load(&Fixture::new()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.hub.timezone_name(), "UTC");
+    for zone in [
+        "Europe/Berlin",
+        "Australia/Lord_Howe",
+        "America/New_York",
+        "UTC",
+    ] {
+        let fx = Fixture::with_hub_edits(&[(
+            "data_dir = \"data\"\n",
+            &format!("data_dir = \"data\"\ntimezone = \"{zone}\"\n"),
+        )]);
+        let c = load(&fx).unwrap_or_else(|e| panic!("{zone}: {e}"));
+        assert_eq!(c.hub.timezone_name(), zone);
+    }
+    // The zone decides: 08:30 UTC on a winter day is 09:30 in Berlin.
+    let fx = Fixture::with_hub_edits(&[(
+        "data_dir = \"data\"\n",
+        "data_dir = \"data\"\ntimezone = \"Europe/Berlin\"\n",
+    )]);
+    let tz = load(&fx).unwrap().hub.timezone;
+    let at = jiff::Timestamp::from_second(1_796_373_000).unwrap(); // 2026-12-04T08:30:00Z
+    assert_eq!(tz.to_datetime(at).hour(), 9);
+}
+
+#[test]
+fn a_zone_the_systems_zoneinfo_lacks_is_found_in_the_built_in_copy() {
+    let fx = Fixture::with_hub_edits(&[(
+        "data_dir = \"data\"\n",
+        "data_dir = \"data\"\ntimezone = \"Australia/Lord_Howe\"\n",
+    )]);
+    // A zoneinfo folder that holds only UTC: the system's database is there
+    // but lacks the zone, as an old or trimmed tzdata would.
+    let only_utc = tempfile::tempdir().unwrap();
+    std::fs::write(only_utc.path().join("UTC"), tzif_utc()).unwrap();
+    let empty = tempfile::tempdir().unwrap();
+    for tzdir in [only_utc.path(), empty.path()] {
+        let out = Command::new(env!("CARGO_BIN_EXE_lockhub"))
+            .arg("check-config")
+            .arg(fx.hub())
+            .env("TZDIR", tzdir)
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "TZDIR={}: {}",
+            tzdir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let fx = Fixture::with_hub_edits(&[(
+        "data_dir = \"data\"\n",
+        "data_dir = \"data\"\ntimezone = \"Australia/Lord_Howf\"\n",
+    )]);
+    let out = Command::new(env!("CARGO_BIN_EXE_lockhub"))
+        .arg("check-config")
+        .arg(fx.hub())
+        .env("TZDIR", only_utc.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+/// A TZif (version 1) file of UTC: one type, offset 0, named "UTC".
+fn tzif_utc() -> Vec<u8> {
+    let mut f = b"TZif".to_vec();
+    f.push(0); // version 1
+    f.extend([0; 15]);
+    // isutcnt, isstdcnt, leapcnt, timecnt, typecnt, charcnt
+    for n in [0u32, 0, 0, 0, 1, 4] {
+        f.extend(n.to_be_bytes());
+    }
+    f.extend(0i32.to_be_bytes()); // utoff
+    f.extend([0, 0]); // isdst, desigidx
+    f.extend(b"UTC\0");
+    f
+}
+
+#[test]
+fn a_timezone_the_database_does_not_know_is_refused_where_it_is_written() {
+    for bad in [
+        "Europe/Berln",
+        "",
+        "CET-1CEST,M3.5.0,M10.5.0/3",
+        "/etc/localtime",
+        "../zoneinfo/UTC",
+        "Mars/Olympus_Mons",
+    ] {
+        hub_error(
+            &[(
+                "data_dir = \"data\"\n",
+                &format!("data_dir = \"data\"\ntimezone = \"{bad}\"\n"),
+            )],
+            5,
+            12,
+            "is not a zone the hub's time zone database knows",
+        );
+    }
+    hub_error(
+        &[(
+            "data_dir = \"data\"\n",
+            "data_dir = \"data\"\ntimezone = 1\n",
+        )],
+        5,
+        12,
+        "`timezone` must be a string",
+    );
+    // check-config says so and exits 2.
+    let fx = Fixture::with_hub_edits(&[(
+        "data_dir = \"data\"\n",
+        "data_dir = \"data\"\ntimezone = \"Europe/Berln\"\n",
+    )]);
+    let out = check_config(&fx.hub());
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let hub = fx.hub().display().to_string();
+    let problem = stderr
+        .lines()
+        .find(|l| !l.contains(": warning: "))
+        .unwrap_or_default();
+    assert!(problem.starts_with(&format!("{hub}:5:12: ")), "{stderr}");
+    assert!(problem.contains("Europe/Berln"), "{stderr}");
+}
+
+#[test]
 fn mqtt_url_must_be_mqtt_or_mqtts_host_and_port() {
     let url = "mqtt://127.0.0.1:1883";
     for (bad, fragment) in [

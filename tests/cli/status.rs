@@ -130,7 +130,7 @@ fn status_shows_every_part_in_text_and_json() {
     let text = String::from_utf8_lossy(&out.stdout);
     for needle in [
         "hub-lobby-1",
-        "active 2, pre_issued 1, revoked 1, expired 0, tombstones 1",
+        "active 2, pre_issued 1, revoked 1, expired 0, used_up 0, tombstones 1",
         "watermark 17, cloud head 20 (1 seen above a gap)",
         "outbox   5 unsent, oldest",
         "(60 min ago)",
@@ -140,6 +140,7 @@ fn status_shows_every_part_in_text_and_json() {
         "(not in hub.toml)",
         "board_offline board-b x1",
         "clock    trusted",
+        "zone     UTC: ",
         "link     board-a: 7 bad frames dropped",
     ] {
         assert!(text.contains(needle), "missing {needle:?} in\n{text}");
@@ -190,7 +191,45 @@ fn status_shows_every_part_in_text_and_json() {
     );
     assert_eq!(v["clock"]["floor"], Timestamp::from_secs(t).to_rfc3339());
     assert_eq!(v["clock"]["trusted"], true);
+    assert_eq!(v["clock"]["timezone"], "UTC");
+    assert!(
+        v["clock"]["local"].as_str().unwrap().ends_with("+00:00"),
+        "{}",
+        v["clock"]
+    );
+    assert_eq!(v["keys"]["used_up"], 0);
     assert_eq!(v["schema_version"], v["schema_known"]);
+}
+
+#[test]
+fn status_shows_the_hubs_time_zone_and_the_effective_time_on_its_wall_clock() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path());
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        "data_dir = \"data\"\n",
+        "data_dir = \"data\"\ntimezone = \"Australia/Lord_Howe\"\n",
+    );
+    std::fs::write(&config, text).unwrap();
+    // 2026-12-04T08:00:00Z; Lord Howe is UTC+11 in its summer.
+    let t = 1_796_371_200;
+    let _store = populate(dir.path(), t);
+    let out = status(&config, true);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["clock"]["timezone"], "Australia/Lord_Howe");
+    // The effective time is at least the floor (t); it is shown in the zone.
+    let local = v["clock"]["local"].as_str().unwrap();
+    assert!(local.ends_with("+11:00"), "{local}");
+    let back = Timestamp::parse_rfc3339(local).unwrap();
+    let effective = Timestamp::parse_rfc3339(v["clock"]["effective"].as_str().unwrap()).unwrap();
+    assert_eq!(back.0 / 1_000_000, effective.0 / 1_000_000);
+    let out = status(&config, false);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("zone     Australia/Lord_Howe: "), "{text}");
 }
 
 #[test]

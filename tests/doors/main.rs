@@ -7,6 +7,7 @@ mod alert_clear;
 mod config_change;
 mod door_storage;
 mod osdp;
+mod schedules;
 mod serial_doors;
 mod serial_ports;
 mod serial_sim_cli;

@@ -778,13 +778,16 @@ const PIN: &str = "482913";
 
 /// Issues an active key for `door` with `pin` and waits until it is applied.
 async fn issue(broker: &Mosquitto, hub: &mut Daemon, door: &str, pin: &str) {
+    let grant = GrantSpec::active("k-1", "c-1", door, pin, ("k1", &pin_key()));
+    issue_grant(broker, hub, &grant).await;
+}
+
+/// Issues `grant` (key `k-1`) from the cloud and waits until it is applied.
+async fn issue_grant(broker: &Mosquitto, hub: &mut Daemon, grant: &GrantSpec) {
     let mut c = cloud();
     let mut client = CloudClient::plain(broker.port).await;
     client.wait_online().await;
-    let ev = c.key_issued(
-        &GrantSpec::active("k-1", "c-1", door, pin, ("k1", &pin_key())),
-        &[],
-    );
+    let ev = c.key_issued(grant, &[]);
     client.publish(std::slice::from_ref(&ev)).await;
     hub.wait_db("the key applied", |db| {
         db.query_row("SELECT count(*) FROM keys WHERE key_id = 'k-1'", [], |r| {
@@ -921,6 +924,58 @@ async fn records_past_the_first_64_waiting_for_storage_are_kept_not_dropped() {
     })
     .await;
     assert!(!hub.log().contains("dropped"), "a record was dropped");
+}
+
+/// A one-use key sent by the cloud: the reader opens once, then shows red
+/// (like any denial) for the used-up key, through the same decision path
+/// as a lock board.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_use_key_from_the_cloud_opens_once_then_the_reader_shows_red_for_used_up() {
+    let broker = Mosquitto::start_with(BrokerOptions::default());
+    let mut peer = Peer::start(&["--key", &key_hex(&KEY_1), "--address", "1"]);
+    let mut hub = secure_hub(&broker, &mut peer, "", "").await;
+    let mut grant = GrantSpec::active("k-1", "c-1", "201", PIN, ("k1", &pin_key()));
+    grant.max_uses = Some(1);
+    issue_grant(&broker, &mut hub, &grant).await;
+
+    peer.forget();
+    peer.keys(&typed(PIN));
+    peer.wait("osdp_OUT", Duration::from_secs(3), |v| v["cmd"] == "output");
+    hub.wait_db("the grant and its unlock", |db| {
+        audit_rows(db, "201") == ["door.granted:k-1", "door.unlocked:k-1"]
+    })
+    .await;
+
+    idle(1).await;
+    peer.forget();
+    peer.keys(&typed(PIN));
+    let led = peer.wait("the red LED", Duration::from_secs(3), |v| v["cmd"] == "led");
+    assert_eq!(led["on_color"], 1, "{led}");
+    hub.wait_db("the used_up denial", |db| {
+        audit_rows(db, "201")
+            == [
+                "door.granted:k-1",
+                "door.unlocked:k-1",
+                "door.denied/used_up",
+            ]
+    })
+    .await;
+    let db = hub.db();
+    let used_up: i64 = db
+        .query_row(
+            "SELECT count(*) FROM audit WHERE kind = 'key.used_up' AND key_id = 'k-1'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(used_up, 1);
+    let state: String = db
+        .query_row("SELECT state FROM keys WHERE key_id = 'k-1'", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(state, "used_up");
+    assert!(peer.commands("output").is_empty(), "no second opening");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -934,3 +934,135 @@ fn two_threads_racing_to_activate_keys_for_one_check_in_never_leave_two_active()
         (rounds * 2) as i64
     );
 }
+
+/// Takes one use of `key_id` the way a door entry does (the schema's rules
+/// hold for it too).
+fn take_use(hub: &Hub, key_id: &'static str) {
+    hub.store
+        .write_blocking(Priority::Bulk, move |c| {
+            Ok(c.execute(
+                "UPDATE keys SET use_count = use_count + 1 WHERE key_id = ?1",
+                [key_id],
+            )?)
+        })
+        .unwrap();
+}
+
+fn limited(
+    key_id: &str,
+    version: u64,
+    tag: u8,
+    max_uses: Option<u32>,
+) -> lockhub_proto::event::Grant {
+    let mut g = grant(key_id, version, Active, "c-1", tag);
+    g.max_uses = max_uses;
+    g.schedule = lockhub_proto::schedule::Schedule::new(vec![
+        lockhub_proto::schedule::Interval::parse_text("mon-fri 09:00-17:30").unwrap(),
+    ]);
+    g
+}
+
+#[test]
+fn a_grant_stores_its_schedule_and_max_uses_and_starts_with_no_use_taken() {
+    let hub = Hub::new();
+    assert_eq!(
+        outcome(&hub.change(1, 1, issue(limited("k-1", 1, 1, Some(3))))),
+        APPLIED
+    );
+    let (schedule, max, uses): (String, i64, i64) = hub
+        .reader()
+        .query_row(
+            "SELECT schedule, max_uses, use_count FROM keys WHERE key_id = 'k-1'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    assert_eq!(
+        schedule,
+        r#"[{"days":["mon","tue","wed","thu","fri"],"from":"09:00","until":"17:30"}]"#
+    );
+    assert_eq!((max, uses), (3, 0));
+}
+
+#[test]
+fn a_higher_version_keeps_the_count_and_applies_its_own_limit() {
+    let hub = Hub::new();
+    hub.change(1, 1, issue(limited("k-1", 1, 1, Some(5))));
+    take_use(&hub, "k-1");
+    take_use(&hub, "k-1");
+    // Raised, then lifted: the count stays.
+    assert_eq!(
+        outcome(&hub.change(2, 2, issue(limited("k-1", 2, 1, Some(9))))),
+        APPLIED
+    );
+    assert_eq!(
+        outcome(&hub.change(3, 3, issue(limited("k-1", 3, 1, None)))),
+        APPLIED
+    );
+    assert_eq!(
+        hub.count(
+            "SELECT use_count FROM keys WHERE key_id = 'k-1' AND max_uses IS NULL AND version = 3"
+        ),
+        2
+    );
+    assert_eq!(hub.state("k-1").as_deref(), Some("active"));
+    assert_eq!(
+        hub.count("SELECT count(*) FROM audit WHERE kind = 'key.used_up'"),
+        0
+    );
+    // Lowered to the count: used up at once, audited with the event.
+    let a = hub.change(4, 4, issue(limited("k-1", 4, 1, Some(2))));
+    assert_eq!(outcome(&a), APPLIED);
+    assert_eq!(hub.state("k-1").as_deref(), Some("used_up"));
+    assert_eq!(
+        hub.count(
+            "SELECT count(*) FROM audit WHERE kind = 'key.used_up' AND key_id = 'k-1'
+                     AND event_id = '00000000-0000-0000-0000-000000000004'"
+        ),
+        1
+    );
+    assert_eq!(
+        hub.count("SELECT count(*) FROM key_doors WHERE key_id = 'k-1' AND live = 0"),
+        1,
+        "its doors stay, out of service"
+    );
+}
+
+#[test]
+fn a_used_up_key_refuses_a_higher_version_and_is_only_revoked() {
+    let hub = Hub::new();
+    hub.change(1, 1, issue(limited("k-1", 1, 1, Some(1))));
+    hub.change(2, 2, issue(limited("k-1", 2, 1, Some(1))));
+    take_use_to_the_end(&hub);
+    assert_eq!(hub.state("k-1").as_deref(), Some("used_up"));
+    assert_eq!(
+        outcome(&hub.change(3, 3, issue(limited("k-1", 3, 1, Some(9))))),
+        rejected(Reason::IllegalTransition)
+    );
+    assert_eq!(
+        outcome(&hub.change(4, 4, issue(limited("k-1", 2, 1, Some(9))))),
+        NOOP
+    );
+    assert_eq!(
+        outcome(&hub.change(5, 5, revoke("k-1", "checkout"))),
+        APPLIED
+    );
+    assert_eq!(hub.state("k-1").as_deref(), Some("revoked"));
+    assert_eq!(
+        hub.count("SELECT count(*) FROM audit WHERE kind = 'key.revoked' AND key_id = 'k-1'"),
+        1
+    );
+    assert_eq!(outcome(&hub.change(6, 6, revoke("k-1", "again"))), NOOP);
+}
+
+/// The one use of `k-1` taken by an entry: the last, so it ends the key.
+fn take_use_to_the_end(hub: &Hub) {
+    hub.store
+        .write_blocking(Priority::Bulk, |c| {
+            Ok(c.execute(
+                "UPDATE keys SET use_count = use_count + 1, state = 'used_up' WHERE key_id = 'k-1'",
+                [],
+            )?)
+        })
+        .unwrap();
+}

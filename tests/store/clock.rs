@@ -117,6 +117,40 @@ fn past_valid_until_by_the_effective_time_the_door_denies_even_with_a_clock_behi
 }
 
 #[test]
+fn a_schedule_is_read_at_the_effective_time_even_with_the_clock_behind() {
+    let at = |s: &str| Timestamp::parse_rfc3339(s).unwrap();
+    let db = Db::open();
+    let mut k = K::active("k-1", "482913", &["101"]);
+    k.from = at("2026-11-01T00:00:00Z");
+    k.until = at("2026-12-31T00:00:00Z");
+    insert(&db, &[k]);
+    db.write(|c| {
+        Ok(regrant(
+            c,
+            "k-1",
+            None,
+            Some(r#"[{"days":["mon","tue","wed","thu","fri"],"from":"09:00","until":"17:30"}]"#),
+        )?)
+    });
+    let berlin = jiff::tz::TimeZone::get("Europe/Berlin").unwrap();
+    // The floor (say, from an issued_at) is Saturday 11:00 in Berlin; the
+    // system clock, behind, says Friday 11:00, inside the hours.
+    let floor_at = at("2026-12-05T10:00:00Z");
+    db.write(move |c| floor::raise_to(c, floor_at));
+    let mut clock = Clock::start(floor::load(&db.reader()).unwrap());
+    let now = clock.effective(at("2026-12-04T10:00:00Z"), Duration::ZERO);
+    assert_eq!(now, at("2026-12-05T10:00:00Z"));
+    let o = db.enter_in(&berlin, "101", true, b"482913", now);
+    assert_eq!(
+        o.decision,
+        Decision::Deny {
+            reason: DenyReason::OutsideSchedule,
+            lockout: None
+        }
+    );
+}
+
+#[test]
 fn the_sweep_expires_due_keys_only_while_the_clock_is_trusted() {
     let db = Db::open();
     let mut due = K::active("k-due", "111111", &["101"]);
@@ -206,6 +240,50 @@ fn refused(db: &Db, sql: &'static str) -> String {
         .write_blocking(Priority::Bulk, move |c| Ok(c.execute(sql, [])?))
         .expect_err(sql)
         .to_string()
+}
+
+/// A key that took its one use and ended `used_up`, its window ending `until`.
+fn insert_used_up_key(
+    c: &rusqlite::Connection,
+    id: &'static str,
+    until: Timestamp,
+) -> rusqlite::Result<()> {
+    let mut k = K::active(id, "333333", &["101"]);
+    k.from = until.saturating_add_secs(-DAY);
+    k.until = until;
+    insert_key(c, &k)?;
+    regrant(c, id, Some(1), None)?;
+    c.execute(
+        "UPDATE keys SET use_count = 1, state = 'used_up' WHERE key_id = ?1",
+        [id],
+    )?;
+    Ok(())
+}
+
+#[test]
+fn a_used_up_key_is_pruned_like_any_final_key_once_its_retention_is_over() {
+    let db = Db::open();
+    let p = db.policy; // 14 days dedupe
+    db.write(|c| {
+        insert_used_up_key(c, "k-used-old", ago(15))?;
+        insert_used_up_key(c, "k-used-recent", ago(13))?;
+        Ok(())
+    });
+    assert!(
+        refused(&db, "DELETE FROM keys WHERE key_id = 'k-used-recent'")
+            .contains("key retention not reached")
+    );
+    let now = Timestamp::now_system();
+    let pruned = db.write(move |c| prune(c, now, &p));
+    assert_eq!(pruned.keys, 1);
+    assert_eq!(
+        db.count("SELECT count(*) FROM keys WHERE key_id = 'k-used-recent' AND state = 'used_up'"),
+        1
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM key_doors WHERE key_id = 'k-used-old'"),
+        0
+    );
 }
 
 #[test]

@@ -118,18 +118,20 @@ fn a_pre_issued_key_opens_inside_its_window_and_not_outside() {
 }
 
 #[test]
-fn revoked_and_expired_keys_never_open() {
+fn revoked_and_expired_keys_never_open_and_an_expired_one_is_told_outside_window() {
     let db = Db::open();
     let mut revoked = K::active("k-r", "111111", &["101"]);
     revoked.state = "revoked";
     let mut expired = K::active("k-e", "222222", &["101"]);
     expired.state = "expired";
     insert(&db, &[revoked, expired]);
-    for pin in ["111111", "222222"] {
-        assert_eq!(
-            denied(&db.enter("101", pin, t(0))),
-            Some(DenyReason::UnknownPin)
-        );
+    // mqtt.md 'At the door': with no live key for the PIN, an ended key
+    // explains the denial; a revoked one says nothing.
+    for (pin, reason) in [
+        ("111111", DenyReason::UnknownPin),
+        ("222222", DenyReason::OutsideWindow),
+    ] {
+        assert_eq!(denied(&db.enter("101", pin, t(0))), Some(reason), "{pin}");
     }
 }
 
@@ -393,7 +395,7 @@ fn the_key_listing_shows_doors_and_windows_but_never_tags_or_names() {
     assert_eq!((counts.active, counts.revoked), (1, 1));
 
     let mut out = Vec::new();
-    keys::print_keys(&r, &mut out).unwrap();
+    keys::print_keys(&r, "UTC", &mut out).unwrap();
     let text = String::from_utf8(out).unwrap();
     assert!(text.starts_with("KEY"), "{text}");
     assert!(text.contains("k-1") && text.contains("101,lobby"), "{text}");
@@ -514,5 +516,192 @@ fn a_grant_a_crash_left_without_an_outcome_is_recorded_unconfirmed_once_at_start
     assert_eq!(
         db.write(|c| lockhub::store::door::settle_open_grants(c, t(40))),
         0
+    );
+}
+
+/// A later version of `key_id` with `max_uses` and a schedule (the wire's
+/// JSON), as a grant would write it.
+fn regrant_key(
+    db: &Db,
+    key_id: &'static str,
+    max_uses: Option<u32>,
+    schedule: Option<&'static str>,
+) {
+    db.write(move |c| Ok(regrant(c, key_id, max_uses, schedule)?));
+}
+
+fn key_state(db: &Db, key_id: &str) -> (String, i64) {
+    db.reader()
+        .query_row(
+            "SELECT state, use_count FROM keys WHERE key_id = ?1",
+            [key_id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap()
+}
+
+#[test]
+fn a_two_use_key_opens_twice_then_is_denied_used_up_with_key_used_up_audited_once() {
+    let db = Db::open();
+    insert(&db, &[K::active("k-1", "482913", &["101"])]);
+    regrant_key(&db, "k-1", Some(2), None);
+    let first = db.enter("101", "482913", t(0));
+    assert!(is_unlock(&first));
+    assert_eq!(key_state(&db, "k-1"), ("active".to_owned(), 1));
+    assert!(is_unlock(&db.enter("101", "482913", t(1))));
+    assert_eq!(key_state(&db, "k-1"), ("used_up".to_owned(), 2));
+    // Denied, and never counted: more than the threshold of tries locks nothing.
+    for s in 2..10 {
+        let o = db.enter("101", "482913", t(s));
+        assert_eq!(denied(&o), Some(DenyReason::UsedUp), "at {s}");
+        assert_eq!(o.decision.wire_deny_reason(), Some(1));
+    }
+    assert!(!raised(&db, "keypad_lockout", "101"));
+    assert_eq!(
+        db.count("SELECT count(*) FROM audit WHERE kind = 'door.granted' AND key_id = 'k-1'"),
+        2
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM audit WHERE kind = 'key.used_up' AND key_id = 'k-1' AND check_in_id = 'c-k-1'"),
+        1
+    );
+    // The cloud hears it: the audit row is on the outbox, without the name.
+    let body: String = db
+        .reader()
+        .query_row(
+            "SELECT CAST(o.body AS TEXT) FROM outbox o JOIN audit a ON a.audit_id = o.audit_id
+              WHERE a.kind = 'key.used_up'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(body.contains(r#""kind":"key.used_up""#) && body.contains(r#""key_id":"k-1""#));
+    assert!(!body.contains("Guest Name"), "{body}");
+    // The use is taken in the grant's own transaction: one row each.
+    assert_eq!(
+        db.count("SELECT use_count FROM keys WHERE key_id = 'k-1'"),
+        db.count("SELECT count(*) FROM audit WHERE kind = 'door.granted' AND key_id = 'k-1'")
+    );
+}
+
+#[test]
+fn a_new_guest_who_reuses_a_used_up_pin_gets_in() {
+    let db = Db::open();
+    insert(&db, &[K::active("k-old", "482913", &["101"])]);
+    regrant_key(&db, "k-old", Some(1), None);
+    assert!(is_unlock(&db.enter("101", "482913", t(0))));
+    assert_eq!(
+        denied(&db.enter("101", "482913", t(1))),
+        Some(DenyReason::UsedUp)
+    );
+    insert(&db, &[K::active("k-new", "482913", &["101"])]);
+    match db.enter("101", "482913", t(2)).decision {
+        lockhub::door::Decision::Unlock(k) => assert_eq!(k.key_id, "k-new"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn keys_without_a_limit_count_their_uses_and_never_run_out() {
+    let db = Db::open();
+    insert(&db, &[K::active("k-1", "482913", &["101"])]);
+    for s in 0..5 {
+        assert!(is_unlock(&db.enter("101", "482913", t(s))));
+    }
+    assert_eq!(key_state(&db, "k-1"), ("active".to_owned(), 5));
+    // A later version with a limit at the count leaves no use to take.
+    regrant_key(&db, "k-1", Some(5), None);
+    assert_eq!(
+        denied(&db.enter("101", "482913", t(6))),
+        Some(DenyReason::UsedUp)
+    );
+    assert_eq!(key_state(&db, "k-1").1, 5);
+}
+
+const OFFICE: &str = r#"[{"days":["mon","tue","wed","thu","fri"],"from":"09:00","until":"17:30"}]"#;
+
+/// An instant given in RFC 3339.
+fn at(s: &str) -> lockhub_proto::time::Timestamp {
+    lockhub_proto::time::Timestamp::parse_rfc3339(s).unwrap()
+}
+
+#[test]
+fn a_scheduled_key_opens_inside_its_hours_and_is_denied_outside_by_the_time_given() {
+    let db = Db::open();
+    let mut k = K::active("k-1", "482913", &["101"]);
+    k.from = at("2026-11-01T00:00:00Z");
+    k.until = at("2026-12-31T00:00:00Z");
+    insert(&db, &[k]);
+    regrant_key(&db, "k-1", None, Some(OFFICE));
+    let berlin = jiff::tz::TimeZone::get("Europe/Berlin").unwrap();
+    let enter =
+        |zone: &jiff::tz::TimeZone, when: &str| db.enter_in(zone, "101", true, b"482913", at(when));
+    // Friday 2026-12-04 in Berlin (UTC+1): 08:00Z is 09:00, 16:29Z is 17:29.
+    assert!(is_unlock(&enter(&berlin, "2026-12-04T08:00:00Z")));
+    assert!(is_unlock(&enter(&berlin, "2026-12-04T16:29:59Z")));
+    for when in [
+        "2026-12-04T07:59:59Z", // 08:59:59
+        "2026-12-04T16:30:00Z", // 17:30
+        "2026-12-05T10:00:00Z", // Saturday
+    ] {
+        assert_eq!(
+            denied(&enter(&berlin, when)),
+            Some(DenyReason::OutsideSchedule),
+            "{when}"
+        );
+    }
+    // The same instant in another hub zone: 08:00 UTC is before opening.
+    assert_eq!(
+        denied(&enter(&jiff::tz::TimeZone::UTC, "2026-12-04T08:00:00Z")),
+        Some(DenyReason::OutsideSchedule)
+    );
+    // Outside the window, the window speaks first.
+    assert_eq!(
+        denied(&enter(&berlin, "2027-01-08T10:00:00Z")),
+        Some(DenyReason::OutsideWindow)
+    );
+    // Six denials of a real PIN at the wrong hour lock nothing.
+    for s in 0..6 {
+        let when = format!("2026-12-05T10:00:0{s}Z");
+        assert_eq!(
+            denied(&enter(&berlin, &when)),
+            Some(DenyReason::OutsideSchedule)
+        );
+    }
+    assert!(!raised(&db, "keypad_lockout", "101"));
+    assert!(
+        is_unlock(&enter(&berlin, "2026-12-07T12:00:00Z")),
+        "Monday noon"
+    );
+    assert_eq!(
+        db.count(
+            "SELECT count(*) FROM audit WHERE kind = 'door.denied' AND reason = 'outside_schedule'"
+        ),
+        10
+    );
+}
+
+#[test]
+fn a_scheduled_key_with_uses_is_checked_window_then_schedule_then_uses() {
+    let db = Db::open();
+    let mut k = K::active("k-1", "482913", &["101"]);
+    k.from = at("2026-11-01T00:00:00Z");
+    k.until = at("2026-12-31T00:00:00Z");
+    insert(&db, &[k]);
+    regrant_key(&db, "k-1", Some(1), Some(OFFICE));
+    let utc = jiff::tz::TimeZone::UTC;
+    let enter = |when: &str| db.enter_in(&utc, "101", true, b"482913", at(when));
+    // Outside the hours the use is not taken.
+    assert_eq!(
+        denied(&enter("2026-12-05T10:00:00Z")),
+        Some(DenyReason::OutsideSchedule)
+    );
+    assert_eq!(key_state(&db, "k-1"), ("active".to_owned(), 0));
+    assert!(is_unlock(&enter("2026-12-04T10:00:00Z")));
+    assert_eq!(key_state(&db, "k-1"), ("used_up".to_owned(), 1));
+    // A used-up key is not live: any hour is `used_up` now.
+    assert_eq!(
+        denied(&enter("2026-12-05T10:00:00Z")),
+        Some(DenyReason::UsedUp)
     );
 }

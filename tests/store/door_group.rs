@@ -81,7 +81,7 @@ fn door_job(db: &Db, deadline: Instant, seq: i64, linger: Duration) -> DoorRun {
         .unwrap();
     let outcome = rt.block_on(db.store.write_door(deadline, move |c| {
         let _ = tx.send((seen(c, seq), seen(&reader, seq)));
-        let outcome = door_entry(c, &entry(), &policy)?;
+        let outcome = door_entry(c, &entry(), &policy, &jiff::tz::TimeZone::UTC)?;
         std::thread::sleep(linger);
         Ok(outcome)
     }));
@@ -237,7 +237,7 @@ fn a_door_job_that_fails_in_a_bulk_group_loses_none_of_the_bulk_work() {
         .unwrap();
     let policy = db.policy;
     let res = rt.block_on(db.store.write_door(soon(), move |c| {
-        door_entry(c, &entry(), &policy)?;
+        door_entry(c, &entry(), &policy, &jiff::tz::TimeZone::UTC)?;
         Err::<(), _>(StoreError::Closed)
     }));
     assert!(matches!(res, Err(StoreError::Closed)), "{res:?}");
@@ -268,6 +268,7 @@ fn a_grant_that_commits_after_its_entry_was_answered_deny_is_recorded_unconfirme
             &store,
             entry(),
             policy,
+            jiff::tz::TimeZone::UTC,
             tokio::time::Instant::now().into_std(),
         )
         .await

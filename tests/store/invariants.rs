@@ -42,6 +42,19 @@ fn tag(b: u8) -> Vec<u8> {
 
 /// A key with one door, brought to `state` along legal transitions.
 fn key(c: &Connection, id: &str, state: KeyState, check_in: &str, tag_byte: u8) {
+    let max_uses = (state == KeyState::UsedUp).then_some(1);
+    key_with_uses(c, id, state, check_in, tag_byte, max_uses);
+}
+
+/// [`key`] with a `max_uses` (a used-up key takes every use on its way).
+fn key_with_uses(
+    c: &Connection,
+    id: &str,
+    state: KeyState,
+    check_in: &str,
+    tag_byte: u8,
+    max_uses: Option<u32>,
+) {
     let first = if state == KeyState::Active {
         "active"
     } else {
@@ -49,9 +62,10 @@ fn key(c: &Connection, id: &str, state: KeyState, check_in: &str, tag_byte: u8) 
     };
     c.execute(
         "INSERT INTO keys (key_id, version, state, check_in_id, reservation_id, valid_from, valid_until,
-                           pin_tag, pin_key_id, holder_ref, holder_name, revoke_reason, event_id, updated_at)
-         VALUES (?1, 1, ?2, ?3, 'r-1', 0, ?4, ?5, 'k1', 'g-1', 'Ada Guest', NULL, NULL, 0)",
-        params![id, first, check_in, FAR, tag(tag_byte)],
+                           pin_tag, pin_key_id, holder_ref, holder_name, revoke_reason, event_id, updated_at,
+                           max_uses)
+         VALUES (?1, 1, ?2, ?3, 'r-1', 0, ?4, ?5, 'k1', 'g-1', 'Ada Guest', NULL, NULL, 0, ?6)",
+        params![id, first, check_in, FAR, tag(tag_byte), max_uses],
     )
     .unwrap();
     c.execute(
@@ -71,6 +85,21 @@ fn key(c: &Connection, id: &str, state: KeyState, check_in: &str, tag_byte: u8) 
             c.execute("UPDATE keys SET state = 'expired' WHERE key_id = ?1", [id])
                 .unwrap();
         }
+        KeyState::UsedUp => {
+            let uses: i64 = c
+                .query_row("SELECT max_uses FROM keys WHERE key_id = ?1", [id], |r| {
+                    r.get(0)
+                })
+                .unwrap();
+            for _ in 1..uses {
+                c.execute(
+                    "UPDATE keys SET use_count = use_count + 1 WHERE key_id = ?1",
+                    [id],
+                )
+                .unwrap();
+            }
+            c.execute(&set_state_sql(id, KeyState::UsedUp), []).unwrap();
+        }
         _ => {}
     }
 }
@@ -79,14 +108,21 @@ fn count(c: &Connection, sql: &str) -> i64 {
     c.query_row(sql, [], |r| r.get(0)).unwrap()
 }
 
+/// The statement that moves key `id` to `to`; a key becomes used up by
+/// taking its last use.
 fn set_state_sql(id: &str, to: KeyState) -> String {
     let reason = if to == KeyState::Revoked {
         "'x'"
     } else {
         "NULL"
     };
+    let use_taken = if to == KeyState::UsedUp {
+        ", use_count = use_count + 1"
+    } else {
+        ""
+    };
     format!(
-        "UPDATE keys SET state = '{}', revoke_reason = {reason} WHERE key_id = '{id}'",
+        "UPDATE keys SET state = '{}', revoke_reason = {reason}{use_taken} WHERE key_id = '{id}'",
         to.as_str()
     )
 }
@@ -179,7 +215,8 @@ fn every_state_change_outside_the_whitelist_is_refused_and_every_one_inside_is_a
             }
             n += 1;
             let id = format!("k-{n}");
-            key(&c, &id, from, &format!("c-{n}"), n as u8);
+            // One use: a live key's next entry is its last.
+            key_with_uses(&c, &id, from, &format!("c-{n}"), n as u8, Some(1));
             let sql = set_state_sql(&id, to);
             if may_move(from, to) {
                 // Activation is a new version of the grant; leaving the live
@@ -197,7 +234,7 @@ fn every_state_change_outside_the_whitelist_is_refused_and_every_one_inside_is_a
             }
         }
     }
-    assert_eq!(n, 12);
+    assert_eq!(n, 20);
 }
 
 #[test]
@@ -216,8 +253,11 @@ fn a_final_key_changes_in_nothing_but_the_erasure_of_its_holder_name() {
         "event_id = 'e'",
         "updated_at = 5",
         "key_id = 'k-new'",
+        r#"schedule = '[{"days":["mon"],"from":"09:00","until":"10:00"}]'"#,
+        "max_uses = 7",
+        "use_count = use_count + 1",
     ];
-    for (i, state) in [KeyState::Revoked, KeyState::Expired]
+    for (i, state) in [KeyState::Revoked, KeyState::Expired, KeyState::UsedUp]
         .into_iter()
         .enumerate()
     {
@@ -830,4 +870,266 @@ fn an_osdp_reader_link_is_on_a_real_address_and_secure_only_while_online() {
         "INSERT INTO osdp_readers (reader, vendor, model, version, serial, firmware, recorded_at)
          VALUES ('r-1', 16777216, 0, 0, 0, 0, 0)",
     );
+}
+
+const SCHEDULE: &str = r#"'[{"days":["mon"],"from":"09:00","until":"10:00"}]'"#;
+
+fn state_of(c: &Connection, id: &str) -> String {
+    c.query_row("SELECT state FROM keys WHERE key_id = ?1", [id], |r| {
+        r.get(0)
+    })
+    .unwrap()
+}
+
+#[test]
+fn a_use_is_taken_one_at_a_time_from_a_live_key_and_never_past_max_uses() {
+    let (_d, c) = db();
+    key_with_uses(&c, "k-1", KeyState::Active, "c-1", 1, Some(3));
+    let take = "UPDATE keys SET use_count = use_count + 1 WHERE key_id = 'k-1'";
+    // Two at once, back to zero, below zero, or riding on a new version.
+    refused(
+        &c,
+        "UPDATE keys SET use_count = use_count + 2 WHERE key_id = 'k-1'",
+    );
+    refused(&c, "UPDATE keys SET use_count = -1 WHERE key_id = 'k-1'");
+    refused(
+        &c,
+        "UPDATE keys SET use_count = use_count + 1, version = 2 WHERE key_id = 'k-1'",
+    );
+    refused(
+        &c,
+        "UPDATE keys SET use_count = use_count + 1, max_uses = 9 WHERE key_id = 'k-1'",
+    );
+    accepted(&c, take);
+    refused(&c, "UPDATE keys SET use_count = 0 WHERE key_id = 'k-1'");
+    refused(
+        &c,
+        "UPDATE keys SET use_count = 0, version = 2 WHERE key_id = 'k-1'",
+    );
+    accepted(&c, take);
+    // The last use cannot leave the key live...
+    refused(&c, take);
+    refused(
+        &c,
+        "UPDATE OR REPLACE keys SET use_count = use_count + 1 WHERE key_id = 'k-1'",
+    );
+    // ...nor go past the limit on its way out.
+    refused(
+        &c,
+        "UPDATE keys SET use_count = use_count + 2, state = 'used_up' WHERE key_id = 'k-1'",
+    );
+    accepted(
+        &c,
+        "UPDATE keys SET use_count = use_count + 1, state = 'used_up' WHERE key_id = 'k-1'",
+    );
+    assert_eq!(state_of(&c, "k-1"), "used_up");
+    assert_eq!(
+        count(&c, "SELECT use_count FROM keys WHERE key_id = 'k-1'"),
+        3
+    );
+    refused(&c, take);
+    // A key without a limit counts its uses too; a final one takes none.
+    key(&c, "k-2", KeyState::Active, "c-2", 2);
+    for _ in 0..3 {
+        accepted(
+            &c,
+            "UPDATE keys SET use_count = use_count + 1 WHERE key_id = 'k-2'",
+        );
+    }
+    key(&c, "k-3", KeyState::Revoked, "c-3", 3);
+    refused(
+        &c,
+        "UPDATE keys SET use_count = use_count + 1 WHERE key_id = 'k-3'",
+    );
+}
+
+#[test]
+fn a_key_is_used_up_only_once_every_use_is_taken_and_never_starts_used() {
+    let (_d, c) = db();
+    key_with_uses(&c, "k-1", KeyState::Active, "c-1", 1, Some(2));
+    key(&c, "k-2", KeyState::Active, "c-2", 2);
+    // Uses left, or no limit at all: not used up.
+    refused(&c, "UPDATE keys SET state = 'used_up' WHERE key_id = 'k-1'");
+    refused(
+        &c,
+        "UPDATE keys SET state = 'used_up', use_count = use_count + 1 WHERE key_id = 'k-1'",
+    );
+    refused(&c, "UPDATE keys SET state = 'used_up' WHERE key_id = 'k-2'");
+    refused(
+        &c,
+        "UPDATE keys SET state = 'used_up', use_count = use_count + 1 WHERE key_id = 'k-2'",
+    );
+    // A key is inserted with no use taken, so never used up.
+    let insert = |state: &str, uses: u32| {
+        format!(
+            "INSERT INTO keys (key_id, version, state, check_in_id, valid_from, valid_until, pin_tag,
+                               pin_key_id, updated_at, max_uses, use_count)
+             VALUES ('k-new', 1, '{state}', 'c-9', 0, {FAR}, X'{}', 'k1', 0, 1, {uses})",
+            "09".repeat(32)
+        )
+    };
+    refused(&c, &insert("used_up", 1));
+    refused(&c, &insert("active", 1));
+    refused(&c, &insert("active", 0).replace(", 1, 0)", ", 0, 0)"));
+    refused(&c, &insert("active", 0).replace(", 1, 0)", ", 100001, 0)"));
+    accepted(&c, &insert("active", 0));
+}
+
+#[test]
+fn a_used_up_key_is_only_revoked_and_its_doors_stay_out_of_service() {
+    let (_d, c) = db();
+    key_with_uses(&c, "k-1", KeyState::UsedUp, "c-1", 1, Some(2));
+    assert_eq!(
+        count(
+            &c,
+            "SELECT count(*) FROM key_doors WHERE key_id = 'k-1' AND live = 0"
+        ),
+        1
+    );
+    for to in ["active", "pre_issued", "expired"] {
+        refused(
+            &c,
+            &format!("UPDATE keys SET state = '{to}' WHERE key_id = 'k-1'"),
+        );
+        refused(
+            &c,
+            &format!("UPDATE keys SET state = '{to}', version = 2 WHERE key_id = 'k-1'"),
+        );
+    }
+    // A higher version for it, however it is written.
+    refused(&c, "UPDATE keys SET version = 2 WHERE key_id = 'k-1'");
+    refused(
+        &c,
+        &format!(
+            "INSERT OR REPLACE INTO keys (key_id, version, state, check_in_id, valid_from, valid_until,
+                                          pin_tag, pin_key_id, updated_at)
+             VALUES ('k-1', 2, 'active', 'c-1', 0, {FAR}, X'{}', 'k1', 0)",
+            "01".repeat(32)
+        ),
+    );
+    refused(&c, "UPDATE key_doors SET live = 1 WHERE key_id = 'k-1'");
+    refused(&c, "DELETE FROM keys WHERE key_id = 'k-1'");
+    // A revoke may not carry anything else along...
+    for e in [
+        "version = 2",
+        "max_uses = 5",
+        "use_count = 1",
+        "valid_until = 1",
+    ] {
+        refused(
+            &c,
+            &format!(
+                "UPDATE keys SET state = 'revoked', revoke_reason = 'x', {e} WHERE key_id = 'k-1'"
+            ),
+        );
+    }
+    // ...and then the revoked key is final like any other.
+    accepted(
+        &c,
+        "UPDATE keys SET state = 'revoked', revoke_reason = 'checkout', event_id = 'e-9',
+                         updated_at = 9, holder_name = NULL WHERE key_id = 'k-1'",
+    );
+    assert_eq!(state_of(&c, "k-1"), "revoked");
+    assert_eq!(
+        count(&c, "SELECT use_count FROM keys WHERE key_id = 'k-1'"),
+        2
+    );
+    refused(
+        &c,
+        "UPDATE keys SET revoke_reason = 'y' WHERE key_id = 'k-1'",
+    );
+    refused(
+        &c,
+        "UPDATE keys SET state = 'used_up', revoke_reason = NULL WHERE key_id = 'k-1'",
+    );
+}
+
+#[test]
+fn a_live_keys_schedule_and_limit_change_only_with_a_higher_version_which_keeps_the_count() {
+    let (_d, c) = db();
+    key_with_uses(&c, "k-1", KeyState::Active, "c-1", 1, Some(5));
+    accepted(
+        &c,
+        "UPDATE keys SET use_count = use_count + 1 WHERE key_id = 'k-1'",
+    );
+    for e in [format!("schedule = {SCHEDULE}"), "max_uses = 9".to_owned()] {
+        refused(&c, &format!("UPDATE keys SET {e} WHERE key_id = 'k-1'"));
+        accepted(
+            &c,
+            &format!(
+                "SAVEPOINT s; UPDATE keys SET {e}, version = version + 1 WHERE key_id = 'k-1'; ROLLBACK TO s; RELEASE s"
+            ),
+        );
+    }
+    refused(
+        &c,
+        "UPDATE keys SET version = 2, use_count = 0 WHERE key_id = 'k-1'",
+    );
+    // A key ends as it was granted: no new schedule or limit on the way out.
+    refused(
+        &c,
+        &format!(
+            "UPDATE keys SET state = 'revoked', revoke_reason = 'x', schedule = {SCHEDULE} WHERE key_id = 'k-1'"
+        ),
+    );
+    refused(
+        &c,
+        "UPDATE keys SET state = 'expired', max_uses = NULL WHERE key_id = 'k-1'",
+    );
+    // A version that lowers the limit to the count leaves the key with no
+    // use to take; it ends by moving to used_up at that version.
+    accepted(
+        &c,
+        "UPDATE keys SET version = 2, max_uses = 1 WHERE key_id = 'k-1'",
+    );
+    refused(
+        &c,
+        "UPDATE keys SET use_count = use_count + 1, state = 'used_up' WHERE key_id = 'k-1'",
+    );
+    accepted(&c, "UPDATE keys SET state = 'used_up' WHERE key_id = 'k-1'");
+}
+
+#[test]
+fn a_schedule_is_stored_as_a_list_of_one_to_28_intervals() {
+    let (_d, c) = db();
+    key(&c, "k-1", KeyState::Active, "c-1", 1);
+    let one = r#"{"days":["mon"],"from":"09:00","until":"10:00"}"#;
+    let many = |n: usize| format!("'[{}]'", vec![one; n].join(","));
+    for bad in [
+        "'x'".to_owned(),
+        "'[]'".to_owned(),
+        format!("'{one}'"),
+        "'42'".to_owned(),
+        many(29),
+    ] {
+        refused(
+            &c,
+            &format!(
+                "UPDATE keys SET schedule = {bad}, version = version + 1 WHERE key_id = 'k-1'"
+            ),
+        );
+    }
+    accepted(
+        &c,
+        &format!(
+            "UPDATE keys SET schedule = {}, version = version + 1 WHERE key_id = 'k-1'",
+            many(28)
+        ),
+    );
+}
+
+#[test]
+fn denials_outside_the_schedule_or_out_of_uses_and_used_up_keys_are_audited() {
+    let (_d, c) = db();
+    let row = |n: u32, kind: &str, reason: &str| {
+        format!(
+            "INSERT INTO audit (audit_id, at, kind, door, key_id, reason)
+             VALUES ('00000000-0000-7000-8000-{n:012}', 1, '{kind}', '101', 'k-1', {reason})"
+        )
+    };
+    accepted(&c, &row(1, "door.denied", "'outside_schedule'"));
+    accepted(&c, &row(2, "door.denied", "'used_up'"));
+    accepted(&c, &row(3, "key.used_up", "NULL"));
+    refused(&c, &row(4, "door.denied", "'out_of_uses'"));
+    refused(&c, &row(5, "key.exhausted", "NULL"));
 }

@@ -364,7 +364,9 @@ async fn door_entries(hub: &Daemon, pins: &[&str]) {
         };
         let policy = Policy::default();
         store
-            .write(Priority::Door, move |c| door_entry(c, &entry, &policy))
+            .write(Priority::Door, move |c| {
+                door_entry(c, &entry, &policy, &jiff::tz::TimeZone::UTC)
+            })
             .await
             .expect("door entry");
     }

@@ -29,6 +29,7 @@ pub(crate) async fn decide(
         &shared.store,
         &shared.pin_keys,
         shared.policy,
+        &shared.zone,
         entry::Entry {
             driver: &shared.port.name,
             door: &target.name,

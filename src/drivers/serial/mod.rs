@@ -76,6 +76,8 @@ pub struct SerialSettings {
     pub ports: Vec<PortSettings>,
     pub policy: Policy,
     pub pin_keys: Arc<[PinKey]>,
+    /// `[hub] timezone`: key schedules are read in it.
+    pub zone: jiff::tz::TimeZone,
     /// The contract's timings ([`LinkConfig::hub`]); tests may shorten them.
     pub link: LinkConfig,
     /// Reopen delays: 100 ms doubling to 5 s.
@@ -108,6 +110,7 @@ impl SerialSettings {
             ports,
             policy: config.policy,
             pin_keys: config.secrets.pin_keys.clone().into(),
+            zone: config.hub.timezone.clone(),
             link: LinkConfig::hub(),
             backoff_initial: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
@@ -120,6 +123,7 @@ pub(crate) struct PortShared {
     pub port: PortSettings,
     pub policy: Policy,
     pub pin_keys: Arc<[PinKey]>,
+    pub zone: jiff::tz::TimeZone,
     pub link: LinkConfig,
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
@@ -178,6 +182,7 @@ pub fn spawn(
             port,
             policy: settings.policy,
             pin_keys: settings.pin_keys.clone(),
+            zone: settings.zone.clone(),
             link: settings.link,
             backoff_initial: settings.backoff_initial,
             backoff_max: settings.backoff_max,

@@ -264,13 +264,58 @@ pub(super) fn write_grant(
             queued,
         )?;
     }
+    if was.is_some() {
+        end_if_used_up(conn, event_id, key, now, queued)?;
+    }
     Ok(Verdict {
         clamped: placement.clamped,
         ..Verdict::of(Outcome::Applied)
     })
 }
 
-/// A grant's column values, in the `?1`..`?13` order both the insert and the
+/// A higher version whose `max_uses` is at or below the uses already taken
+/// leaves the key `used_up` at once (mqtt.md '`max_uses`'), audited
+/// `key.used_up` like the entry that takes a last use. The move is made at
+/// the new version, once its row and doors are written, as the schema asks
+/// of a key that ends.
+fn end_if_used_up(
+    conn: &Connection,
+    event_id: &str,
+    key: &Grant,
+    now: Timestamp,
+    queued: &mut Queued,
+) -> Result<(), StoreError> {
+    let Some(max) = key.max_uses else {
+        return Ok(());
+    };
+    queued.flush(conn)?;
+    let ended = conn
+        .prepare_cached(
+            "UPDATE keys SET state = 'used_up', updated_at = ?3
+              WHERE key_id = ?1 AND use_count >= ?2 AND state IN ('pre_issued', 'active')",
+        )?
+        .execute(params![key.key_id, max, now.0])?;
+    if ended == 1 {
+        let refs = KeyRefs {
+            check_in_id: key.check_in_id.clone(),
+            holder_ref: key.holder_ref.clone(),
+            holder_name: key.holder_name.clone(),
+        };
+        write_key_audit(
+            conn,
+            AuditKind::KeyUsedUp,
+            event_id,
+            &key.key_id,
+            refs,
+            None,
+            now,
+            queued,
+        )?;
+    }
+    Ok(())
+}
+
+/// A grant's column values, in the `?1`..`?15` order both the insert and the
 /// upgrade statement use.
 pub(super) struct GrantRow<'a> {
     pub(super) key: &'a Grant,
@@ -279,6 +324,8 @@ pub(super) struct GrantRow<'a> {
     pub(super) valid_until: i64,
     pub(super) event_id: &'a str,
     pub(super) now: i64,
+    /// The schedule as the wire's JSON, the form the row keeps.
+    pub(super) schedule: Option<String>,
 }
 
 pub(super) fn grant_row<'a>(
@@ -294,11 +341,12 @@ pub(super) fn grant_row<'a>(
         valid_until: placement.valid_until.0,
         event_id,
         now: now.0,
+        schedule: key.schedule.as_ref().map(|s| s.to_json_string()),
     }
 }
 
 impl GrantRow<'_> {
-    pub(super) fn as_params(&self) -> [&dyn rusqlite::ToSql; 13] {
+    pub(super) fn as_params(&self) -> [&dyn rusqlite::ToSql; 15] {
         let k = self.key;
         [
             &k.key_id,
@@ -314,6 +362,8 @@ impl GrantRow<'_> {
             &k.holder_name,
             &self.event_id,
             &self.now,
+            &self.schedule,
+            &k.max_uses,
         ]
     }
 }
@@ -328,8 +378,8 @@ pub(super) fn insert_key(
     conn.prepare_cached(
         "INSERT INTO keys (key_id, version, state, check_in_id, reservation_id, valid_from,
                            valid_until, pin_tag, pin_key_id, holder_ref, holder_name,
-                           revoke_reason, event_id, updated_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, NULL, ?12, ?13)",
+                           revoke_reason, event_id, updated_at, schedule, max_uses)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, NULL, ?12, ?13, ?14, ?15)",
     )?
     .execute(grant_row(key, &placement, event_id, now).as_params())?;
     insert_doors(conn, key)
@@ -337,7 +387,8 @@ pub(super) fn insert_key(
 
 /// Moves a live key to the grant's higher version. The old doors go first,
 /// so that the new PIN tag is checked against other keys only on the new
-/// doors.
+/// doors. The use count stays: uses are counted per key id, and the new
+/// version's `max_uses` (or none) applies to them.
 pub(super) fn upgrade_key(
     conn: &Connection,
     event_id: &str,
@@ -350,7 +401,8 @@ pub(super) fn upgrade_key(
     conn.prepare_cached(
         "UPDATE keys SET version = ?2, state = ?3, check_in_id = ?4, reservation_id = ?5,
                          valid_from = ?6, valid_until = ?7, pin_tag = ?8, pin_key_id = ?9,
-                         holder_ref = ?10, holder_name = ?11, event_id = ?12, updated_at = ?13
+                         holder_ref = ?10, holder_name = ?11, event_id = ?12, updated_at = ?13,
+                         schedule = ?14, max_uses = ?15
           WHERE key_id = ?1",
     )?
     .execute(grant_row(key, &placement, event_id, now).as_params())?;
@@ -367,8 +419,9 @@ pub(super) fn insert_doors(conn: &Connection, key: &Grant) -> Result<(), StoreEr
     Ok(())
 }
 
-/// A live key becomes `revoked`, with its reason and a `key.revoked` audit
-/// row. (The `keys_sync_doors` trigger takes its doors out of service.)
+/// A live or used-up key becomes `revoked`, with its reason and a
+/// `key.revoked` audit row. (The `keys_sync_doors` trigger takes its doors
+/// out of service.)
 pub(super) fn revoke_key(
     conn: &Connection,
     event_id: &str,
@@ -382,7 +435,7 @@ pub(super) fn revoke_key(
     queued.flush(conn)?;
     conn.prepare_cached(
         "UPDATE keys SET state = 'revoked', revoke_reason = ?2, event_id = ?3, updated_at = ?4
-          WHERE key_id = ?1 AND state IN ('pre_issued', 'active')",
+          WHERE key_id = ?1 AND state IN ('pre_issued', 'active', 'used_up')",
     )?
     .execute(params![key_id, reason, event_id, now.0])?;
     let refs = conn

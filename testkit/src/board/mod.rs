@@ -62,6 +62,7 @@ pub fn settings(ports: Vec<PortSettings>, policy: Policy) -> SerialSettings {
         ports,
         policy,
         pin_keys: pin_keys().into(),
+        zone: jiff::tz::TimeZone::UTC,
         link: firmware_bridge::LinkConfig::hub(),
         backoff_initial: Duration::from_millis(50),
         backoff_max: Duration::from_millis(400),
@@ -69,12 +70,17 @@ pub fn settings(ports: Vec<PortSettings>, policy: Policy) -> SerialSettings {
 }
 
 pub fn start(db: &Db, settings: SerialSettings) -> SerialHandle {
-    lockhub::drivers::serial::spawn(
-        settings,
-        db.store.clone(),
-        Arc::new(Timestamp::now_system),
-        None,
-    )
+    start_with_clock(db, settings, Arc::new(Timestamp::now_system))
+}
+
+/// [`start`] with the hub's effective time taken from `now` (a test's own
+/// clock: hours pass without a sleep).
+pub fn start_with_clock(
+    db: &Db,
+    settings: SerialSettings,
+    now: lockhub::drivers::TimeSource,
+) -> SerialHandle {
+    lockhub::drivers::serial::spawn(settings, db.store.clone(), now, None)
 }
 
 pub type Sim = SimBoard<Master>;

@@ -61,6 +61,7 @@ impl BusTask {
                 &ctx.store,
                 &ctx.pin_keys,
                 ctx.policy,
+                &ctx.zone,
                 entry::Entry {
                     driver: &bus,
                     door: &door,

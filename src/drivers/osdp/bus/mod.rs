@@ -116,6 +116,7 @@ pub fn spawn(
         store: store.clone(),
         pin_keys: settings.pin_keys.clone(),
         policy: settings.policy,
+        zone: settings.zone.clone(),
         now: now.clone(),
         wake: outbox_wake.clone(),
     });
@@ -190,6 +191,7 @@ struct DecideCtx {
     store: Store,
     pin_keys: Arc<[PinKey]>,
     policy: Policy,
+    zone: jiff::tz::TimeZone,
     now: TimeSource,
     wake: Option<Arc<Notify>>,
 }
@@ -429,6 +431,7 @@ impl BusTask {
                     &self.ctx.store,
                     &self.ctx.pin_keys,
                     self.ctx.policy,
+                    &self.ctx.zone,
                     entry::Entry {
                         driver: &self.name,
                         door: &door,

@@ -37,6 +37,8 @@ pub struct OsdpSettings {
     pub buses: Vec<BusSettings>,
     pub policy: Policy,
     pub pin_keys: Arc<[PinKey]>,
+    /// `[hub] timezone`: key schedules are read in it.
+    pub zone: jiff::tz::TimeZone,
     pub timing: Timing,
     /// Reopen delays: 100 ms doubling to 5 s, as for serial ports.
     pub backoff_initial: Duration,
@@ -79,6 +81,7 @@ impl OsdpSettings {
             buses,
             policy: config.policy,
             pin_keys: config.secrets.pin_keys.clone().into(),
+            zone: config.hub.timezone.clone(),
             timing: Timing::CONTRACT,
             backoff_initial: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
