@@ -325,3 +325,68 @@ async fn a_hub_offline_past_the_brokers_queue_limit_converges_through_serves_syn
     );
     b.daemon.sigterm();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_time_code_issued_with_uses_1_opens_once_and_the_hub_reports_it_used_up() {
+    let mut b = building(BrokerOptions::default()).await;
+    let Building {
+        cloud,
+        sim,
+        hub,
+        daemon,
+        ..
+    } = &mut b;
+    let (cloud, hub) = (&*cloud, hub.as_str());
+    let pin = cloud.pin_file("705318");
+    let issued = json(&cloud.ok(&[
+        "--json",
+        "issue",
+        hub,
+        "--check-in",
+        "c-once",
+        "--door",
+        "101",
+        "--pin-file",
+        pin.to_str().unwrap(),
+        "--valid-until",
+        UNTIL,
+        "--uses",
+        "1",
+        // Every hour of every day: the schedule travels and is kept, and
+        // this test does not depend on the hour it runs at.
+        "--schedule",
+        "mon-sun 00:00-24:00",
+    ]));
+    until_cloud(sim, cloud, "the hub's applied result", |c| {
+        applied(c, &issued["seq"])
+    })
+    .await;
+    sim.take_events();
+    sim.enter_pin(0, "705318");
+    assert!(
+        sim.run_until(WAIT, |s| count(s, relay_opened(0)) == 1)
+            .await
+            .unwrap(),
+        "the one-time code opens door 101 once"
+    );
+    until_cloud(sim, cloud, "key.used_up in the cloud's audit", |c| {
+        c.sql::<i64>(
+            "SELECT count(*) FROM outputs WHERE topic = 'audit' \
+             AND json_extract(body, '$.kind') = 'key.used_up'",
+        ) == 1
+    })
+    .await;
+    sim.take_events();
+    sim.enter_pin(0, "705318");
+    let answered = sim
+        .run_until(WAIT, |s| count(s, denied(0)) == 1)
+        .await
+        .unwrap();
+    assert!(
+        answered,
+        "the used code is denied; the hub's log ends:\n{}",
+        daemon.log_tail(30)
+    );
+    assert_eq!(count(sim, relay_opened(0)), 0);
+    daemon.sigterm();
+}
