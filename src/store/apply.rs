@@ -67,6 +67,9 @@ pub struct Applied {
     /// The event was a sign of life for `cloud_stale`
     /// ([`Evidence::is_sign_of_life`]); the durable last sign of life moved.
     pub sign_of_life: bool,
+    /// A first-seen checkpoint with a claim, or a `mirror.request`: what the
+    /// proof does once this commits (`sync::proof`).
+    pub proof: Option<super::mirror::ProofAsk>,
 }
 
 impl Applied {
@@ -82,6 +85,7 @@ impl Applied {
             head_seq: None,
             erased: false,
             sign_of_life: false,
+            proof: None,
         })
     }
 }
@@ -199,15 +203,17 @@ fn apply(
         duplicate: false,
         clamped: verdict.clamped,
         at: now,
+        valid_until: verdict.valid_until,
         item: verdict.item,
         items: verdict.items,
     };
     store_dedupe(conn, ctx, ev, &event_id, &result, now)?;
     let head_seq = match kind {
-        Ok(EventKind::Checkpoint { head_seq }) => Some(head_seq),
+        Ok(EventKind::Checkpoint { head_seq, .. }) => Some(head_seq),
         _ => None,
     };
     let counted = count_authenticated(conn, ctx, ev, &before, head_seq, now)?;
+    let proof = super::mirror::ProofAsk::of(kind, counted.watermark, counted.gap);
     if verdict.erased {
         // Published only once no byte of the name remains in a file.
         outbox::hold(conn, &event_id, &result.to_json(), now)?;
@@ -226,6 +232,7 @@ fn apply(
         head_seq,
         erased: verdict.erased,
         sign_of_life,
+        proof,
     })
 }
 
@@ -344,6 +351,7 @@ fn load_dedupe(
             duplicate: false,
             clamped: false,
             at: Timestamp(received_at),
+            valid_until: None,
             item: None,
             items: None,
         },
@@ -396,6 +404,7 @@ fn answer_conflict(
         duplicate: false,
         clamped: false,
         at: now,
+        valid_until: None,
         item: None,
         items: None,
     };
@@ -658,6 +667,8 @@ struct Verdict {
     outcome: Outcome,
     reason: Option<Reason>,
     clamped: bool,
+    /// The window end after the clamp, when a clamped grant was applied.
+    valid_until: Option<Timestamp>,
     item: Option<usize>,
     items: Option<Vec<ItemResult>>,
     erased: bool,
@@ -669,6 +680,7 @@ impl Verdict {
             outcome,
             reason: None,
             clamped: false,
+            valid_until: None,
             item: None,
             items: None,
             erased: false,
@@ -709,6 +721,8 @@ fn decide(
         }
         // The head is counted with the seq bookkeeping; nothing to change.
         EventKind::Checkpoint { .. } => Ok(Verdict::of(Outcome::Noop)),
+        // Answered after the commit (`sync::proof`); it changes nothing.
+        EventKind::MirrorRequest { .. } => Ok(Verdict::of(Outcome::Noop)),
     }
 }
 
@@ -811,6 +825,7 @@ fn apply_batch(
             out.push(ItemResult {
                 outcome: v.outcome,
                 reason: v.reason,
+                valid_until: v.valid_until,
             });
         }
         if let Some(e) = invalid {
@@ -1152,6 +1167,7 @@ fn write_grant(
     }
     Ok(Verdict {
         clamped: placement.clamped,
+        valid_until: placement.clamped.then_some(placement.valid_until),
         ..Verdict::of(Outcome::Applied)
     })
 }
@@ -1432,15 +1448,18 @@ mod tests {
             duplicate: false,
             clamped: true,
             at: Timestamp::from_secs(1_795_953_600),
+            valid_until: None,
             item: None,
             items: Some(vec![
                 ItemResult {
                     outcome: Outcome::Rejected,
                     reason: Some(Reason::Revoked),
+                    valid_until: None,
                 },
                 ItemResult {
                     outcome: Outcome::Noop,
                     reason: None,
+                    valid_until: Some(Timestamp::from_secs(1_796_000_000)),
                 },
             ]),
         };
@@ -1458,6 +1477,7 @@ mod tests {
             duplicate: false,
             clamped: false,
             at: Timestamp::from_secs(1),
+            valid_until: None,
             item: Some(1),
             items: None,
         };

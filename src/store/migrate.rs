@@ -61,6 +61,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0013_broker_error",
         include_str!("../../migrations/0013_broker_error.sql"),
     ),
+    (
+        "0014_mirror_proof",
+        include_str!("../../migrations/0014_mirror_proof.sql"),
+    ),
 ];
 
 /// The schema version a database is at.

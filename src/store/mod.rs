@@ -54,6 +54,7 @@ pub mod health;
 pub mod keys;
 pub mod links;
 mod migrate;
+pub mod mirror;
 pub mod osdp;
 pub mod outbox;
 mod paced;
