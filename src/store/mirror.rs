@@ -337,8 +337,17 @@ pub fn record_proof(conn: &Connection, p: &LastProof) -> Result<(), StoreError> 
     Ok(())
 }
 
-/// The last proof, if the hub published one.
+/// The last proof, if the hub published one (none on a database older than
+/// the mirror proof's migration).
 pub fn last_proof(conn: &Connection) -> Result<Option<LastProof>, StoreError> {
+    let has_table: bool = conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'mirror_proof')",
+        [],
+        |r| r.get(0),
+    )?;
+    if !has_table {
+        return Ok(None);
+    }
     Ok(conn
         .prepare_cached(
             "SELECT head_seq, as_of, hub_time, count, digest, matched, watermark, at
