@@ -12,6 +12,9 @@
 //!   keys whose windows ended in between are recomputed too.
 //!
 //! Every warm digest is checked against a cold recompute from the database.
+//! Then the door: its read decision (what a door waits for before it
+//! writes) timed over and over on another thread while a cold proof runs on
+//! a reader of its own, against the same number of decisions without one.
 //!
 //! ```text
 //! cargo run --release --example bench_mirror [SIZE ...] [--dir PATH]
@@ -19,13 +22,18 @@
 //! Sizes default to 1000 100000.
 
 use lockhub::config::Policy;
+use lockhub::door::{Decision, pin_tags};
+use lockhub::store::door::{DoorEntry, evaluate};
 use lockhub::store::mirror::{MirrorCache, cold_digest, in_snapshot};
 use lockhub::store::{Priority, Store, StoreError};
+use lockhub_proto::crypto::pin_tag;
 use lockhub_proto::time::Timestamp;
 use rusqlite::Connection;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use testkit::db::{KeyRow, insert_row};
+use testkit::db::{KeyRow, insert_row, pin_keys};
 
 const CHANGES: usize = 100;
 
@@ -41,12 +49,17 @@ impl Lcg {
     }
 }
 
+/// Key `i`'s PIN: 8 digits, distinct for every i below 10^8.
+fn pin(i: usize) -> String {
+    format!("{:08}", (i as u64 * 7919) % 100_000_000)
+}
+
 fn fill(conn: &Connection, n: usize, now: Timestamp) -> Result<(), StoreError> {
     let mut rng = Lcg(7);
+    let key = &pin_keys()[0];
     for i in 0..n {
         let (id, check_in) = (format!("k-{i}"), format!("c-{i}"));
-        let mut tag = [0u8; 32];
-        tag[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        let tag = pin_tag(&key.secret, pin(i).as_bytes());
         insert_row(
             conn,
             &KeyRow {
@@ -55,7 +68,8 @@ fn fill(conn: &Connection, n: usize, now: Timestamp) -> Result<(), StoreError> {
                 check_in_id: Some(&check_in),
                 reservation_id: None,
                 valid_from: now.saturating_add_days(-1),
-                valid_until: now.saturating_add_secs(1 + rng.next(30 * 86_400) as i64),
+                // From 10 minutes on, so the door's keys are all open now.
+                valid_until: now.saturating_add_secs(600 + rng.next(30 * 86_400) as i64),
                 pin_tag: tag,
                 pin_key_id: "k1",
                 holder_ref: None,
@@ -134,9 +148,56 @@ fn run(n: usize, base: &std::path::Path) -> Result<(), StoreError> {
         ms(recompute),
         m3.count
     );
+
+    // The door beside a cold proof, then alone, the same number of times.
+    let door = |stop: Arc<AtomicBool>, min: usize| -> Result<Vec<Duration>, StoreError> {
+        let r = store.reader()?;
+        let policy = Policy::default();
+        let mut rng = Lcg(3);
+        let mut times = Vec::new();
+        while times.len() < min || !stop.load(Ordering::Relaxed) {
+            let i = rng.next(n);
+            let e = DoorEntry {
+                door: "101".into(),
+                door_known: true,
+                tags: pin_tags(pin(i).as_bytes(), &pin_keys()),
+                at: now,
+            };
+            let t = Instant::now();
+            let (d, _) = evaluate(&r, &e, &policy)?;
+            times.push(t.elapsed());
+            assert!(matches!(d, Decision::Unlock(_)), "key {i} must open");
+        }
+        Ok(times)
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let beside = std::thread::scope(|s| {
+        let h = s.spawn(|| door(stop.clone(), 100));
+        let mut fresh = MirrorCache::default();
+        let r = proof(&reader, &mut fresh, later);
+        stop.store(true, Ordering::Relaxed);
+        r.map(|_| ()).and_then(|()| h.join().expect("door thread"))
+    })?;
+    let alone = door(Arc::new(AtomicBool::new(true)), beside.len())?;
+    let (b50, b99) = stats(beside);
+    let (a50, a99) = stats(alone);
+    println!(
+        "{:>8}       door read decision: alone median {:.0} µs p99 {:.0} µs | beside a cold proof median {:.0} µs p99 {:.0} µs",
+        "",
+        a50.as_secs_f64() * 1e6,
+        a99.as_secs_f64() * 1e6,
+        b50.as_secs_f64() * 1e6,
+        b99.as_secs_f64() * 1e6,
+    );
     drop(reader);
     store.close();
     Ok(())
+}
+
+fn stats(mut v: Vec<Duration>) -> (Duration, Duration) {
+    v.sort();
+    let p = |q: f64| v[((v.len() as f64 * q) as usize).min(v.len() - 1)];
+    (p(0.5), p(0.99))
 }
 
 fn main() -> Result<(), StoreError> {
