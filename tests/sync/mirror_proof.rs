@@ -84,24 +84,7 @@ async fn a_proof_matches_then_finds_a_hand_deleted_key_answers_its_bucket_and_cl
     assert_eq!(status["mirror_proof"]["digest"], p["digest"]);
 
     // 2. A key row deleted by hand, past the schema's guard.
-    {
-        let w = rusqlite::Connection::open(hub.db_path()).unwrap();
-        w.busy_timeout(Duration::from_secs(5)).unwrap();
-        let guard: String = w
-            .query_row(
-                "SELECT sql FROM sqlite_master WHERE name = 'keys_delete_guard'",
-                [],
-                |r| r.get(0),
-            )
-            .unwrap();
-        w.execute_batch(
-            "PRAGMA foreign_keys = ON; BEGIN IMMEDIATE; DROP TRIGGER keys_delete_guard;
-             DELETE FROM keys WHERE key_id = 'k-3';",
-        )
-        .unwrap();
-        w.execute_batch(&guard).unwrap();
-        w.execute_batch("COMMIT").unwrap();
-    }
+    testkit::db::delete_key_by_hand(&hub.db_path(), "k-3");
     let as_of = whole_now().saturating_add_secs(1);
     let claim = claim_of(&grants.iter().collect::<Vec<_>>(), as_of);
     cloud_client.publish(&[checkpoint(&c, 8, &claim)]).await;
