@@ -249,7 +249,25 @@ pub enum EventKind {
     },
     Checkpoint {
         head_seq: u64,
+        /// The cloud's claim of the live set (mqtt.md 'Mirror proof').
+        mirror: Option<crate::mirror::Claim>,
     },
+    /// `mirror.request`: the keys of up to 16 buckets, as of `as_of`. It
+    /// changes nothing; the hub answers on the proof topic.
+    MirrorRequest {
+        as_of: Timestamp,
+        /// 1..=[`MAX_REQUEST_BUCKETS`] distinct buckets, in the order asked.
+        buckets: Vec<u8>,
+    },
+}
+
+/// The most buckets one `mirror.request` may ask for.
+pub const MAX_REQUEST_BUCKETS: usize = 16;
+
+/// The types that carry no `seq` of their own (mqtt.md 'Types'): they
+/// state or ask, and never move the watermark.
+pub fn has_no_seq(ty: &str) -> bool {
+    matches!(ty, "checkpoint" | "mirror.request")
 }
 
 pub const MAX_BATCH_ITEMS: usize = 500;
@@ -271,6 +289,9 @@ pub struct EventHeader {
 pub struct ItemResult {
     pub outcome: Outcome,
     pub reason: Option<Reason>,
+    /// A clamped grant's window end after the clamp.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub valid_until: Option<Timestamp>,
 }
 
 /// The body of a result message (mqtt.md 'Results').
@@ -284,6 +305,10 @@ pub struct EventResult {
     pub duplicate: bool,
     pub clamped: bool,
     pub at: Timestamp,
+    /// A clamped grant's window end after the clamp (only when `clamped`):
+    /// the cloud's mirror claim uses it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub valid_until: Option<Timestamp>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub item: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -792,7 +817,31 @@ pub fn parse_body_in_order(body: &[u8], ctx: &SchemaContext) -> Result<EventKind
                 .get("head_seq")
                 .and_then(|v| json_int_in(v, 0, MAX_SEQ))
                 .ok_or(top(BAD))?;
-            Ok(EventKind::Checkpoint { head_seq })
+            let mirror = match o.get("mirror") {
+                None | Some(Value::Null) => None,
+                Some(v) => Some(crate::mirror::Claim::from_json(v).ok_or(top(BAD))?),
+            };
+            Ok(EventKind::Checkpoint { head_seq, mirror })
+        }
+        "mirror.request" => {
+            let as_of = o
+                .get("as_of")
+                .and_then(Value::as_str)
+                .and_then(|s| Timestamp::parse_rfc3339(s).ok())
+                .ok_or(top(BAD))?;
+            let list = o.get("buckets").and_then(Value::as_array).ok_or(top(BAD))?;
+            if !(1..=MAX_REQUEST_BUCKETS).contains(&list.len()) {
+                return Err(top(BAD));
+            }
+            let mut buckets = Vec::with_capacity(list.len());
+            for b in list {
+                let b = json_int_in(b, 0, 255).ok_or(top(BAD))? as u8;
+                if buckets.contains(&b) {
+                    return Err(top(BAD));
+                }
+                buckets.push(b);
+            }
+            Ok(EventKind::MirrorRequest { as_of, buckets })
         }
         "batch" => {
             let items = o.get("items").and_then(Value::as_array).ok_or(top(BAD))?;
@@ -804,7 +853,7 @@ pub fn parse_body_in_order(body: &[u8], ctx: &SchemaContext) -> Result<EventKind
                 let parsed = item
                     .as_object()
                     .and_then(|io| Some((io, io.get("type").and_then(Value::as_str)?)))
-                    .filter(|(_, ity)| !matches!(*ity, "batch" | "checkpoint"))
+                    .filter(|(_, ity)| *ity != "batch" && !has_no_seq(ity))
                     .ok_or(Reason::UnsupportedType)
                     .and_then(|(io, ity)| parse_change(ity, io, ctx));
                 match parsed {
@@ -1302,7 +1351,10 @@ mod parse_tests {
         for n in [0, 12, MAX_SEQ] {
             assert_eq!(
                 parse(&json!({"type": "checkpoint", "head_seq": n})).unwrap(),
-                EventKind::Checkpoint { head_seq: n }
+                EventKind::Checkpoint {
+                    head_seq: n,
+                    mirror: None
+                }
             );
         }
         for v in [
@@ -1472,15 +1524,18 @@ mod parse_tests {
             duplicate: false,
             clamped: false,
             at: Timestamp::from_secs(1_795_953_600),
+            valid_until: None,
             item: Some(1),
             items: Some(vec![
                 ItemResult {
                     outcome: Outcome::Applied,
                     reason: None,
+                    valid_until: None,
                 },
                 ItemResult {
                     outcome: Outcome::Rejected,
                     reason: Some(Reason::UnknownDoor),
+                    valid_until: None,
                 },
             ]),
         };
@@ -1502,6 +1557,95 @@ mod parse_tests {
         assert_eq!(serde_json::from_str::<EventResult>(&text).unwrap(), single);
         assert!(
             serde_json::from_str::<EventResult>(&text.replace("unknown_door", "nope")).is_err()
+        );
+        let clamped = EventResult {
+            outcome: Outcome::Applied,
+            reason: None,
+            clamped: true,
+            valid_until: Some(Timestamp::from_secs(1_796_385_600)),
+            ..single
+        };
+        let text = String::from_utf8(clamped.to_json()).unwrap();
+        assert!(
+            text.ends_with(r#""clamped":true,"at":"2026-11-29T12:00:00.000000Z","valid_until":"2026-12-04T12:00:00.000000Z"}"#),
+            "{text}"
+        );
+        assert_eq!(serde_json::from_str::<EventResult>(&text).unwrap(), clamped);
+    }
+
+    #[test]
+    fn a_checkpoints_mirror_claim_is_optional_and_checked() {
+        let claim = json!({"as_of": "2026-12-04T12:00:00Z", "count": 2,
+                           "digest": "k9qDvy-4VLGaYbKz2gSJrRW7-eyIlf55eANq-XSx_R0"});
+        match parse(&json!({"type": "checkpoint", "head_seq": 3, "mirror": claim})).unwrap() {
+            EventKind::Checkpoint {
+                head_seq: 3,
+                mirror: Some(c),
+            } => {
+                assert_eq!(c.count, 2);
+                assert_eq!(
+                    c.as_of,
+                    Timestamp::parse_rfc3339("2026-12-04T12:00:00Z").unwrap()
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            parse(&json!({"type": "checkpoint", "head_seq": 3, "mirror": null})).unwrap(),
+            EventKind::Checkpoint {
+                head_seq: 3,
+                mirror: None
+            }
+        );
+        for bad in [
+            json!("x"),
+            json!({"as_of": "2026-12-04T12:00:00.250Z", "count": 2, "digest": claim["digest"]}),
+            json!({"as_of": "2026-12-04T12:00:00Z", "count": 2, "digest": "short"}),
+        ] {
+            assert_eq!(
+                err(&json!({"type": "checkpoint", "head_seq": 3, "mirror": bad})),
+                Reason::InvalidGrant,
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_mirror_request_asks_for_1_to_16_distinct_buckets_as_of_an_instant() {
+        let ok = json!({"type": "mirror.request", "as_of": "2026-12-04T12:00:00Z", "buckets": [17, 0, 255]});
+        assert_eq!(
+            parse(&ok).unwrap(),
+            EventKind::MirrorRequest {
+                as_of: Timestamp::parse_rfc3339("2026-12-04T12:00:00Z").unwrap(),
+                buckets: vec![17, 0, 255]
+            }
+        );
+        let sixteen: Vec<u8> = (0..16).collect();
+        let mut e = ok.clone();
+        e["buckets"] = json!(sixteen);
+        assert!(parse(&e).is_ok());
+        for (k, bad) in [
+            ("buckets", json!([])),
+            ("buckets", json!((0..17).collect::<Vec<u8>>())),
+            ("buckets", json!([3, 3])),
+            ("buckets", json!([256])),
+            ("buckets", json!([-1])),
+            ("buckets", json!(["3"])),
+            ("buckets", Value::Null),
+            ("as_of", json!("soon")),
+            ("as_of", Value::Null),
+        ] {
+            let mut e = ok.clone();
+            e[k] = bad.clone();
+            assert_eq!(err(&e), Reason::InvalidGrant, "{k} = {bad}");
+        }
+        // Not a batch item: it has no seq of its own.
+        assert_eq!(
+            parse(&batch(vec![ok])).unwrap_err(),
+            SchemaError {
+                reason: Reason::UnsupportedType,
+                item: Some(0)
+            }
         );
     }
 

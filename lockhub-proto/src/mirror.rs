@@ -158,6 +158,65 @@ pub struct MirrorClaim {
     pub digest: String,
 }
 
+/// A checkpoint's claim, read and checked: `as_of` an instant in whole
+/// seconds, `digest` 32 bytes. What the hub compares its own digest with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim {
+    pub as_of: Timestamp,
+    pub count: u64,
+    pub digest: [u8; 32],
+}
+
+impl Claim {
+    /// The checkpoint's `mirror` object, or `None` when it breaks a rule:
+    /// `as_of` RFC 3339 with no fraction of a second, `count` an integer
+    /// 0..=2^53-1, `digest` base64url of 32 bytes.
+    pub fn from_json(v: &serde_json::Value) -> Option<Claim> {
+        let o = v.as_object()?;
+        let as_of = Timestamp::parse_rfc3339(o.get("as_of")?.as_str()?).ok()?;
+        if as_of.0.rem_euclid(Timestamp::MICROS_PER_SEC) != 0 {
+            return None;
+        }
+        let count = crate::event::json_int_in(o.get("count")?, 0, crate::event::MAX_SEQ)?;
+        let digest = crate::crypto::b64u_decode_32(o.get("digest")?.as_str()?)?;
+        Some(Claim {
+            as_of,
+            count,
+            digest,
+        })
+    }
+
+    /// The claim a mirror digest makes as of `as_of` (the cloud's side; the
+    /// fraction of `as_of` is dropped, as the wire has none).
+    pub fn of(m: &MirrorDigest, as_of: Timestamp) -> Claim {
+        Claim {
+            as_of: Timestamp::from_secs(unix_seconds(as_of)),
+            count: m.count,
+            digest: m.digest,
+        }
+    }
+
+    /// The wire form, `as_of` in whole seconds.
+    pub fn to_wire(&self) -> MirrorClaim {
+        let text = self.as_of.to_rfc3339();
+        // `YYYY-MM-DDTHH:MM:SS.ffffffZ`: the fraction is zero; drop it.
+        let as_of = match text.split_once('.') {
+            Some((whole, _)) => format!("{whole}Z"),
+            None => text,
+        };
+        MirrorClaim {
+            as_of,
+            count: self.count,
+            digest: crate::crypto::b64u_encode(&self.digest),
+        }
+    }
+
+    /// Whether a mirror digest is what this claim says.
+    pub fn matches(&self, m: &MirrorDigest) -> bool {
+        self.count == m.count && self.digest == m.digest
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -327,6 +386,33 @@ mod tests {
         };
         assert_eq!(k.line(), b"k\x0010\x00pre_issued\x001796385600\n");
         assert_eq!(unix_seconds(Timestamp(-1)), -1);
+    }
+
+    #[test]
+    fn a_checked_claim_needs_whole_seconds_an_integer_count_and_a_32_byte_digest() {
+        let v = vector();
+        let m = MirrorDigest::of_live(&live_keys(&v));
+        let c = Claim::of(&m, ts(&v["as_of"]));
+        let wire = serde_json::to_value(c.to_wire()).unwrap();
+        assert_eq!(wire["as_of"], v["as_of"]);
+        assert_eq!(Claim::from_json(&wire), Some(c));
+        assert!(c.matches(&m));
+        assert!(!c.matches(&MirrorDigest::of_live(&[])));
+        for (k, bad) in [
+            ("as_of", serde_json::json!("2026-12-04T12:00:00.5Z")),
+            ("as_of", serde_json::json!("yesterday")),
+            ("count", serde_json::json!(-1)),
+            ("count", serde_json::json!(1.5)),
+            ("digest", serde_json::json!("AAAA")),
+            ("digest", serde_json::json!(7)),
+        ] {
+            let mut w = wire.clone();
+            w[k] = bad.clone();
+            assert_eq!(Claim::from_json(&w), None, "{k} = {bad}");
+        }
+        let mut w = wire.clone();
+        w.as_object_mut().unwrap().remove("count");
+        assert_eq!(Claim::from_json(&w), None);
     }
 
     #[test]

@@ -106,6 +106,9 @@ wire_codes! {
         ReaderReplaced = "reader_replaced",
         /// The broker refused the hub's connection or its subscription.
         BrokerDenied = "broker_denied",
+        /// The hub's mirror proof differs from the cloud's claim (subject:
+        /// the hub id); ends at the next proof that matches.
+        MirrorDiverged = "mirror_diverged",
     }
 }
 
@@ -298,7 +301,7 @@ mod tests {
             assert_eq!(Condition::parse(c.as_str()), Some(c));
             assert_eq!(round_trip(&c), c);
         }
-        assert_eq!(Condition::ALL.len(), 20);
+        assert_eq!(Condition::ALL.len(), 21);
         assert_eq!(AuditKind::ALL.len(), 14);
         assert!(serde_json::from_str::<AuditKind>(r#""door.opened""#).is_err());
         assert!(serde_json::from_str::<SyncReason>(r#""Gap""#).is_err());

@@ -193,6 +193,16 @@ pub mod fields {
     pub fn checkpoint(head_seq: u64) -> Value {
         json!({ "head_seq": head_seq })
     }
+
+    /// `checkpoint` at `head_seq` with the cloud's mirror claim.
+    pub fn checkpoint_with_claim(head_seq: u64, claim: &crate::mirror::Claim) -> Value {
+        json!({ "head_seq": head_seq, "mirror": claim.to_wire() })
+    }
+
+    /// `mirror.request`: the keys of `buckets` as of `as_of` (no seq).
+    pub fn mirror_request(as_of: crate::time::Timestamp, buckets: &[u8]) -> Value {
+        json!({ "as_of": as_of.to_rfc3339(), "buckets": buckets })
+    }
 }
 
 /// The header fields every body carries (mqtt.md 'Body of a cloud event').
@@ -482,7 +492,10 @@ mod tests {
         }
         assert_eq!(
             parsed("checkpoint", None, fields::checkpoint(4)),
-            EventKind::Checkpoint { head_seq: 4 }
+            EventKind::Checkpoint {
+                head_seq: 4,
+                mirror: None
+            }
         );
     }
 

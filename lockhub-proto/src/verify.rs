@@ -194,7 +194,7 @@ struct ParsedHeader {
 ///   `unsupported_type`);
 /// - `issued_at`: RFC 3339;
 /// - `seq`: an integer in 1..=2^53-1. Required unless `type` is
-///   `checkpoint`; a `checkpoint` must *not* carry one (the page: "no `seq`
+///   `checkpoint` or `mirror.request`; those must *not* carry one (the page: "no `seq`
 ///   of its own"). Accepting one would let a checkpoint move the watermark,
 ///   which is what the missing events would have done; refusing is the
 ///   visible choice. `null` counts as absent.
@@ -211,7 +211,7 @@ fn parse_header(body: &[u8]) -> Option<ParsedHeader> {
         None | Some(Value::Null) => None,
         Some(n) => Some(json_int_in(n, 1, MAX_SEQ)?),
     };
-    if (ty == "checkpoint") != seq.is_none() {
+    if crate::event::has_no_seq(ty) != seq.is_none() {
         return None;
     }
     Some(ParsedHeader {
@@ -795,6 +795,21 @@ mod tests {
         assert_eq!(ev.header.seq, None);
         cp["seq"] = Value::Null;
         assert!(run(&envelope(&serde_json::to_vec(&cp).unwrap())).is_ok());
+    }
+
+    #[test]
+    fn a_mirror_request_like_a_checkpoint_carries_no_seq() {
+        let mut req = body_value();
+        req["type"] = json!("mirror.request");
+        req["as_of"] = json!("2026-12-04T12:00:00Z");
+        req["buckets"] = json!([17]);
+        assert_eq!(
+            reason(&envelope(&serde_json::to_vec(&req).unwrap())),
+            Reason::BadEnvelope
+        );
+        req.as_object_mut().unwrap().remove("seq");
+        let ev = run(&envelope(&serde_json::to_vec(&req).unwrap())).unwrap();
+        assert_eq!(ev.header.seq, None);
     }
 
     #[test]

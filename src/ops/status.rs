@@ -273,6 +273,9 @@ pub struct Status {
     pub health: Health,
     /// The broker link: its state, since when, and its last error.
     pub broker: BrokerStatus,
+    /// The last mirror proof the hub published (docs/protocol/mqtt.md
+    /// 'Mirror proof'): its head_seq, as_of, match and the mirror digest.
+    pub mirror_proof: Option<crate::store::mirror::LastProof>,
 }
 
 /// The broker link as the daemon last recorded it (`hub_runtime`).
@@ -437,6 +440,7 @@ pub fn gather(target: &Target, now: Timestamp) -> Result<Status, StatusError> {
     let health = health(&conn, path, now).map_err(store)?;
     let run = runtime::read(&conn).map_err(store)?;
     let error = runtime::read_broker_error(&conn).map_err(store)?;
+    let mirror_proof = crate::store::mirror::last_proof(&conn).map_err(store)?;
     conn.execute_batch("COMMIT").map_err(db)?;
     let broker = BrokerStatus {
         state: run
@@ -474,6 +478,7 @@ pub fn gather(target: &Target, now: Timestamp) -> Result<Status, StatusError> {
         clock,
         health,
         broker,
+        mirror_proof,
     })
 }
 
@@ -559,6 +564,9 @@ impl Status {
             y.last_sign_of_life.as_deref().unwrap_or("never"),
             ago(y.last_sign_of_life_age_s)
         );
+        if let Some(p) = &self.mirror_proof {
+            let _ = writeln!(s, "proof    {}", proof_line(p));
+        }
         let o = &self.outbox;
         let _ = writeln!(
             s,
@@ -708,5 +716,25 @@ impl Status {
             );
         }
         s
+    }
+}
+
+/// The last proof in one line: what it compared and how it came out.
+fn proof_line(p: &crate::store::mirror::LastProof) -> String {
+    match (p.matches, p.watermark) {
+        (None, w) => format!(
+            "head_seq {}: ahead (watermark {}), at {}",
+            p.head_seq,
+            w.unwrap_or_default(),
+            p.at.to_rfc3339()
+        ),
+        (Some(m), _) => format!(
+            "head_seq {}, as_of {}: {}, {} keys, digest {}",
+            p.head_seq,
+            p.as_of.map(Timestamp::to_rfc3339).unwrap_or_default(),
+            if m { "match" } else { "DIVERGED" },
+            p.count.unwrap_or_default(),
+            p.digest.as_deref().unwrap_or("?")
+        ),
     }
 }

@@ -135,7 +135,10 @@ mod tests {
         assert_eq!(verified.header.seq, None);
         assert_eq!(
             parse_body(&verified.body, &schema),
-            Ok(EventKind::Checkpoint { head_seq: 1 })
+            Ok(EventKind::Checkpoint {
+                head_seq: 1,
+                mirror: None
+            })
         );
     }
 }

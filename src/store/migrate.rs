@@ -65,6 +65,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0014_schedules_and_uses",
         include_str!("../../migrations/0014_schedules_and_uses.sql"),
     ),
+    (
+        "0015_mirror_proof",
+        include_str!("../../migrations/0015_mirror_proof.sql"),
+    ),
 ];
 
 /// The schema version a database is at.

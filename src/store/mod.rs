@@ -60,6 +60,7 @@ internal! {
     mod floor;
     mod health;
     mod links;
+    mod mirror;
     mod osdp;
     mod outbox;
     mod runtime;

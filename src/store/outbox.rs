@@ -18,6 +18,8 @@ pub enum Topic {
     Audit,
     Alerts,
     Sync,
+    /// Mirror proofs and the answers to `mirror.request`.
+    Proof,
 }
 
 impl Topic {
@@ -28,6 +30,7 @@ impl Topic {
             Topic::Audit => Leaf::Audit,
             Topic::Alerts => Leaf::Alerts,
             Topic::Sync => Leaf::Sync,
+            Topic::Proof => Leaf::Proof,
         }
     }
 
@@ -42,7 +45,8 @@ impl Topic {
             Leaf::Audit => Topic::Audit,
             Leaf::Alerts => Topic::Alerts,
             Leaf::Sync => Topic::Sync,
-            Leaf::Events | Leaf::Proof | Leaf::Status => return None,
+            Leaf::Proof => Topic::Proof,
+            Leaf::Events | Leaf::Status => return None,
         })
     }
 }

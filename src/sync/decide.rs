@@ -3,10 +3,12 @@
 
 use super::ingest::{Decide, Decided};
 use super::plan::{SeqStart, SeqView};
+use super::proof::Prover;
 use super::ratelimit::TokenBucket;
 use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::store::apply::{self, ApplyContext};
+use crate::store::mirror::ProofAsk;
 use crate::store::outbox::Queued;
 use crate::store::{Alone, Store, error::StoreError};
 use lockhub_proto::event::{self, EventKind, EventResult, Outcome, SchemaContext, SchemaError};
@@ -49,7 +51,15 @@ pub struct HubDecider {
     /// behind and a flood of them costs one task.
     scrub: Arc<Notify>,
     scrubber: OnceLock<()>,
+    /// Proof asks of events not yet known to be committed, by event id.
+    pending: Mutex<Vec<(Uuid, ProofAsk)>>,
+    /// Started with the first ask.
+    prover: OnceLock<Prover>,
 }
+
+/// Proof asks kept for jobs not yet committed; beyond it the oldest go (an
+/// ask of a job that rolled back is never claimed).
+const PENDING_PROOFS: usize = 64;
 
 impl HubDecider {
     pub fn new(config: &Config, store: Store, clock: SharedClock) -> Self {
@@ -69,6 +79,8 @@ impl HubDecider {
             origin,
             scrub: Arc::new(Notify::new()),
             scrubber: OnceLock::new(),
+            pending: Mutex::new(Vec::new()),
+            prover: OnceLock::new(),
         }
     }
 
@@ -85,7 +97,16 @@ impl HubDecider {
             duplicate = applied.result.duplicate,
             "event decided"
         );
+        let proof_for = applied.proof.clone().map(|ask| {
+            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            if pending.len() >= PENDING_PROOFS {
+                pending.remove(0);
+            }
+            pending.push((ev.header.event_id, ask));
+            ev.header.event_id
+        });
         Decided {
+            proof_for,
             seq: Some(SeqView {
                 watermark: applied.watermark,
                 gap: applied.gap,
@@ -138,6 +159,7 @@ impl Decide for HubDecider {
                         duplicate: false,
                         clamped: false,
                         at: now,
+                        valid_until: None,
                         item: None,
                         items: None,
                     },
@@ -192,6 +214,27 @@ impl Decide for HubDecider {
     }
 
     fn after_commit(&self, decided: &[Decided]) {
+        let committed: Vec<Uuid> = decided.iter().filter_map(|d| d.proof_for).collect();
+        if !committed.is_empty() {
+            let asks: Vec<ProofAsk> = {
+                let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+                let mut taken = Vec::new();
+                pending.retain(|(id, ask)| {
+                    let mine = committed.contains(id);
+                    if mine {
+                        taken.push(ask.clone());
+                    }
+                    !mine
+                });
+                taken
+            };
+            let prover = self.prover.get_or_init(|| {
+                Prover::start(self.store.clone(), self.clock.clone(), self.hub_id.clone())
+            });
+            for ask in asks {
+                prover.ask(ask);
+            }
+        }
         if decided.iter().any(|d| d.erased) {
             // The writer runs the scrub between transactions, after this
             // commit; ingest does not wait for it. The erasure's result is

@@ -121,6 +121,9 @@ pub struct Decided {
     pub sign_of_life: bool,
     /// A guest erasure committed: the decider scrubs the WAL afterwards.
     pub erased: bool,
+    /// A checkpoint's claim or a `mirror.request` with this event id: the
+    /// decider answers it once it committed.
+    pub proof_for: Option<uuid::Uuid>,
 }
 
 /// How a message is decided: the daemon plugs in verification and the

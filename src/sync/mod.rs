@@ -39,6 +39,7 @@ pub mod client;
 pub mod decide;
 pub mod ingest;
 pub mod plan;
+pub mod proof;
 pub mod publisher;
 pub mod ratelimit;
 pub mod window;

@@ -180,6 +180,28 @@ impl Db {
     }
 }
 
+/// Deletes a key row by hand, as someone with the database file and the
+/// sqlite3 shell could: past the guard that keeps live keys
+/// (`keys_delete_guard`, put back afterwards), in one transaction on a
+/// connection of its own to the file at `path`.
+pub fn delete_key_by_hand(path: &std::path::Path, key_id: &str) {
+    let w = Connection::open(path).unwrap();
+    w.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+    let guard: String = w
+        .query_row(
+            "SELECT sql FROM sqlite_master WHERE name = 'keys_delete_guard'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    w.execute_batch("PRAGMA foreign_keys = ON; BEGIN IMMEDIATE; DROP TRIGGER keys_delete_guard;")
+        .unwrap();
+    w.execute("DELETE FROM keys WHERE key_id = ?1", [key_id])
+        .unwrap();
+    w.execute_batch(&guard).unwrap();
+    w.execute_batch("COMMIT").unwrap();
+}
+
 /// Whether the alert (condition, subject) is raised in the database `c`.
 pub fn raised(c: &Connection, condition: &str, subject: &str) -> bool {
     c.query_row(

@@ -674,7 +674,10 @@ fn a_checkpoint_is_a_noop_that_records_its_head_and_only_a_fresh_one_is_a_sign_o
     let a = hub.apply_at(
         1,
         None,
-        Ok(EventKind::Checkpoint { head_seq: 7 }),
+        Ok(EventKind::Checkpoint {
+            head_seq: 7,
+            mirror: None,
+        }),
         "cp1",
         old,
         now(),
@@ -691,7 +694,10 @@ fn a_checkpoint_is_a_noop_that_records_its_head_and_only_a_fresh_one_is_a_sign_o
     hub.apply_at(
         2,
         None,
-        Ok(EventKind::Checkpoint { head_seq: 5 }),
+        Ok(EventKind::Checkpoint {
+            head_seq: 5,
+            mirror: None,
+        }),
         "cp2",
         later,
         later,
@@ -857,6 +863,7 @@ fn step1_rejections_are_published_and_counted_without_claiming_anything() {
             duplicate: false,
             clamped: false,
             at: now(),
+            valid_until: None,
             item: None,
             items: None,
         };

@@ -9,6 +9,7 @@ mod door;
 mod door_group;
 mod erasure;
 mod invariants;
+mod mirror;
 mod outbox_queued;
 mod vectors_store;
 mod vectors_verify;

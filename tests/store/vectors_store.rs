@@ -50,6 +50,7 @@ fn feed(
                 duplicate: false,
                 clamped: false,
                 at: now(),
+                valid_until: None,
                 item: None,
                 items: None,
             };

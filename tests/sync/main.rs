@@ -8,6 +8,7 @@ mod broker_acl;
 mod daemon_notify;
 mod effective_time;
 mod link_failures;
+mod mirror_proof;
 mod shipped_broker;
 mod status_live;
 mod sync_faults;

@@ -133,6 +133,7 @@ impl Decide for RecordOnce {
                     duplicate: false,
                     clamped: false,
                     at: now,
+                    valid_until: None,
                     item: None,
                     items: None,
                 };
@@ -162,6 +163,7 @@ impl Decide for RecordOnce {
             duplicate: !fresh,
             clamped: false,
             at: now,
+            valid_until: None,
             item: None,
             items: None,
         };
@@ -172,6 +174,7 @@ impl Decide for RecordOnce {
             checkpoint_head: None,
             sign_of_life: true,
             erased: false,
+            proof_for: None,
         })
     }
 }

@@ -11,6 +11,8 @@ pub(super) struct Verdict {
     pub(super) outcome: Outcome,
     pub(super) reason: Option<Reason>,
     pub(super) clamped: bool,
+    /// The window end after the clamp, when a clamped grant was applied.
+    pub(super) valid_until: Option<Timestamp>,
     pub(super) item: Option<usize>,
     pub(super) items: Option<Vec<ItemResult>>,
     pub(super) erased: bool,
@@ -22,6 +24,7 @@ impl Verdict {
             outcome,
             reason: None,
             clamped: false,
+            valid_until: None,
             item: None,
             items: None,
             erased: false,
@@ -62,6 +65,8 @@ pub(super) fn decide(
         }
         // The head is counted with the seq bookkeeping; nothing to change.
         EventKind::Checkpoint { .. } => Ok(Verdict::of(Outcome::Noop)),
+        // Answered after the commit (`sync::proof`); it changes nothing.
+        EventKind::MirrorRequest { .. } => Ok(Verdict::of(Outcome::Noop)),
     }
 }
 
@@ -164,6 +169,7 @@ pub(super) fn apply_batch(
             out.push(ItemResult {
                 outcome: v.outcome,
                 reason: v.reason,
+                valid_until: v.valid_until,
             });
         }
         if let Some(e) = invalid {

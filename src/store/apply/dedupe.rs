@@ -51,6 +51,7 @@ pub(super) fn load_dedupe(
             duplicate: false,
             clamped: false,
             at: Timestamp(received_at),
+            valid_until: None,
             item: None,
             items: None,
         },
@@ -103,6 +104,7 @@ pub(super) fn answer_conflict(
         duplicate: false,
         clamped: false,
         at: now,
+        valid_until: None,
         item: None,
         items: None,
     };

@@ -269,6 +269,7 @@ pub(super) fn write_grant(
     }
     Ok(Verdict {
         clamped: placement.clamped,
+        valid_until: placement.clamped.then_some(placement.valid_until),
         ..Verdict::of(Outcome::Applied)
     })
 }

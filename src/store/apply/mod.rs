@@ -77,6 +77,9 @@ pub struct Applied {
     /// The event was a sign of life for `cloud_stale`
     /// ([`Evidence::is_sign_of_life`]); the durable last sign of life moved.
     pub sign_of_life: bool,
+    /// A first-seen checkpoint with a claim, or a `mirror.request`: what the
+    /// proof does once this commits (`sync::proof`).
+    pub proof: Option<super::mirror::ProofAsk>,
 }
 
 impl Applied {
@@ -92,6 +95,7 @@ impl Applied {
             head_seq: None,
             erased: false,
             sign_of_life: false,
+            proof: None,
         })
     }
 }
@@ -210,15 +214,17 @@ fn apply(
         duplicate: false,
         clamped: verdict.clamped,
         at: now,
+        valid_until: verdict.valid_until,
         item: verdict.item,
         items: verdict.items,
     };
     store_dedupe(conn, ctx, ev, &event_id, &result, now)?;
     let head_seq = match kind {
-        Ok(EventKind::Checkpoint { head_seq }) => Some(head_seq),
+        Ok(EventKind::Checkpoint { head_seq, .. }) => Some(head_seq),
         _ => None,
     };
     let counted = count_authenticated(conn, ctx, ev, &before, head_seq, now)?;
+    let proof = super::mirror::ProofAsk::of(kind, counted.watermark, counted.gap);
     if verdict.erased {
         // Published only once no byte of the name remains in a file.
         outbox::hold(conn, &event_id, &result.to_json(), now)?;
@@ -237,6 +243,7 @@ fn apply(
         head_seq,
         erased: verdict.erased,
         sign_of_life,
+        proof,
     })
 }
 
@@ -320,15 +327,18 @@ mod tests {
             duplicate: false,
             clamped: true,
             at: Timestamp::from_secs(1_795_953_600),
+            valid_until: None,
             item: None,
             items: Some(vec![
                 ItemResult {
                     outcome: Outcome::Rejected,
                     reason: Some(Reason::Revoked),
+                    valid_until: None,
                 },
                 ItemResult {
                     outcome: Outcome::Noop,
                     reason: None,
+                    valid_until: Some(Timestamp::from_secs(1_796_000_000)),
                 },
             ]),
         };
@@ -346,6 +356,7 @@ mod tests {
             duplicate: false,
             clamped: false,
             at: Timestamp::from_secs(1),
+            valid_until: None,
             item: Some(1),
             items: None,
         };
