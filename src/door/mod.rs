@@ -115,7 +115,6 @@ impl DenyReason {
     }
 
     /// Whether this denial counts toward the door's lockout (module docs).
-    #[cfg(any(test, feature = "testing"))]
     pub fn counts_toward_lockout(self) -> bool {
         matches!(self, DenyReason::BadFormat | DenyReason::UnknownPin)
     }

@@ -270,7 +270,9 @@ fn bucket_digest(keys: &[MirrorKey], as_of: Timestamp) -> Cached {
 }
 
 /// The mirror digest as of `as_of`, computed from nothing: every key read
-/// and hashed. What the cache must always agree with.
+/// and hashed. What the cache must always agree with (its tests and the
+/// proof benchmark check it; the daemon itself never needs it).
+#[cfg(any(test, feature = "testing"))]
 pub fn cold_digest(conn: &Connection, as_of: Timestamp) -> Result<MirrorDigest, StoreError> {
     let mut stmt = conn.prepare(&format!("SELECT {KEY_COLUMNS} AND k.valid_until > ?1"))?;
     let keys: Vec<MirrorKey> = stmt

@@ -684,6 +684,24 @@ mod tests {
     }
 
     #[test]
+    fn a_reader_command_refuses_a_database_not_yet_migrated_with_the_reason_not_a_missing_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lockhub.db");
+        // What `lockhub run` leaves for a moment as it starts: the file,
+        // no schema yet.
+        drop(Connection::open(&path).unwrap());
+        let e = open_read_only(&path).err().expect("refused");
+        assert!(
+            matches!(e, StoreError::NotUpgraded { found: 0, .. }),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("start the daemon once"), "{e}");
+        let (dir, store) = open_temp();
+        drop(store);
+        assert!(open_read_only(&dir.path().join("lockhub.db")).is_ok());
+    }
+
+    #[test]
     fn a_truncate_checkpoint_behind_a_reader_says_so_at_once() {
         let (_dir, store) = open_temp();
         let floor = |v: i64| {

@@ -105,8 +105,10 @@ pub(super) fn connect_writer(path: &Path) -> Result<Connection, StoreError> {
 /// Opens an existing database read-only, for commands that inspect a hub
 /// (`keys`, `status`) while the daemon may be running: WAL lets them read
 /// without blocking it. Refuses a missing file (rather than creating an
-/// empty mirror) and a schema newer than this binary; an older schema is
-/// left for the caller to judge (nothing is migrated from here).
+/// empty mirror), a schema newer than this binary, and a file with no schema
+/// yet (the daemon has just created it and not yet migrated it; reading it
+/// would answer "no such table"). An older schema is left for the caller to
+/// judge (`status` reads what it can). Nothing is migrated from here.
 pub fn open_read_only(path: &Path) -> Result<Connection, StoreError> {
     if !path.exists() {
         return Err(StoreError::NoDatabase(path.to_owned()));
@@ -117,6 +119,13 @@ pub fn open_read_only(path: &Path) -> Result<Connection, StoreError> {
     let known = MIGRATIONS.len() as i64;
     if found > known {
         return Err(StoreError::TooNew {
+            path: path.to_owned(),
+            found,
+            known,
+        });
+    }
+    if found == 0 {
+        return Err(StoreError::NotUpgraded {
             path: path.to_owned(),
             found,
             known,
