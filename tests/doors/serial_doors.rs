@@ -595,10 +595,26 @@ async fn a_flood_of_ten_thousand_keypads_writes_a_few_rows_and_the_right_pin_els
     // 10,000 distinct Keypads, half at door 101 (known), half at index 9
     // (no such door), as fast as the line takes them.
     const FLOOD: u16 = 10_000;
-    let mut seq = 1000u16;
+    const FIRST_SEQ: u16 = 1000;
+    // The hub reads the line in order and acks each Keypad once it has
+    // taken it, so the last one's Ack says every one was taken (and must end
+    // in a row): shutting down before it would leave the tail unread, not
+    // unrecorded.
+    const LAST_SEQ: u16 = FIRST_SEQ + FLOOD - 1;
+    let mut seq = FIRST_SEQ;
     let mut sent = 0u16;
     let mut typed = false;
     let mut opened = false;
+    let mut all_acked = false;
+    let absorb = |events: Vec<SimEvent>, opened: &mut bool, all_acked: &mut bool| {
+        for e in events {
+            match e {
+                SimEvent::RelayOpened { door: 1 } => *opened = true,
+                SimEvent::Received(Downlink::Ack { seq: LAST_SEQ }) => *all_acked = true,
+                _ => {}
+            }
+        }
+    };
     while sent < FLOOD {
         let mut chunk = Vec::new();
         for _ in 0..8 {
@@ -613,7 +629,7 @@ async fn a_flood_of_ten_thousand_keypads_writes_a_few_rows_and_the_right_pin_els
         }
         sim.write_raw(&chunk).await.unwrap();
         sim.step().await.unwrap();
-        opened |= sim.take_events().iter().any(relay_opened(1));
+        absorb(sim.take_events(), &mut opened, &mut all_acked);
         if !typed && sent >= FLOOD / 2 {
             // A guest at door 102 in the middle of it.
             sim.enter_pin(1, "482913");
@@ -623,14 +639,15 @@ async fn a_flood_of_ten_thousand_keypads_writes_a_few_rows_and_the_right_pin_els
     // The flood's own events would push the relay's out of the board's
     // bounded event log: watch for it as it happens.
     let end = tokio::time::Instant::now() + WAIT;
-    while !opened && tokio::time::Instant::now() < end {
+    while !(opened && all_acked) && tokio::time::Instant::now() < end {
         sim.step().await.unwrap();
-        opened = sim.take_events().iter().any(relay_opened(1));
+        absorb(sim.take_events(), &mut opened, &mut all_acked);
     }
     assert!(
         opened,
         "the right PIN at another door opens during the flood"
     );
+    assert!(all_acked, "the hub acks the flood's last Keypad");
     assert!(
         until_db(&mut sim, &db, |db| db
             .audit()
