@@ -11,3 +11,4 @@ mod schedules;
 mod serial_doors;
 mod serial_ports;
 mod serial_sim_cli;
+mod uses_kill;
