@@ -164,6 +164,38 @@ fn each_input_mistake_exits_2_with_a_message_naming_it_and_signs_nothing() {
             "ends (2099-01-01",
         ),
         (
+            with(
+                &h,
+                &[
+                    "--door",
+                    "101",
+                    "--pin-file",
+                    p,
+                    "--schedule",
+                    "weekdays 9-17",
+                ],
+            ),
+            "'weekdays' is not a day",
+        ),
+        (
+            with(
+                &h,
+                &[
+                    "--door",
+                    "101",
+                    "--pin-file",
+                    p,
+                    "--schedule",
+                    "mon-fri 17:30-09:00",
+                ],
+            ),
+            "must end after it starts",
+        ),
+        (
+            with(&h, &["--door", "101", "--pin-file", p, "--uses", "0"]),
+            "--uses 0: use 1..=100000",
+        ),
+        (
             vec![
                 "issue",
                 &h,
