@@ -493,4 +493,37 @@ mod tests {
         assert!(bodies[1].contains(r#""state":"cleared""#) && bodies[1].contains(r#""count":2"#));
         assert!(open_alerts(&r).unwrap().is_empty());
     }
+
+    /// ARCHITECTURE.md's "Alerts: where each starts and ends" is the one
+    /// place that says, per condition, where it is raised and where it
+    /// ends: every condition has its row, and every file a row names exists.
+    #[test]
+    fn every_condition_has_its_row_in_the_map_of_where_alerts_start_and_end() {
+        let doc = include_str!("../../ARCHITECTURE.md");
+        let section = doc
+            .split("### Alerts: where each starts and ends")
+            .nth(1)
+            .and_then(|rest| rest.split("\n## ").next())
+            .expect("the section is in ARCHITECTURE.md");
+        let rows: Vec<&str> = section
+            .lines()
+            .filter(|l| l.starts_with("| `"))
+            .collect();
+        for c in Condition::ALL {
+            let name = format!("`{}`", c.as_str());
+            let row = rows
+                .iter()
+                .find(|r| r.split('|').nth(1).is_some_and(|first| first.contains(&name)));
+            assert!(row.is_some(), "{name} has no row in ARCHITECTURE.md's alert map");
+        }
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        for row in &rows {
+            for path in row
+                .split('`')
+                .filter(|p| p.starts_with("src/") || p.starts_with("migrations/"))
+            {
+                assert!(root.join(path).exists(), "{path} (named in the alert map) exists");
+            }
+        }
+    }
 }
