@@ -690,7 +690,7 @@ mod tests {
         // What `lockhub run` leaves for a moment as it starts: the file,
         // no schema yet.
         drop(Connection::open(&path).unwrap());
-        let e = open_read_only(&path).err().expect("refused");
+        let e = open_read_only(&path).expect_err("refused");
         assert!(
             matches!(e, StoreError::NotUpgraded { found: 0, .. }),
             "{e:?}"
