@@ -78,6 +78,16 @@ struct PartialConfig {
     serial: Vec<PartialSerial>,
     #[serde(default)]
     reader: Vec<PartialReader>,
+    #[serde(default)]
+    door: Vec<PartialDoor>,
+}
+
+/// A `[[door]]`, for the reader that serves it (if any).
+#[derive(Deserialize)]
+struct PartialDoor {
+    name: String,
+    reader: Option<String>,
+    serial: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -109,6 +119,9 @@ pub struct Target {
     pub serials: Vec<(String, Option<PathBuf>)>,
     /// `(name, bus, address)` of each `[[reader]]`, in config order.
     pub readers: Vec<(String, Option<String>, Option<u8>)>,
+    /// `(door, reader)` of each `[[door]]` wholly on a reader (a door
+    /// whose strike and contact are a board's is that board's to report).
+    pub reader_doors: Vec<(String, String)>,
 }
 
 impl Target {
@@ -135,6 +148,12 @@ impl Target {
                 .reader
                 .into_iter()
                 .map(|r| (r.name, r.bus, r.address))
+                .collect(),
+            reader_doors: c
+                .door
+                .into_iter()
+                .filter(|d| d.serial.is_none())
+                .filter_map(|d| Some((d.name, d.reader?)))
                 .collect(),
         })
     }
@@ -219,6 +238,11 @@ pub struct ReaderStatus {
     pub serial: Option<String>,
     pub firmware: Option<String>,
     pub since: Option<String>,
+    /// The doors it serves (strike or contact on the reader).
+    pub doors: Vec<String>,
+    /// Offline: what its doors report (contact, tamper, key presses) is
+    /// unknown until it answers again (osdp.md, Supervision).
+    pub doors_state_unknown: bool,
 }
 
 /// One OSDP bus's counters of rejected input.
@@ -409,6 +433,13 @@ pub fn gather(target: &Target, now: Timestamp) -> Result<Status, StatusError> {
                 serial: id.map(|i| format!("{:08x}", i.serial)),
                 firmware: id.map(|i| format!("{:06x}", i.firmware)),
                 since: row.map(|r| r.since.to_rfc3339()),
+                doors: target
+                    .reader_doors
+                    .iter()
+                    .filter(|(_, r)| r == name)
+                    .map(|(d, _)| d.clone())
+                    .collect(),
+                doors_state_unknown: row.is_some_and(|r| !r.online),
             });
         }
         if has_osdp {
@@ -626,7 +657,7 @@ impl Status {
         for (i, r) in self.readers.iter().enumerate() {
             let _ = writeln!(
                 s,
-                "{}{} on {} address {}: {}{}{}{}",
+                "{}{} on {} address {}: {}{}{}{}{}",
                 if i == 0 { "readers  " } else { "         " },
                 r.reader,
                 r.bus.as_deref().unwrap_or("?"),
@@ -646,6 +677,11 @@ impl Status {
                     (Some(v), Some(m), Some(n), Some(f)) =>
                         format!(", vendor {v} model {m} serial {n} firmware {f}"),
                     _ => ", identity not recorded".to_owned(),
+                },
+                if r.doors_state_unknown && !r.doors.is_empty() {
+                    format!("; door {}: state unknown", r.doors.join(", "))
+                } else {
+                    String::new()
                 }
             );
         }

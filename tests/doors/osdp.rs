@@ -10,36 +10,36 @@ use testkit::broker::{BrokerOptions, Mosquitto};
 use testkit::daemon::{Daemon, DaemonOptions};
 use testkit::osdp_peer::{Peer, key_hex};
 
-const KEY_1: [u8; 16] = [
+pub(crate) const KEY_1: [u8; 16] = [
     0x10, 0x21, 0x32, 0x43, 0x54, 0x65, 0x76, 0x87, 0x98, 0xA9, 0xBA, 0xCB, 0xDC, 0xED, 0xFE, 0x0F,
 ];
 const KEY_2: [u8; 16] = [0x5A; 16];
 
-fn bus(name: &str, port: &Path, baud: u32) -> String {
+pub(crate) fn bus(name: &str, port: &Path, baud: u32) -> String {
     format!(
         "[[osdp]]\nname = \"{name}\"\nport = \"{}\"\nbaud = {baud}\n\n",
         port.display()
     )
 }
 
-fn reader(name: &str, bus: &str, address: u8, extra: &str) -> String {
+pub(crate) fn reader(name: &str, bus: &str, address: u8, extra: &str) -> String {
     format!("[[reader]]\nname = \"{name}\"\nbus = \"{bus}\"\naddress = {address}\n{extra}\n\n")
 }
 
-fn reader_door(name: &str, reader: &str, output: u8, extra: &str) -> String {
+pub(crate) fn reader_door(name: &str, reader: &str, output: u8, extra: &str) -> String {
     format!(
         "[[door]]\nname = \"{name}\"\nreader = \"{reader}\"\noutput = {output}\nunlock_ms = 5000\n{extra}\n\n"
     )
 }
 
-fn reader_key(reader: &str, key: &[u8; 16]) -> String {
+pub(crate) fn reader_key(reader: &str, key: &[u8; 16]) -> String {
     format!(
         "[[reader_key]]\nreader = \"{reader}\"\nscbk = \"{}\"\n\n",
         b64u_encode(key)
     )
 }
 
-fn alert_open(db: &Connection, condition: &str, subject: &str) -> bool {
+pub(crate) fn alert_open(db: &Connection, condition: &str, subject: &str) -> bool {
     db.query_row(
         "SELECT count(*) FROM alerts WHERE condition = ?1 AND subject = ?2 AND state = 'raised'",
         [condition, subject],
@@ -50,7 +50,7 @@ fn alert_open(db: &Connection, condition: &str, subject: &str) -> bool {
 }
 
 /// Online over a Secure Channel and not quarantined: a reader the hub trusts.
-fn trusted(db: &Connection, reader: &str) -> bool {
+pub(crate) fn trusted(db: &Connection, reader: &str) -> bool {
     link(db, reader) == Some((true, true, false))
 }
 
@@ -64,7 +64,7 @@ fn reader_serial(db: &Connection, reader: &str) -> Option<i64> {
     .ok()
 }
 
-fn link(db: &Connection, reader: &str) -> Option<(bool, bool, bool)> {
+pub(crate) fn link(db: &Connection, reader: &str) -> Option<(bool, bool, bool)> {
     db.query_row(
         "SELECT online, secure, quarantined FROM osdp_links WHERE reader = ?1",
         [reader],
@@ -139,7 +139,7 @@ async fn idle(secs: u64) {
     tokio::time::sleep(Duration::from_secs(secs)).await;
 }
 
-fn lockhub(args: &[&str], config: &Path) -> std::process::Output {
+pub(crate) fn lockhub(args: &[&str], config: &Path) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_lockhub"))
         .args(args)
         .arg("--config")
@@ -774,10 +774,10 @@ async fn a_reader_whose_recorded_identity_cannot_be_read_is_quarantined_not_adop
 use lockhub_proto::sign::GrantSpec;
 use testkit::cloud::{CloudClient, cloud, pin_key};
 
-const PIN: &str = "482913";
+pub(crate) const PIN: &str = "482913";
 
 /// Issues an active key for `door` with `pin` and waits until it is applied.
-async fn issue(broker: &Mosquitto, hub: &mut Daemon, door: &str, pin: &str) {
+pub(crate) async fn issue(broker: &Mosquitto, hub: &mut Daemon, door: &str, pin: &str) {
     let mut c = cloud();
     let mut client = CloudClient::plain(broker.port).await;
     client.wait_online().await;
@@ -797,13 +797,13 @@ async fn issue(broker: &Mosquitto, hub: &mut Daemon, door: &str, pin: &str) {
 }
 
 /// Key presses as the peer sends them: ASCII digits, then 0x0D.
-fn typed(pin: &str) -> Vec<u8> {
+pub(crate) fn typed(pin: &str) -> Vec<u8> {
     let mut k = pin.as_bytes().to_vec();
     k.push(0x0D);
     k
 }
 
-fn audit_rows(db: &Connection, door: &str) -> Vec<String> {
+pub(crate) fn audit_rows(db: &Connection, door: &str) -> Vec<String> {
     let mut stmt = db
         .prepare("SELECT kind, coalesce(reason, ''), coalesce(key_id, '') FROM audit WHERE door = ?1 ORDER BY seqno")
         .unwrap();

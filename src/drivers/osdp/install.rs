@@ -98,8 +98,11 @@ impl Link {
                 match e {
                     Event::Online => answered = true,
                     Event::Identity(id) => identity = Some(id),
-                    Event::LinkFault(super::cp::Fault::Refused) => return Ok(SessionEnd::Refused),
-                    Event::LinkFault(_) => return Ok(SessionEnd::WrongKey),
+                    Event::SessionFault {
+                        fault: super::cp::Fault::Refused,
+                        ..
+                    } => return Ok(SessionEnd::Refused),
+                    Event::SessionFault { .. } => return Ok(SessionEnd::WrongKey),
                     _ => {}
                 }
             }

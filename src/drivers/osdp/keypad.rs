@@ -47,7 +47,9 @@ impl Entry {
         Self::default()
     }
 
-    fn clear(&mut self) {
+    /// Throws the entry away (wiped): idle, cleared, submitted, or its
+    /// reader's session ended (osdp.md, Supervision).
+    pub fn clear(&mut self) {
         self.digits.iter_mut().for_each(|d| *d = 0);
         self.digits.clear();
         self.overflow = false;

@@ -153,11 +153,11 @@ impl BusTask {
         self.records.unlock(door, key_id, confirmed, (self.now)());
     }
 
-    /// An input report: the door contact, when the door has one.
+    /// An input report: the door contact, when the door has one. A
+    /// quarantined reader's reports still count: they come from an
+    /// authenticated session, and the door contact stays supervised
+    /// (osdp.md, a replaced reader).
     pub(super) fn inputs(&mut self, i: usize, inputs: &[bool]) {
-        if self.slots[i].quarantined {
-            return;
-        }
         let Some(door) = self.slots[i].door.clone() else {
             return;
         };

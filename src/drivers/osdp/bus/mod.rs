@@ -12,7 +12,7 @@
 //! LED and buzzer feedback. The door contact is the reader's input, kept
 //! durably like a board's door sensor (`door_state`).
 //!
-//! Trust: a reader's key presses, card reads and inputs are believed only
+//! Trust: a reader's key presses and card reads are believed only
 //! from a session that is up (Secure Channel, or plain text where the
 //! config allows it) and from a reader that is not quarantined; outputs are
 //! only driven under the same conditions.
@@ -577,19 +577,25 @@ impl BusTask {
             }
             Event::SessionDown => {
                 self.slots[i].secure_since = None;
+                // A half-typed PIN does not outlive its session: the next
+                // session may not be the same reader's (osdp.md).
+                self.slots[i].entry.clear();
                 tracing::info!(bus = %self.name, reader = %name, "reader session ended");
                 self.write_link(i);
             }
-            Event::LinkFault(f) => {
+            Event::SessionFault { fault, recent } => {
                 let s = &mut self.slots[i];
                 s.faults += 1;
                 s.secure_since = None;
-                s.link_fault_raised = true;
-                tracing::warn!(bus = %self.name, reader = %name, fault = ?f, faults = s.faults, "reader link fault");
-                self.raise(Condition::ReaderLinkFault, &name);
-                if f == Fault::Refused {
+                tracing::warn!(bus = %self.name, reader = %name, fault = ?fault, recent, faults = s.faults, "reader session ended early");
+                if fault == Fault::Refused {
                     tracing::warn!(bus = %self.name, reader = %name, "the reader refuses a Secure Channel; it is not used in plain text");
                 }
+            }
+            Event::LinkFault(f) => {
+                self.slots[i].link_fault_raised = true;
+                tracing::warn!(bus = %self.name, reader = %name, fault = ?f, "reader link fault");
+                self.raise(Condition::ReaderLinkFault, &name);
             }
             Event::Identity(id) => self.identity(i, id),
             Event::Caps(caps) => self.caps(i, caps),
@@ -668,11 +674,15 @@ impl BusTask {
                     Box::new(move |c| db::adopt_identity(c, &name, &seen, at).map(drop)),
                 );
             }
-            Recorded::Identity(k) if k.serial != id.serial => {
+            // Vendor, model and serial: any of them changed is another
+            // reader (the version and firmware change with an update).
+            Recorded::Identity(k)
+                if (k.vendor, k.model, k.serial) != (id.vendor, id.model, id.serial) =>
+            {
                 s.replaced = true;
                 if !s.quarantined {
                     s.quarantined = true;
-                    tracing::error!(bus = %self.name, reader = %name, "reader serial changed: quarantined until `lockhub osdp install`");
+                    tracing::error!(bus = %self.name, reader = %name, "reader identity changed: quarantined until `lockhub osdp install`");
                 }
                 self.raise(Condition::ReaderReplaced, &name);
             }
