@@ -139,6 +139,13 @@ pub(super) fn read_doors(
             let output = t.int_in::<u8>(d, "output", true, 0, u8::MAX.into());
             let contact_input = t.int_in::<u8>(d, "contact_input", false, 0, u8::MAX.into());
             let contact_inverted = t.bool(d, "contact_inverted");
+            if let (None, Some(v)) = (t.get("contact_input"), t.get("contact_inverted")) {
+                // Inverting no contact is a typo for one that is missing.
+                d.at(
+                    v.span(),
+                    "`contact_inverted` needs `contact_input`: it says how that input reads",
+                );
+            }
             if let (Some(r), Some(span)) = (&reader, t.get("reader").map(|v| v.span())) {
                 match on_readers.get(r) {
                     Some((other, first)) => {

@@ -21,11 +21,7 @@ use aes::cipher::{BlockDecrypt, BlockEncrypt, KeyInit, generic_array::GenericArr
 /// A 128-bit AES key (an SCBK or a session key).
 pub type Key = [u8; 16];
 
-/// The default install-mode key SCBK-D (`30 31 .. 3F`). `lockhub run`
-/// never uses it; only `lockhub osdp install` does.
-pub const SCBK_D: Key = [
-    0x30, 0x31, 0x32, 0x33, 0x34, 0x35, 0x36, 0x37, 0x38, 0x39, 0x3A, 0x3B, 0x3C, 0x3D, 0x3E, 0x3F,
-];
+pub use crate::config::SCBK_D;
 
 fn encrypt_block(key: &Key, block: &mut [u8; 16]) {
     let c = Aes128::new(GenericArray::from_slice(key));
