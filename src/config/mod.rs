@@ -206,6 +206,12 @@ pub struct ReaderKey {
     pub scbk: [u8; 16],
 }
 
+impl Drop for ReaderKey {
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.scbk);
+    }
+}
+
 impl std::fmt::Debug for ReaderKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReaderKey")

@@ -177,10 +177,12 @@ pub async fn install(
     let r = config
         .reader(reader)
         .ok_or_else(|| InstallError::UnknownReader(reader.to_owned()))?;
-    let key: Key = config
-        .reader_key(reader)
-        .ok_or_else(|| InstallError::NoKey(reader.to_owned()))?
-        .scbk;
+    let key: zeroize::Zeroizing<Key> = zeroize::Zeroizing::new(
+        config
+            .reader_key(reader)
+            .ok_or_else(|| InstallError::NoKey(reader.to_owned()))?
+            .scbk,
+    );
     let bus = config
         .osdp
         .iter()
@@ -198,7 +200,7 @@ pub async fn install(
         baud: bus.baud,
     };
     let timing = Timing::CONTRACT;
-    let own = |link: &Link| Reader::new(r.address, Security::Secure(key), timing, link.ms());
+    let own = |link: &Link| Reader::new(r.address, Security::Secure(*key), timing, link.ms());
 
     let installed = match link
         .session(Reader::new(r.address, Security::Install, timing, link.ms()))
@@ -206,7 +208,7 @@ pub async fn install(
     {
         SessionEnd::Ready(mut fresh, _) => {
             match link
-                .command(&mut fresh, Command::Keyset(NewKey(key)))
+                .command(&mut fresh, Command::Keyset(NewKey(*key)))
                 .await?
             {
                 Outcome::Ack => {}

@@ -18,6 +18,14 @@ pub enum Submitted {
     BadFormat,
 }
 
+impl Drop for Submitted {
+    fn drop(&mut self) {
+        if let Submitted::Pin(p) = self {
+            zeroize::Zeroize::zeroize(p);
+        }
+    }
+}
+
 impl std::fmt::Debug for Submitted {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use super::packet::{self, Packet, scs};
 use crate::runtime::backoff::Backoff;
+use zeroize::{Zeroize, Zeroizing};
 use super::sc::{Channel, Key, SCBK_D, SessionKeys};
 
 pub mod codec;
@@ -65,6 +66,14 @@ pub enum Security {
     Install,
     /// No Secure Channel (`insecure_plaintext = true` and no key).
     Plaintext,
+}
+
+impl Drop for Security {
+    fn drop(&mut self) {
+        if let Security::Secure(k) = self {
+            k.zeroize();
+        }
+    }
 }
 
 impl std::fmt::Debug for Security {
@@ -187,6 +196,12 @@ pub enum Event {
 #[derive(Clone, PartialEq, Eq)]
 pub struct KeyPresses(pub Vec<u8>);
 
+impl Drop for KeyPresses {
+    fn drop(&mut self) {
+        self.0.zeroize();
+    }
+}
+
 impl std::fmt::Debug for KeyPresses {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "KeyPresses({} keys)", self.0.len())
@@ -217,11 +232,19 @@ struct Pending {
     token: Option<u64>,
 }
 
-/// A handshake in progress.
+/// A handshake in progress. Its session keys wipe themselves; the rest is
+/// wiped here.
 struct Handshake {
     rnd_a: [u8; 8],
     keys: Option<SessionKeys>,
     cp_cryptogram: [u8; 16],
+}
+
+impl Drop for Handshake {
+    fn drop(&mut self) {
+        self.rnd_a.zeroize();
+        self.cp_cryptogram.zeroize();
+    }
 }
 
 /// Queued commands per reader: feedback and an output per decision, never
@@ -396,7 +419,10 @@ impl Reader {
         if now < self.wait_until {
             return None;
         }
-        let (code, scb, data, token): (u8, Vec<u8>, Vec<u8>, Option<u64>) = match self.step {
+        // `data` may be a new key (osdp_KEYSET): wiped once encrypted.
+        let (code, scb, data, token): (u8, Vec<u8>, Zeroizing<Vec<u8>>, Option<u64>) = match self
+            .step
+        {
             Step::Start => {
                 if self.offline {
                     if let Some(t) = self.last_probe_ms
@@ -410,7 +436,7 @@ impl Reader {
                 match self.security {
                     Security::Plaintext => {
                         self.step = Step::Id;
-                        (cmd::ID, vec![], vec![0], None)
+                        (cmd::ID, vec![], vec![0].into(), None)
                     }
                     _ => {
                         self.handshake = Some(Handshake {
@@ -422,7 +448,7 @@ impl Reader {
                         (
                             cmd::CHLNG,
                             vec![3, scs::CHLNG, self.key_byte()],
-                            rnd.to_vec(),
+                            rnd.to_vec().into(),
                             None,
                         )
                     }
@@ -433,21 +459,21 @@ impl Reader {
                 (
                     cmd::SCRYPT,
                     vec![3, scs::SCRYPT, self.key_byte()],
-                    hs.cp_cryptogram.to_vec(),
+                    hs.cp_cryptogram.to_vec().into(),
                     None,
                 )
             }
             Step::Chlng => return None,
-            Step::Id => (cmd::ID, vec![], vec![0], None),
-            Step::Cap => (cmd::CAP, vec![], vec![0], None),
-            Step::Lstat => (cmd::LSTAT, vec![], vec![], None),
-            Step::Istat => (cmd::ISTAT, vec![], vec![], None),
+            Step::Id => (cmd::ID, vec![], vec![0].into(), None),
+            Step::Cap => (cmd::CAP, vec![], vec![0].into(), None),
+            Step::Lstat => (cmd::LSTAT, vec![], Vec::new().into(), None),
+            Step::Istat => (cmd::ISTAT, vec![], Vec::new().into(), None),
             Step::Ready => match self.queue.pop_front() {
                 Some((token, c)) => {
                     let (code, data) = c.encode();
-                    (code, vec![], data, Some(token))
+                    (code, vec![], data.into(), Some(token))
                 }
-                None => (cmd::POLL, vec![], vec![], None),
+                None => (cmd::POLL, vec![], Vec::new().into(), None),
             },
         };
         let seq = self.next_seq;
@@ -471,11 +497,11 @@ impl Reader {
         }
     }
 
-    fn key(&self) -> Key {
-        match &self.security {
+    fn key(&self) -> Zeroizing<Key> {
+        Zeroizing::new(match &self.security {
             Security::Secure(k) => *k,
             _ => SCBK_D,
-        }
+        })
     }
 
     fn encode(&mut self, seq: u8, scb: &[u8], code: u8, data: &[u8]) -> Vec<u8> {
@@ -626,7 +652,7 @@ impl Reader {
 
         // Authenticate before anything is believed. On a failure the
         // command goes back to `pending`, so ending the session settles it.
-        let data: Vec<u8> = match (&mut self.channel, pkt.scb_type()) {
+        let data: Zeroizing<Vec<u8>> = match (&mut self.channel, pkt.scb_type()) {
             (Some(ch), Some(t)) if t == scs::REPLY_MAC || t == scs::REPLY_ENC => {
                 let mac = pkt.mac().expect("SCB 16/18 carries a MAC");
                 if !ch.verify_reply(pkt.mac_input(), &mac) {
@@ -637,7 +663,7 @@ impl Reader {
                 let data = if t == scs::REPLY_ENC {
                     ch.decrypt_reply(pkt.data())
                 } else if pkt.data().is_empty() || pkt.code() == reply::NAK {
-                    Some(pkt.data().to_vec())
+                    Some(pkt.data().to_vec().into())
                 } else {
                     // Authentic but in the clear: payloads are encrypted
                     // (osdp.md), or a reader's PIN digits cross the wire as
@@ -679,7 +705,7 @@ impl Reader {
                     // No Secure Channel by config: a valid reply is all
                     // there is to go by (osdp.md, Supervision).
                     self.alive(now, &mut ev);
-                    pkt.data().to_vec()
+                    pkt.data().to_vec().into()
                 }
                 _ => {
                     self.pending = Some(p);
