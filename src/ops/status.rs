@@ -88,6 +88,7 @@ struct PartialDoor {
     name: String,
     reader: Option<String>,
     serial: Option<String>,
+    output: Option<u8>,
 }
 
 #[derive(Deserialize)]
@@ -95,6 +96,8 @@ struct PartialReader {
     name: String,
     bus: Option<String>,
     address: Option<u8>,
+    #[serde(default)]
+    insecure_plaintext: bool,
 }
 
 #[derive(Deserialize)]
@@ -119,6 +122,10 @@ pub struct Target {
     pub serials: Vec<(String, Option<PathBuf>)>,
     /// `(name, bus, address)` of each `[[reader]]`, in config order.
     pub readers: Vec<(String, Option<String>, Option<u8>)>,
+    /// Readers configured `insecure_plaintext = true`.
+    pub plaintext_readers: Vec<String>,
+    /// Readers with a door's strike on one of their outputs.
+    pub strike_readers: Vec<String>,
     /// `(door, reader)` of each `[[door]]` wholly on a reader (a door
     /// whose strike and contact are a board's is that board's to report).
     pub reader_doors: Vec<(String, String)>,
@@ -140,7 +147,21 @@ impl Target {
             message: e.message().to_owned(),
         })?;
         let base = path.parent().unwrap_or(Path::new("."));
+        let plaintext_readers = c
+            .reader
+            .iter()
+            .filter(|r| r.insecure_plaintext)
+            .map(|r| r.name.clone())
+            .collect();
+        let strike_readers = c
+            .door
+            .iter()
+            .filter(|d| d.output.is_some())
+            .filter_map(|d| d.reader.clone())
+            .collect();
         Ok(Target {
+            plaintext_readers,
+            strike_readers,
             hub_id: c.hub.hub_id,
             database: base.join(c.hub.data_dir).join(crate::config::DATABASE_FILE),
             serials: c.serial.into_iter().map(|s| (s.name, s.port)).collect(),
@@ -156,6 +177,26 @@ impl Target {
                 .filter_map(|d| Some((d.name, d.reader?)))
                 .collect(),
         })
+    }
+}
+
+/// Why `link_insecure` is raised for a reader, from the config: plain text
+/// by config, or a reader that took the plaintext no-op osdp_OUT (osdp.md,
+/// Opening the door).
+fn reason(target: &Target, condition: &str, subject: &str) -> Option<String> {
+    if condition != "link_insecure" {
+        return None;
+    }
+    let named = |list: &[String]| list.iter().any(|r| r == subject);
+    if named(&target.plaintext_readers) {
+        Some(
+            "insecure_plaintext = true: no Secure Channel; only for a reader on the secured side"
+                .to_owned(),
+        )
+    } else if named(&target.strike_readers) {
+        Some("the reader takes osdp_OUT in plain text, so anyone on the wire could open its door: turn on its secure-channel-only setting or move the strike to a board".to_owned())
+    } else {
+        None
     }
 }
 
@@ -187,6 +228,10 @@ pub struct AlertStatus {
     pub count: i64,
     pub first_at: String,
     pub last_at: String,
+    /// Why it is raised and what to do, where the condition has several
+    /// causes (`link_insecure`: docs/alerts.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 impl From<AlertRow> for AlertStatus {
@@ -197,6 +242,7 @@ impl From<AlertRow> for AlertStatus {
             count: a.count,
             first_at: a.first_at.to_rfc3339(),
             last_at: a.last_at.to_rfc3339(),
+            reason: None,
         }
     }
 }
@@ -363,6 +409,10 @@ pub fn gather(target: &Target, now: Timestamp) -> Result<Status, StatusError> {
         .map_err(store)?
         .into_iter()
         .map(AlertStatus::from)
+        .map(|mut a| {
+            a.reason = reason(target, &a.condition, &a.subject);
+            a
+        })
         .collect();
 
     let rows: Vec<LinkRow> = if has_table(&conn, "links").map_err(db)? {
@@ -705,12 +755,16 @@ impl Status {
         for (i, a) in self.alerts.iter().enumerate() {
             let _ = writeln!(
                 s,
-                "{}{} {} x{} since {}",
+                "{}{} {} x{} since {}{}",
                 if i == 0 { "alerts   " } else { "         " },
                 a.condition,
                 a.subject,
                 a.count,
-                a.first_at
+                a.first_at,
+                a.reason
+                    .as_deref()
+                    .map(|r| format!(": {r}"))
+                    .unwrap_or_default()
             );
         }
         s

@@ -222,7 +222,20 @@ async fn a_plaintext_reader_is_refused_for_a_keyed_reader_and_accepted_only_with
     .await;
     idle(1).await;
     assert_eq!(link(&hub.db(), "r-201").map(|l| l.1), Some(false));
-    assert!(!alert_open(&hub.db(), "link_insecure", "r-201"));
+    // It is never used in plain text. But the door's strike is on its
+    // output, and it takes the plaintext no-op osdp_OUT the hub sends
+    // before each handshake: that, not plain text by config, is the
+    // `link_insecure` status reports.
+    hub.wait_db("link_insecure from the probe", |db| {
+        alert_open(db, "link_insecure", "r-201")
+    })
+    .await;
+    let out = lockhub(&["status"], &hub.dir.path().join("hub.toml"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("link_insecure r-201") && text.contains("takes osdp_OUT in plain text"),
+        "{text}"
+    );
     drop(hub);
     drop(plain);
 

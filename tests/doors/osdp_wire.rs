@@ -169,3 +169,73 @@ async fn an_out_reply_with_a_flipped_bit_is_unconfirmed_at_once_and_three_raise_
     assert_eq!(relay.touched(), 3);
     door_opens_once_the_relay_stops(&mut hub, &mut peer, &relay).await;
 }
+
+/// A hub with reader r-201 (door 201's strike on output 1) on `peer`.
+async fn direct(broker: &Mosquitto, peer: &Peer) -> Daemon {
+    let mut hub = Daemon::start(
+        &broker.url(),
+        DaemonOptions {
+            hub_extra: format!(
+                "{}{}{}",
+                bus("bus-a", &peer.port, 9600),
+                reader("r-201", "bus-a", 1, ""),
+                reader_door("201", "r-201", 1, ""),
+            ),
+            secrets_extra: reader_key("r-201", &KEY_1),
+            ..DaemonOptions::default()
+        },
+    );
+    hub.wait_db("the reader secure", |db| trusted(db, "r-201"))
+        .await;
+    issue(broker, &mut hub, "201", PIN).await;
+    hub
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_acks_a_plaintext_no_op_output_raises_link_insecure_and_its_door_still_works()
+{
+    let broker = Mosquitto::start_with(BrokerOptions::default());
+    // libosdp without EnforceSecure takes commands outside the channel.
+    let mut peer = Peer::start(&["--key", &key_hex(&KEY_1), "--address", "1", "--no-enforce"]);
+    let mut hub = direct(&broker, &peer).await;
+    hub.wait_db("link_insecure", |db| {
+        alert_open(db, "link_insecure", "r-201")
+    })
+    .await;
+    // The probe is a no-op: control code 0x00 for the strike's output.
+    let probes = peer.commands("output");
+    assert!(!probes.is_empty());
+    assert!(
+        probes
+            .iter()
+            .all(|o| o["control_code"] == 0 && o["output_no"] == 1),
+        "{probes:?}"
+    );
+    let out = lockhub(&["status"], &hub.dir.path().join("hub.toml"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("link_insecure r-201") && text.contains("takes osdp_OUT in plain text"),
+        "{text}"
+    );
+    peer.forget();
+    peer.keys(&typed(PIN));
+    hub.wait_db("door.unlocked", |db| {
+        audit_rows(db, "201") == ["door.granted:k-1", "door.unlocked:k-1"]
+    })
+    .await;
+    assert!(
+        alert_open(&hub.db(), "link_insecure", "r-201"),
+        "while it is in use"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_enforces_the_secure_channel_passes_the_plaintext_probe() {
+    let broker = Mosquitto::start_with(BrokerOptions::default());
+    let mut peer = Peer::start(&["--key", &key_hex(&KEY_1), "--address", "1"]);
+    let hub = direct(&broker, &peer).await;
+    // A few sessions' worth: the probe goes before each handshake.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!alert_open(&hub.db(), "link_insecure", "r-201"));
+    assert!(peer.commands("output").is_empty(), "the reader refused it");
+}

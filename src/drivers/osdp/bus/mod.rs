@@ -146,6 +146,9 @@ struct Slot {
     online: bool,
     secure_since: Option<Instant>,
     link_fault_raised: bool,
+    /// The last plaintext probe's answer: `Some(true)` while the reader
+    /// takes a plaintext osdp_OUT (`link_insecure` raised for that).
+    plaintext_out: Option<bool>,
     tamper: Option<bool>,
     faults: u64,
     /// The door its keypad opens: the first door configured on it.
@@ -214,7 +217,11 @@ impl BusTask {
                     .unwrap_or(Recorded::Unread);
                 let replaced = earlier.replaced.contains(&r.name);
                 Slot {
-                    cp: Reader::new(r.address, r.security.clone(), settings.timing, 0),
+                    // A door whose strike is on this reader's output: the
+                    // reader must refuse that output in plain text.
+                    cp: Reader::new(r.address, r.security.clone(), settings.timing, 0)
+                        .with_probe(r.doors.first().map(|d| d.output)),
+                    plaintext_out: None,
                     known,
                     link_fault_raised: earlier.faulty.contains(&r.name),
                     replaced,
@@ -567,8 +574,11 @@ impl BusTask {
                     tracing::info!(bus = %self.name, reader = %name, "secure channel up");
                     self.slots[i].secure_since = Some(Instant::now());
                     // A reader that ran in plain text earlier (another
-                    // config) is no longer in use so.
-                    self.clear(Condition::LinkInsecure, &name);
+                    // config) is no longer in use so; unless it takes
+                    // osdp_OUT in plain text (the probe's own alert).
+                    if self.slots[i].plaintext_out != Some(true) {
+                        self.clear(Condition::LinkInsecure, &name);
+                    }
                 } else {
                     tracing::warn!(bus = %self.name, reader = %name, "reader in plain text (insecure_plaintext)");
                     self.raise(Condition::LinkInsecure, &name);
@@ -596,6 +606,15 @@ impl BusTask {
                 self.slots[i].link_fault_raised = true;
                 tracing::warn!(bus = %self.name, reader = %name, fault = ?f, "reader link fault");
                 self.raise(Condition::ReaderLinkFault, &name);
+            }
+            Event::PlaintextProbe { accepted } => {
+                let before = self.slots[i].plaintext_out.replace(accepted);
+                if accepted && before != Some(true) {
+                    tracing::warn!(bus = %self.name, reader = %name, "the reader accepts osdp_OUT in plain text: anyone on the wire could open its door; turn on its secure-channel-only setting or move the strike to a board");
+                    self.raise(Condition::LinkInsecure, &name);
+                } else if !accepted && before == Some(true) {
+                    self.clear(Condition::LinkInsecure, &name);
+                }
             }
             Event::Identity(id) => self.identity(i, id),
             Event::Caps(caps) => self.caps(i, caps),

@@ -184,6 +184,13 @@ pub enum Event {
     Keys(KeyPresses),
     /// A card read (osdp_RAW or osdp_FMT); its data is not kept.
     Card,
+    /// The plaintext no-op osdp_OUT before the handshake was ACKed
+    /// (`accepted`): the reader would take a plaintext osdp_OUT that opens
+    /// the door from anyone on the wire (`link_insecure`). A NAK, another
+    /// reply or none passes.
+    PlaintextProbe {
+        accepted: bool,
+    },
     /// A queued command finished.
     Done {
         token: u64,
@@ -211,6 +218,10 @@ impl std::fmt::Debug for KeyPresses {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Step {
     Start,
+    /// The plaintext no-op osdp_OUT is on the wire.
+    Probe,
+    /// The probe is answered (or not): osdp_CHLNG next.
+    Challenge,
     Chlng,
     Scrypt,
     Id,
@@ -286,6 +297,9 @@ pub struct Reader {
     seen: bool,
     offline: bool,
     last_probe_ms: Option<u64>,
+    /// The output the plaintext probe names, for a reader whose strike is
+    /// on one of its outputs ([`Reader::with_probe`]).
+    probe: Option<u8>,
     /// Replies dropped: wrong sequence, nothing pending, undecodable.
     pub stray_replies: u64,
 }
@@ -326,8 +340,16 @@ impl Reader {
             seen: false,
             offline: false,
             last_probe_ms: None,
+            probe: None,
             stray_replies: 0,
         }
+    }
+
+    /// Sends the plaintext no-op osdp_OUT for `output` before each
+    /// handshake (osdp.md, Opening the door); only a keyed reader is probed.
+    pub fn with_probe(mut self, output: Option<u8>) -> Self {
+        self.probe = output;
+        self
     }
 
     #[cfg(any(test, feature = "testing"))]
@@ -433,27 +455,26 @@ impl Reader {
                     self.last_probe_ms = Some(now);
                 }
                 self.next_seq = 0;
-                match self.security {
-                    Security::Plaintext => {
+                match (&self.security, self.probe) {
+                    (Security::Plaintext, _) => {
                         self.step = Step::Id;
                         (cmd::ID, vec![], vec![0].into(), None)
                     }
-                    _ => {
-                        self.handshake = Some(Handshake {
-                            rnd_a: rnd,
-                            keys: None,
-                            cp_cryptogram: [0; 16],
-                        });
-                        self.step = Step::Chlng;
-                        (
-                            cmd::CHLNG,
-                            vec![3, scs::CHLNG, self.key_byte()],
-                            rnd.to_vec().into(),
-                            None,
-                        )
+                    (Security::Secure(_), Some(output)) => {
+                        // osdp.md, Opening the door: a plaintext no-op
+                        // osdp_OUT (control code 0x00) for the strike's
+                        // output, before the handshake.
+                        self.step = Step::Probe;
+                        (cmd::OUT, vec![], vec![output, 0x00, 0, 0].into(), None)
                     }
+                    _ => self.challenge(rnd),
                 }
             }
+            Step::Challenge => {
+                self.next_seq = 0;
+                self.challenge(rnd)
+            }
+            Step::Probe => return None,
             Step::Scrypt => {
                 let hs = self.handshake.as_ref()?;
                 (
@@ -488,6 +509,22 @@ impl Reader {
             token,
         });
         Some(bytes)
+    }
+
+    /// osdp_CHLNG with a fresh challenge: the handshake's first command.
+    fn challenge(&mut self, rnd: [u8; 8]) -> (u8, Vec<u8>, Zeroizing<Vec<u8>>, Option<u64>) {
+        self.handshake = Some(Handshake {
+            rnd_a: rnd,
+            keys: None,
+            cp_cryptogram: [0; 16],
+        });
+        self.step = Step::Chlng;
+        (
+            cmd::CHLNG,
+            vec![3, scs::CHLNG, self.key_byte()],
+            rnd.to_vec().into(),
+            None,
+        )
     }
 
     fn key_byte(&self) -> u8 {
@@ -525,6 +562,13 @@ impl Reader {
         let Some(p) = &mut self.pending else {
             return ev;
         };
+        if self.step == Step::Probe {
+            // No reply to the probe passes; it is not sent again.
+            self.pending = None;
+            self.step = Step::Challenge;
+            ev.push(Event::PlaintextProbe { accepted: false });
+            return ev;
+        }
         if p.sends <= self.timing.resends {
             p.resend = true;
             return ev;
@@ -698,6 +742,13 @@ impl Reader {
                 return ev;
             }
             (None, _) => match self.step {
+                Step::Probe => {
+                    // Not a sign of life: plain text, anyone could say it.
+                    let accepted = pkt.code() == reply::ACK && pkt.scb_type().is_none();
+                    self.step = Step::Challenge;
+                    ev.push(Event::PlaintextProbe { accepted });
+                    return ev;
+                }
                 Step::Chlng | Step::Scrypt => {
                     return self.handshake_reply(pkt, now, ev);
                 }
@@ -1518,6 +1569,40 @@ mod tests {
             "BUSY is no sign of life: {ev:?}"
         );
         assert!(!r.is_ready());
+    }
+
+    #[test]
+    fn a_strike_output_is_probed_in_plain_text_before_each_handshake_and_an_ack_is_reported() {
+        let mut r = Reader::new(5, Security::Secure(KEY), T, 0).with_probe(Some(1));
+        let mut pd = FakePd::new(KEY);
+        let mut now = 10;
+        let probe = r.next(now, [9; 8]).unwrap();
+        let p = Packet::parse(&probe[1..]).unwrap();
+        assert_eq!(
+            (p.code(), p.seq(), p.scb_type(), p.data()),
+            (cmd::OUT, 0, None, &[1, 0x00, 0, 0][..]),
+            "a no-op osdp_OUT (control code 0x00) for the strike's output"
+        );
+        let ack = Packet::parse(&packet::encode(5 | 0x80, 0, &[], reply::ACK, &[], None)[1..])
+            .unwrap();
+        let ev = r.on_reply(&ack, now);
+        assert_eq!(ev, [Event::PlaintextProbe { accepted: true }], "and no sign of life");
+        // The handshake follows, from sequence 0, and the session opens.
+        let chlng = r.next(now, [9; 8]).unwrap();
+        let c = Packet::parse(&chlng[1..]).unwrap();
+        assert_eq!((c.code(), c.seq()), (cmd::CHLNG, 0));
+        r.on_reply(&pd.answer(&chlng), now);
+        drive(&mut r, &mut pd, &mut now, 20, Reader::is_ready);
+        assert!(r.is_ready() && r.is_secure());
+
+        // The next session probes again; silence passes, without resends.
+        r.restart(now);
+        let probe = r.next(now, [9; 8]).unwrap();
+        assert_eq!(Packet::parse(&probe[1..]).unwrap().code(), cmd::OUT);
+        let ev = r.on_timeout(now + 200);
+        assert_eq!(ev, [Event::PlaintextProbe { accepted: false }]);
+        let next = r.next(now + 200, [9; 8]).unwrap();
+        assert_eq!(Packet::parse(&next[1..]).unwrap().code(), cmd::CHLNG);
     }
 
     #[test]
