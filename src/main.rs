@@ -109,7 +109,18 @@ enum OsdpCommand {
         /// The `[[reader]] name`.
         #[arg(long)]
         reader: String,
+        /// The osdp_PDID serial the reader must report (hex, as `lockhub
+        /// status` prints it) before its key is sent.
+        #[arg(long, value_parser = parse_hex_serial)]
+        serial: Option<u32>,
     },
+}
+
+/// A reader serial in hex (`0B ADCAFE`-style, with or without `0x`).
+fn parse_hex_serial(s: &str) -> Result<u32, String> {
+    let hex = s.trim_start_matches("0x").trim_start_matches("0X");
+    u32::from_str_radix(hex, 16)
+        .map_err(|_| format!("`{s}` is not a hex serial of at most 8 digits"))
 }
 
 /// The config at `path`, or exit 2 after printing every problem, one per
@@ -165,7 +176,7 @@ fn runtime(threads: Threads) -> Result<tokio::runtime::Runtime, ExitCode> {
 
 /// `lockhub osdp install`: exit 2 for a config problem, 1 for a reader or
 /// bus that would not do it.
-fn osdp_install(path: &std::path::Path, reader: &str) -> ExitCode {
+fn osdp_install(path: &std::path::Path, reader: &str, serial: Option<u32>) -> ExitCode {
     let config = match load_config(path) {
         Ok(c) => c,
         Err(exit) => return exit,
@@ -176,7 +187,7 @@ fn osdp_install(path: &std::path::Path, reader: &str) -> ExitCode {
     };
     let now = lockhub_proto::time::Timestamp::now_system();
     match rt.block_on(lockhub::drivers::osdp::install::install(
-        &config, reader, now,
+        &config, reader, serial, now,
     )) {
         Ok(done) => {
             let id = done.identity;
@@ -363,8 +374,13 @@ fn main() -> ExitCode {
         Command::Run { config } => run(&config.config),
         Command::Keys { config, json } => keys(&config.config, json),
         Command::Osdp {
-            command: OsdpCommand::Install { config, reader },
-        } => osdp_install(&config.config, &reader),
+            command:
+                OsdpCommand::Install {
+                    config,
+                    reader,
+                    serial,
+                },
+        } => osdp_install(&config.config, &reader, serial),
         Command::Alert {
             command:
                 AlertCommand::Clear {

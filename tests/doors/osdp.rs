@@ -441,7 +441,7 @@ use testkit::board::pty;
 
 /// Joins peers onto one pty, as an RS-485 pair joins readers: what the hub
 /// writes reaches every peer, what any peer writes reaches the hub.
-fn relay(peers: &[&Peer]) -> std::path::PathBuf {
+pub(crate) fn relay(peers: &[&Peer]) -> std::path::PathBuf {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let hub_side = pty::Pty::open();
     let (master, slave, path) = hub_side.into_parts();

@@ -11,9 +11,10 @@
 use std::time::{Duration, Instant};
 
 use super::bus::wire::{Wire, exchange};
+use super::cp::codec::cmd;
 use super::cp::codec::{Command, NewKey};
-use super::cp::{Event, Identity, Outcome, Reader, Security, Timing};
-use super::packet::Deframer;
+use super::cp::{Event, Fault, Identity, Outcome, Reader, Security, Timing};
+use super::packet::{self, Deframer};
 use super::sc::Key;
 use crate::config::Config;
 use crate::drivers::open;
@@ -52,6 +53,18 @@ pub enum InstallError {
     KeysetRefused(Outcome),
     #[error("the reader took the new key but a Secure Channel with it failed")]
     ProofFailed,
+    #[error(
+        "traffic on the bus before install started: another panel or `lockhub run` is talking on it; install only when the reader is alone (a bench cable, or the bus's other readers unplugged)"
+    )]
+    Traffic,
+    #[error(
+        "reader `{name}` answers at address {address} on the same bus: the key would cross the wire under the public install key with it listening; unplug the bus's other readers or use a bench cable"
+    )]
+    NotAlone { name: String, address: u8 },
+    #[error(
+        "the reader's osdp_PDID serial is {found:08x}, not {expected:08x}: not the reader you meant; no key was sent"
+    )]
+    SerialMismatch { expected: u32, found: u32 },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -98,11 +111,13 @@ impl Link {
                 match e {
                     Event::Online => answered = true,
                     Event::Identity(id) => identity = Some(id),
-                    Event::SessionFault {
-                        fault: super::cp::Fault::Refused,
-                        ..
-                    } => return Ok(SessionEnd::Refused),
-                    Event::SessionFault { .. } => return Ok(SessionEnd::WrongKey),
+                    Event::SessionFault { fault, .. } => match fault {
+                        Fault::Refused => return Ok(SessionEnd::Refused),
+                        Fault::Cryptogram => return Ok(SessionEnd::WrongKey),
+                        // A broken session (a reset, a cut reply): the
+                        // reader answered; it starts over after its backoff.
+                        _ => answered = true,
+                    },
                     _ => {}
                 }
             }
@@ -137,6 +152,48 @@ impl Link {
         .await?)
     }
 
+    /// Whether anything arrives on the bus within `quiet`: install must be
+    /// the only talker (osdp.md, Secure Channel).
+    async fn heard(&mut self, quiet: Duration) -> Result<bool, InstallError> {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 64];
+        match tokio::time::timeout(quiet, self.port.read(&mut buf)).await {
+            Err(_) => Ok(false),
+            Ok(Ok(n)) => Ok(n > 0),
+            Ok(Err(e)) => Err(e.into()),
+        }
+    }
+
+    /// Whether a reader answers a plaintext osdp_POLL at `addr` (any
+    /// reply, a NAK included).
+    async fn answers(&mut self, addr: u8) -> Result<bool, InstallError> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let poll = packet::encode(addr, 0, &[], cmd::POLL, &[], None);
+        self.port.write_all(&poll).await?;
+        self.deframer.clear();
+        let deadline = tokio::time::Instant::now()
+            + Duration::from_millis(Timing::CONTRACT.reply_timeout_ms)
+            + Duration::from_micros(10_000_000 / u64::from(self.baud.max(1)))
+                * u32::try_from(packet::MAX_PACKET).unwrap_or(u32::MAX);
+        let mut buf = [0u8; 256];
+        loop {
+            match tokio::time::timeout_at(deadline, self.port.read(&mut buf)).await {
+                Err(_) | Ok(Ok(0)) => return Ok(false),
+                Ok(Err(e)) => return Err(e.into()),
+                Ok(Ok(n)) => {
+                    if self
+                        .deframer
+                        .push(&buf[..n])
+                        .iter()
+                        .any(|p| p.is_reply() && p.addr() == addr)
+                    {
+                        return Ok(true);
+                    }
+                }
+            }
+        }
+    }
+
     /// Sends one command on a ready session and waits for its outcome.
     async fn command(&mut self, reader: &mut Reader, c: Command) -> Result<Outcome, InstallError> {
         let token = reader.send(c).map_err(|_| InstallError::ProofFailed)?;
@@ -169,9 +226,17 @@ fn to_db(id: Identity) -> ReaderIdentity {
 }
 
 /// Installs `reader`'s key into it and records its identity.
+/// Silence on the bus, before install starts, that says no one else talks.
+const QUIET: Duration = Duration::from_secs(1);
+
+/// Installs `reader`'s key into it and records its identity. Refuses,
+/// before any key crosses the wire, unless the reader is alone on its bus
+/// and, with `serial`, its osdp_PDID serial is that one (osdp.md, Secure
+/// Channel).
 pub async fn install(
     config: &Config,
     reader: &str,
+    serial: Option<u32>,
     now: Timestamp,
 ) -> Result<Installed, InstallError> {
     let r = config
@@ -202,11 +267,38 @@ pub async fn install(
     let timing = Timing::CONTRACT;
     let own = |link: &Link| Reader::new(r.address, Security::Secure(*key), timing, link.ms());
 
+    // The only talker: nothing heard for a second, and none of the bus's
+    // other configured readers answers.
+    if link.heard(QUIET).await? {
+        return Err(InstallError::Traffic);
+    }
+    for other in config
+        .readers
+        .iter()
+        .filter(|o| o.bus == r.bus && o.name != r.name)
+    {
+        if link.answers(other.address).await? {
+            return Err(InstallError::NotAlone {
+                name: other.name.clone(),
+                address: other.address,
+            });
+        }
+    }
+    let expected = |id: &Option<Identity>| match (serial, id) {
+        (Some(want), Some(id)) if id.serial != want => Err(InstallError::SerialMismatch {
+            expected: want,
+            found: id.serial,
+        }),
+        _ => Ok(()),
+    };
+
     let installed = match link
         .session(Reader::new(r.address, Security::Install, timing, link.ms()))
         .await?
     {
-        SessionEnd::Ready(mut fresh, _) => {
+        SessionEnd::Ready(mut fresh, id) => {
+            // Before KEYSET: the key goes to the reader meant, or nowhere.
+            expected(&id)?;
             match link
                 .command(&mut fresh, Command::Keyset(NewKey(*key)))
                 .await?
@@ -226,10 +318,13 @@ pub async fn install(
         SessionEnd::Silent => return Err(InstallError::NoAnswer),
         SessionEnd::Refused => return Err(InstallError::Refused),
         SessionEnd::WrongKey => match link.session(own(&link)).await? {
-            SessionEnd::Ready(_, Some(id)) => Installed {
-                identity: to_db(id),
-                key_changed: false,
-            },
+            SessionEnd::Ready(_, Some(id)) => {
+                expected(&Some(id))?;
+                Installed {
+                    identity: to_db(id),
+                    key_changed: false,
+                }
+            }
             SessionEnd::Silent => return Err(InstallError::NoAnswer),
             _ => return Err(InstallError::WrongKey),
         },
