@@ -114,6 +114,20 @@ enum OsdpCommand {
         #[arg(long, value_parser = parse_hex_serial)]
         serial: Option<u32>,
     },
+    /// Change a reader's key under its current one: osdp_KEYSET inside its
+    /// Secure Channel, a proof with the new key, then the secrets file
+    /// rewritten (mode 0600). Stop the daemon first: it owns the bus.
+    Rekey {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// The `[[reader]] name`.
+        #[arg(long)]
+        reader: String,
+        /// A file (mode 0600) holding the new key: base64url of 16 random
+        /// bytes, as `scbk` is written.
+        #[arg(long, value_name = "FILE")]
+        new_key_file: std::path::PathBuf,
+    },
 }
 
 /// A reader serial in hex (`0B ADCAFE`-style, with or without `0x`).
@@ -214,6 +228,43 @@ fn osdp_install(path: &std::path::Path, reader: &str, serial: Option<u32>) -> Ex
             } else {
                 1
             })
+        }
+    }
+}
+
+/// `lockhub osdp rekey`: exit 2 for a config or key-file problem, 1 for a
+/// reader or bus that would not do it.
+fn osdp_rekey(path: &std::path::Path, reader: &str, new_key_file: &std::path::Path) -> ExitCode {
+    let config = match load_config(path) {
+        Ok(c) => c,
+        Err(exit) => return exit,
+    };
+    let rt = match runtime(Threads::One) {
+        Ok(rt) => rt,
+        Err(exit) => return exit,
+    };
+    use lockhub::drivers::osdp::install::{InstallError as E, Rekeyed, rekey};
+    match rt.block_on(rekey(&config, reader, new_key_file)) {
+        Ok(done) => {
+            println!(
+                "reader {reader}: {}; the secrets file {} holds it",
+                match done {
+                    Rekeyed::Changed => "its new key is set and proven",
+                    Rekeyed::AlreadyNew => "it already had the new key (an earlier rekey); proven",
+                },
+                config.secrets_file.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("lockhub osdp rekey: {e}");
+            ExitCode::from(
+                if matches!(e, E::UnknownReader(_) | E::NoKey(_) | E::NewKeyFile { .. }) {
+                    2
+                } else {
+                    1
+                },
+            )
         }
     }
 }
@@ -381,6 +432,14 @@ fn main() -> ExitCode {
                     serial,
                 },
         } => osdp_install(&config.config, &reader, serial),
+        Command::Osdp {
+            command:
+                OsdpCommand::Rekey {
+                    config,
+                    reader,
+                    new_key_file,
+                },
+        } => osdp_rekey(&config.config, &reader, &new_key_file),
         Command::Alert {
             command:
                 AlertCommand::Clear {

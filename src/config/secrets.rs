@@ -213,3 +213,33 @@ pub(super) fn scbk_16(d: &mut Diag<'_>, t: &Table<'_, '_>) -> Option<([u8; 16], 
     d.at(span, message);
     None
 }
+
+/// The secrets file's `text` with `reader`'s `[[reader_key]] scbk` set to
+/// `scbk`, and nothing else changed (comments, order, the other secrets):
+/// what `lockhub osdp rekey` writes once the new key is proven. `None` when
+/// the text does not parse cleanly or has no `scbk` for that reader.
+pub fn with_reader_key(text: &str, reader: &str, scbk: &[u8; 16]) -> Option<String> {
+    let mut d = Diag::new(Path::new("secrets"), text, true);
+    let doc = parse_toml(&mut d, text)?;
+    let root = Table {
+        what: "the secrets file".to_owned(),
+        span: doc.span(),
+        t: doc.get_ref(),
+    };
+    let mut at = None;
+    for t in &root.tables(&mut d, "reader_key", "[[reader_key]]", &["reader", "scbk"]) {
+        if t.str(&mut d, "reader", true)
+            .is_some_and(|(r, _)| r == reader)
+        {
+            at = t.str(&mut d, "scbk", true).map(|(_, span)| span);
+        }
+    }
+    let span = at.filter(|_| d.errors.is_empty())?;
+    let mut out = String::with_capacity(text.len());
+    out.push_str(&text[..span.start]);
+    out.push('"');
+    out.push_str(&crypto::b64u_encode(scbk));
+    out.push('"');
+    out.push_str(&text[span.end..]);
+    Some(out)
+}
