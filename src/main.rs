@@ -188,15 +188,19 @@ fn runtime(threads: Threads) -> Result<tokio::runtime::Runtime, ExitCode> {
     })
 }
 
+/// The config and a one-thread runtime, for the one-shot commands that
+/// talk to a device.
+fn config_and_runtime(
+    path: &std::path::Path,
+) -> Result<(lockhub::config::Config, tokio::runtime::Runtime), ExitCode> {
+    Ok((load_config(path)?, runtime(Threads::One)?))
+}
+
 /// `lockhub osdp install`: exit 2 for a config problem, 1 for a reader or
 /// bus that would not do it.
 fn osdp_install(path: &std::path::Path, reader: &str, serial: Option<u32>) -> ExitCode {
-    let config = match load_config(path) {
-        Ok(c) => c,
-        Err(exit) => return exit,
-    };
-    let rt = match runtime(Threads::One) {
-        Ok(rt) => rt,
+    let (config, rt) = match config_and_runtime(path) {
+        Ok(both) => both,
         Err(exit) => return exit,
     };
     let now = lockhub_proto::time::Timestamp::now_system();
@@ -235,12 +239,8 @@ fn osdp_install(path: &std::path::Path, reader: &str, serial: Option<u32>) -> Ex
 /// `lockhub osdp rekey`: exit 2 for a config or key-file problem, 1 for a
 /// reader or bus that would not do it.
 fn osdp_rekey(path: &std::path::Path, reader: &str, new_key_file: &std::path::Path) -> ExitCode {
-    let config = match load_config(path) {
-        Ok(c) => c,
-        Err(exit) => return exit,
-    };
-    let rt = match runtime(Threads::One) {
-        Ok(rt) => rt,
+    let (config, rt) = match config_and_runtime(path) {
+        Ok(both) => both,
         Err(exit) => return exit,
     };
     use lockhub::drivers::osdp::install::{InstallError as E, Rekeyed, rekey};

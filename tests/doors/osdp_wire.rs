@@ -16,17 +16,15 @@ use super::osdp::{
     trusted, typed,
 };
 
-/// A hub whose reader r-201 (door 201, output 1) is reached through a
-/// relay, its Secure Channel up and a key for PIN issued.
-async fn relayed(broker: &Mosquitto) -> (Daemon, Peer, Relay) {
-    let peer = Peer::start(&["--key", &key_hex(&KEY_1), "--address", "1"]);
-    let relay = Relay::start(&peer.port);
+/// A hub whose reader r-201 (door 201, strike on output 1) is on `port`,
+/// its Secure Channel up and a key for PIN issued.
+async fn hub_on(broker: &Mosquitto, port: &std::path::Path) -> Daemon {
     let mut hub = Daemon::start(
         &broker.url(),
         DaemonOptions {
             hub_extra: format!(
                 "{}{}{}",
-                bus("bus-a", &relay.path, 9600),
+                bus("bus-a", port, 9600),
                 reader("r-201", "bus-a", 1, ""),
                 reader_door("201", "r-201", 1, ""),
             ),
@@ -37,6 +35,14 @@ async fn relayed(broker: &Mosquitto) -> (Daemon, Peer, Relay) {
     hub.wait_db("the reader secure", |db| trusted(db, "r-201"))
         .await;
     issue(broker, &mut hub, "201", PIN).await;
+    hub
+}
+
+/// [`hub_on`] with the reader reached through a relay.
+async fn relayed(broker: &Mosquitto) -> (Daemon, Peer, Relay) {
+    let peer = Peer::start(&["--key", &key_hex(&KEY_1), "--address", "1"]);
+    let relay = Relay::start(&peer.port);
+    let hub = hub_on(broker, &relay.path).await;
     (hub, peer, relay)
 }
 
@@ -170,34 +176,13 @@ async fn an_out_reply_with_a_flipped_bit_is_unconfirmed_at_once_and_three_raise_
     door_opens_once_the_relay_stops(&mut hub, &mut peer, &relay).await;
 }
 
-/// A hub with reader r-201 (door 201's strike on output 1) on `peer`.
-async fn direct(broker: &Mosquitto, peer: &Peer) -> Daemon {
-    let mut hub = Daemon::start(
-        &broker.url(),
-        DaemonOptions {
-            hub_extra: format!(
-                "{}{}{}",
-                bus("bus-a", &peer.port, 9600),
-                reader("r-201", "bus-a", 1, ""),
-                reader_door("201", "r-201", 1, ""),
-            ),
-            secrets_extra: reader_key("r-201", &KEY_1),
-            ..DaemonOptions::default()
-        },
-    );
-    hub.wait_db("the reader secure", |db| trusted(db, "r-201"))
-        .await;
-    issue(broker, &mut hub, "201", PIN).await;
-    hub
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_that_acks_a_plaintext_no_op_output_raises_link_insecure_and_its_door_still_works()
 {
     let broker = Mosquitto::start_with(BrokerOptions::default());
     // libosdp without EnforceSecure takes commands outside the channel.
     let mut peer = Peer::start(&["--key", &key_hex(&KEY_1), "--address", "1", "--no-enforce"]);
-    let mut hub = direct(&broker, &peer).await;
+    let mut hub = hub_on(&broker, &peer.port).await;
     hub.wait_db("link_insecure", |db| {
         alert_open(db, "link_insecure", "r-201")
     })
@@ -233,7 +218,7 @@ async fn a_reader_that_acks_a_plaintext_no_op_output_raises_link_insecure_and_it
 async fn a_reader_that_enforces_the_secure_channel_passes_the_plaintext_probe() {
     let broker = Mosquitto::start_with(BrokerOptions::default());
     let mut peer = Peer::start(&["--key", &key_hex(&KEY_1), "--address", "1"]);
-    let hub = direct(&broker, &peer).await;
+    let hub = hub_on(&broker, &peer.port).await;
     // A few sessions' worth: the probe goes before each handshake.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(!alert_open(&hub.db(), "link_insecure", "r-201"));

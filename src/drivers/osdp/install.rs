@@ -111,7 +111,42 @@ enum SessionEnd {
     Silent,
 }
 
+/// The reader's config and its key from the secrets file (wiped on drop).
+fn reader_and_key<'c>(
+    config: &'c Config,
+    reader: &str,
+) -> Result<(&'c crate::config::ReaderConfig, zeroize::Zeroizing<Key>), InstallError> {
+    let r = config
+        .reader(reader)
+        .ok_or_else(|| InstallError::UnknownReader(reader.to_owned()))?;
+    let key = config
+        .reader_key(reader)
+        .ok_or_else(|| InstallError::NoKey(reader.to_owned()))?
+        .scbk;
+    Ok((r, zeroize::Zeroizing::new(key)))
+}
+
 impl Link {
+    /// Opens the reader's bus (the daemon must be stopped: it owns it).
+    fn open(config: &Config, r: &crate::config::ReaderConfig) -> Result<Link, InstallError> {
+        let bus = config
+            .osdp
+            .iter()
+            .find(|b| b.name == r.bus)
+            .expect("config::load checked the reader's bus");
+        let port = open(&bus.port, bus.baud).map_err(|source| InstallError::Open {
+            path: bus.port.display().to_string(),
+            source,
+        })?;
+        Ok(Link {
+            port,
+            deframer: Deframer::new(),
+            epoch: Instant::now(),
+            addr: r.address,
+            baud: bus.baud,
+        })
+    }
+
     fn ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
     }
@@ -258,31 +293,8 @@ pub async fn install(
     serial: Option<u32>,
     now: Timestamp,
 ) -> Result<Installed, InstallError> {
-    let r = config
-        .reader(reader)
-        .ok_or_else(|| InstallError::UnknownReader(reader.to_owned()))?;
-    let key: zeroize::Zeroizing<Key> = zeroize::Zeroizing::new(
-        config
-            .reader_key(reader)
-            .ok_or_else(|| InstallError::NoKey(reader.to_owned()))?
-            .scbk,
-    );
-    let bus = config
-        .osdp
-        .iter()
-        .find(|b| b.name == r.bus)
-        .expect("config::load checked the reader's bus");
-    let port = open(&bus.port, bus.baud).map_err(|source| InstallError::Open {
-        path: bus.port.display().to_string(),
-        source,
-    })?;
-    let mut link = Link {
-        port,
-        deframer: Deframer::new(),
-        epoch: Instant::now(),
-        addr: r.address,
-        baud: bus.baud,
-    };
+    let (r, key) = reader_and_key(config, reader)?;
+    let mut link = Link::open(config, r)?;
     let timing = Timing::CONTRACT;
     let own = |link: &Link| Reader::new(r.address, Security::Secure(*key), timing, link.ms());
 
@@ -392,32 +404,9 @@ pub async fn rekey(
     reader: &str,
     new_key_file: &std::path::Path,
 ) -> Result<Rekeyed, InstallError> {
-    let r = config
-        .reader(reader)
-        .ok_or_else(|| InstallError::UnknownReader(reader.to_owned()))?;
-    let old: zeroize::Zeroizing<Key> = zeroize::Zeroizing::new(
-        config
-            .reader_key(reader)
-            .ok_or_else(|| InstallError::NoKey(reader.to_owned()))?
-            .scbk,
-    );
+    let (r, old) = reader_and_key(config, reader)?;
     let new = read_new_key(config, reader, &old, new_key_file)?;
-    let bus = config
-        .osdp
-        .iter()
-        .find(|b| b.name == r.bus)
-        .expect("config::load checked the reader's bus");
-    let port = open(&bus.port, bus.baud).map_err(|source| InstallError::Open {
-        path: bus.port.display().to_string(),
-        source,
-    })?;
-    let mut link = Link {
-        port,
-        deframer: Deframer::new(),
-        epoch: Instant::now(),
-        addr: r.address,
-        baud: bus.baud,
-    };
+    let mut link = Link::open(config, r)?;
     let timing = Timing::CONTRACT;
     let with =
         |link: &Link, k: &Key| Reader::new(r.address, Security::Secure(*k), timing, link.ms());
