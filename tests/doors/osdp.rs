@@ -1167,3 +1167,64 @@ async fn a_forced_door_is_remembered_across_a_restart_and_cleared_when_it_closes
     .await;
     assert_eq!(audit_rows(&hub.db(), "201"), ["door.forced"]);
 }
+
+/// osdp.md, a replaced reader: vendor, model and serial are all compared,
+/// and a quarantined reader's authenticated input reports still count, so
+/// the door contact stays supervised while its keypad is ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_with_another_vendor_is_quarantined_and_its_door_contact_stays_supervised() {
+    let broker = Mosquitto::start_with(BrokerOptions::default());
+    let first = keyed_peer("0x1111");
+    let dir = tempfile::tempdir().unwrap();
+    let link_path = dir.path().join("bus-a");
+    pty::point(&link_path, &first.port);
+    let mut hub = Daemon::start(
+        &broker.url(),
+        DaemonOptions {
+            hub_extra: format!(
+                "{}{}{}",
+                bus("bus-a", &link_path, 9600),
+                reader("r-201", "bus-a", 1, ""),
+                reader_door("201", "r-201", 1, "contact_input = 1"),
+            ),
+            secrets_extra: reader_key("r-201", &KEY_1),
+            ..DaemonOptions::default()
+        },
+    );
+    hub.wait_db("the first reader recorded", |db| {
+        trusted(db, "r-201") && reader_serial(db, "r-201") == Some(0x1111)
+    })
+    .await;
+    issue(&broker, &mut hub, "201", PIN).await;
+
+    // Same serial, same key, another vendor.
+    let mut second = Peer::start(&[
+        "--key",
+        &key_hex(&KEY_1),
+        "--address",
+        "1",
+        "--serial",
+        "0x1111",
+        "--vendor",
+        "0x0D0E0F",
+    ]);
+    pty::point(&link_path, &second.port);
+    drop(first);
+    hub.wait_db("reader_replaced and quarantine", |db| {
+        alert_open(db, "reader_replaced", "r-201") && link(db, "r-201") == Some((true, true, true))
+    })
+    .await;
+    second.send(serde_json::json!({"status": "input", "mask": 2, "n": 2}));
+    hub.wait_db("door_forced from the quarantined reader's contact", |db| {
+        alert_open(db, "door_forced", "201")
+    })
+    .await;
+    second.keys(&typed(PIN));
+    idle(2).await;
+    assert_eq!(
+        audit_rows(&hub.db(), "201"),
+        ["door.forced"],
+        "its keypad is ignored"
+    );
+    assert!(second.commands("output").is_empty());
+}

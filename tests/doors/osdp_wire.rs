@@ -224,3 +224,28 @@ async fn a_reader_that_enforces_the_secure_channel_passes_the_plaintext_probe() 
     assert!(!alert_open(&hub.db(), "link_insecure", "r-201"));
     assert!(peer.commands("output").is_empty(), "the reader refused it");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_typed_pin_does_not_outlive_its_session() {
+    let broker = Mosquitto::start_with(BrokerOptions::default());
+    let (mut hub, mut peer, relay) = relayed(&broker).await;
+    let (head, tail) = PIN.split_at(3);
+    peer.keys(head.as_bytes());
+    // Polled up by the hub, then the session is ended from the wire.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    relay.set(Attack::NakAfterReply);
+    let t0 = Instant::now();
+    while relay.touched() == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(5), "no NAK injected");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    relay.set(Attack::None);
+    hub.wait_db("the reader trusted again", |db| trusted(db, "r-201"))
+        .await;
+    // The rest of the PIN alone is three digits: bad_format, not a grant.
+    peer.keys(&typed(tail));
+    hub.wait_db("the entry decided", |db| !audit_rows(db, "201").is_empty())
+        .await;
+    assert_eq!(audit_rows(&hub.db(), "201"), ["door.denied/bad_format"]);
+    door_opens_once_the_relay_stops(&mut hub, &mut peer, &relay).await;
+}

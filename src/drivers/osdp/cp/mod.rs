@@ -1571,6 +1571,60 @@ mod tests {
         assert!(!r.is_ready());
     }
 
+    /// Sends the next command and lets it time out with its resends.
+    fn silence(r: &mut Reader, now: &mut u64) -> Vec<Event> {
+        let mut ev = Vec::new();
+        let first = loop {
+            *now += 10;
+            if let Some(b) = r.next(*now, [9; 8]) {
+                break b;
+            }
+        };
+        drop(first);
+        for _ in 0..3 {
+            *now += 200;
+            ev.extend(r.on_timeout(*now));
+            if r.resend_due() {
+                r.next(*now, [9; 8]);
+            }
+        }
+        ev
+    }
+
+    #[test]
+    fn a_reader_that_goes_quiet_inside_its_channel_is_counted_but_silence_before_one_is_not() {
+        let (mut r, mut pd, mut now) = secure_session();
+        let mut raised = Vec::new();
+        for round in 1..=3 {
+            let ev = silence(&mut r, &mut now);
+            assert!(
+                ev.contains(&Event::SessionFault {
+                    fault: Fault::Reset,
+                    recent: round
+                }),
+                "{ev:?}"
+            );
+            raised.push(ev.contains(&Event::LinkFault(Fault::Reset)));
+            drive(&mut r, &mut pd, &mut now, 10_000, Reader::is_ready);
+            assert!(r.is_ready());
+        }
+        assert_eq!(raised, [false, false, true]);
+
+        // Unplugged before any Secure Channel: offline's to judge, not a
+        // link fault.
+        let mut r = Reader::new(5, Security::Secure(KEY), T, 0);
+        let mut now = 0;
+        let mut ev = Vec::new();
+        for _ in 0..10 {
+            ev.extend(silence(&mut r, &mut now));
+        }
+        assert!(
+            !ev.iter()
+                .any(|e| matches!(e, Event::SessionFault { .. } | Event::LinkFault(_))),
+            "{ev:?}"
+        );
+    }
+
     #[test]
     fn a_strike_output_is_probed_in_plain_text_before_each_handshake_and_an_ack_is_reported() {
         let mut r = Reader::new(5, Security::Secure(KEY), T, 0).with_probe(Some(1));
