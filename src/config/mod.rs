@@ -117,6 +117,9 @@ pub struct DoorConfig {
     pub index: u8,
     /// 1..=65535.
     pub unlock_ms: u16,
+    /// Names a `[[reader]]` that takes this door's PIN; the strike and the
+    /// contact stay the board's (osdp.md, Opening the door: recommended).
+    pub reader: Option<String>,
 }
 
 /// A `[[serial]]` without `baud` (serial.md 'Physical').

@@ -399,6 +399,37 @@ fn contact_inverted_without_contact_input_and_output_without_reader_are_refused(
 }
 
 #[test]
+fn a_door_with_its_pin_on_a_reader_and_its_strike_on_a_board_is_accepted_without_reader_outputs() {
+    let readers = "\n[[osdp]]\nname = \"bus-a\"\nport = \"/dev/ttyUSB1\"\n\
+                   \n[[reader]]\nname = \"r-1\"\nbus = \"bus-a\"\naddress = 1\n";
+    let key = "\n[[reader_key]]\nreader = \"r-1\"\nscbk = \"EBESExQVFhcYGRobHB0eHw\"\n";
+    let mixed = "\n[[door]]\nname = \"201\"\nreader = \"r-1\"\nserial = \"board-a\"\nindex = 1\nunlock_ms = 5000\n";
+    let fx = Fixture::new();
+    fx.write_hub(&(testkit::files::hub_toml() + readers + mixed));
+    fx.write_secrets(&(SECRETS_TOML.to_owned() + key));
+    let c = load(&fx).unwrap_or_else(|e| panic!("{e}"));
+    let d = c.door("201").expect("a board door");
+    assert_eq!(
+        (d.serial.as_str(), d.index, d.reader.as_deref()),
+        ("board-a", 1, Some("r-1"))
+    );
+    assert!(c.reader_doors.is_empty());
+
+    // Its contact is the board's: a reader input does not go with it.
+    let hub = testkit::files::hub_toml() + readers + mixed + "contact_input = 0\n";
+    let fx = Fixture::new();
+    fx.write_hub(&hub);
+    fx.write_secrets(&(SECRETS_TOML.to_owned() + key));
+    only_error(
+        &fx,
+        &fx.hub(),
+        hub.lines().count(),
+        17,
+        "door `201` has its strike and contact on its board (`serial`, `index`): `contact_input` is a reader's",
+    );
+}
+
+#[test]
 fn door_index_must_be_0_to_15() {
     hub_error(
         &[("index = 0", "index = 16")],

@@ -369,7 +369,8 @@ fn check_config_refuses_a_keyless_reader_and_the_other_osdp_mistakes_with_line_a
         "reader `r-3` has address 1 on bus `bus-a`, already used by reader `r-1`",
         "reader `r-1` has no [[reader_key]]",
         "`scbk` must be 16 bytes",
-        "door `301` must name either `serial` and `index` (a lock board) or `reader` (an OSDP reader), not both",
+        // The strike is a reader output or a board relay, not both.
+        "door `301` has its strike and contact on its board (`serial`, `index`): `output` is a reader's",
         "door `303` is on reader `r-3`, which already serves door `302`",
     ] {
         assert!(err.contains(want), "missing {want:?} in:\n{err}");

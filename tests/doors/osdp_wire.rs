@@ -249,3 +249,67 @@ async fn a_half_typed_pin_does_not_outlive_its_session() {
     assert_eq!(audit_rows(&hub.db(), "201"), ["door.denied/bad_format"]);
     door_opens_once_the_relay_stops(&mut hub, &mut peer, &relay).await;
 }
+
+/// osdp.md, Opening the door (recommended): door 201 takes its PIN from
+/// reader r-201 and its strike is relay 1 of the lock board `board-a` on
+/// the secured side. The grant drives the board's relay, the board records
+/// the outcome, the reader shows the feedback, and no reader output moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pin_on_the_reader_opens_the_strike_on_the_boards_relay() {
+    use testkit::board::{board, pty::Pty, relay_opened};
+    let broker = Mosquitto::start_with(BrokerOptions::default());
+    let mut peer = Peer::start(&["--key", &key_hex(&KEY_1), "--address", "1"]);
+    let (mut sim, keep) = board(Pty::open(), 2);
+    let mut hub = Daemon::prepare(
+        &broker.url(),
+        DaemonOptions {
+            hub_extra: format!(
+                "{}{}[[door]]\nname = \"201\"\nreader = \"r-201\"\nserial = \"board-a\"\nindex = 1\nunlock_ms = 5000\n\n",
+                bus("bus-a", &peer.port, 9600),
+                reader("r-201", "bus-a", 1, ""),
+            ),
+            secrets_extra: reader_key("r-201", &KEY_1),
+            ..DaemonOptions::default()
+        },
+    );
+    let config = hub.dir.path().join("hub.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        text.replace("/dev/ttyAMA0", &keep.path.display().to_string()),
+    )
+    .unwrap();
+    hub.spawn();
+    issue(&broker, &mut hub, "201", PIN).await;
+    let db = hub.db();
+    let up = sim
+        .run_until(Duration::from_secs(30), |s| {
+            s.board().link_up(s.now_ms()) && trusted(&db, "r-201")
+        })
+        .await
+        .unwrap();
+    assert!(up, "the board linked and the reader trusted");
+    sim.take_events();
+    peer.forget();
+    peer.keys(&typed(PIN));
+    let opened = sim
+        .run_until(Duration::from_secs(5), |s| s.events().any(relay_opened(1)))
+        .await
+        .unwrap();
+    assert!(opened, "the board's relay 1 opened");
+    let recorded = sim
+        .run_until(Duration::from_secs(10), |_| {
+            audit_rows(&db, "201") == ["door.granted:k-1", "door.unlocked:k-1"]
+        })
+        .await
+        .unwrap();
+    assert!(recorded, "{:?}", audit_rows(&db, "201"));
+    peer.wait("the green LED", Duration::from_secs(3), |v| {
+        v["cmd"] == "led" && v["on_color"] == 2
+    });
+    assert!(peer.commands("output").is_empty(), "no reader output moved");
+    assert!(
+        !alert_open(&db, "link_insecure", "r-201"),
+        "no output: no probe"
+    );
+}

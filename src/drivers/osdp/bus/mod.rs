@@ -33,7 +33,7 @@ use crate::config::{Config, PinKey, Policy, ReaderDoorConfig};
 use crate::door::entry::{self, Answer, DecisionQueue, Queued};
 use crate::door::recorder::{DoorRecord, Recordable, Recorder};
 use crate::door::sensor::{Admit, DoorWatch, FloodLimit};
-use crate::drivers::{DriverHandle, TimeSource, open};
+use crate::drivers::{BoardUnlock, BoardUnlocks, DriverHandle, TimeSource, open};
 use crate::runtime::backoff::Backoff;
 use crate::store::alerts::{self, Change};
 use crate::store::door::{DoorEvent, record_door_event};
@@ -102,11 +102,14 @@ impl Recordable for BusRecord {
 
 /// Starts one task per bus. What earlier runs left ([`Earlier`]) is read
 /// here, once: install runs with the daemon stopped.
+/// `board_unlocks`: the serial driver's queues, for doors whose PIN a
+/// reader takes and whose strike is on a board.
 pub fn spawn(
     settings: OsdpSettings,
     store: Store,
     now: TimeSource,
     outbox_wake: Option<Arc<Notify>>,
+    board_unlocks: &BoardUnlocks,
 ) -> OsdpHandle {
     let (stop, stop_rx) = watch::channel(false);
     let (mut buses, mut recorders) = (Vec::new(), Vec::new());
@@ -126,7 +129,14 @@ pub fn spawn(
             queue,
             outbox_wake.clone(),
         )));
-        let task = BusTask::new(bus, &settings, &earlier, ctx.clone(), Arc::new(recorder));
+        let task = BusTask::new(
+            bus,
+            &settings,
+            &earlier,
+            ctx.clone(),
+            Arc::new(recorder),
+            board_unlocks,
+        );
         buses.push(tokio::spawn(task.run(stop_rx.clone())));
     }
     OsdpHandle::new(stop, buses, recorders)
@@ -151,12 +161,24 @@ struct Slot {
     plaintext_out: Option<bool>,
     tamper: Option<bool>,
     faults: u64,
-    /// The door its keypad opens: the first door configured on it.
+    /// The door its keypad opens with its own output: the first door
+    /// configured on it.
     door: Option<ReaderDoorConfig>,
+    /// Or the board door its keypad opens through the serial driver.
+    board: Option<BoardDoor>,
     entry: Entry,
     /// osdp_OUT commands awaiting their reply: token -> key id.
     outputs: HashMap<u64, String>,
     watch: DoorWatch,
+}
+
+/// A door on a board whose PIN a reader takes.
+struct BoardDoor {
+    name: String,
+    unlock_ms: u16,
+    /// The board's port queue and door index; `None` if the serial driver
+    /// has no such door (then every grant is unconfirmed).
+    unlock: Option<(mpsc::Sender<BoardUnlock>, u8)>,
 }
 
 impl Slot {
@@ -204,6 +226,7 @@ impl BusTask {
         earlier: &Earlier,
         ctx: Arc<DecideCtx>,
         records: Arc<Recorder<BusRecord>>,
+        board_unlocks: &BoardUnlocks,
     ) -> Self {
         let (decided_tx, decided_rx) = mpsc::channel(DECIDED_QUEUE);
         let slots = bus
@@ -226,6 +249,11 @@ impl BusTask {
                     link_fault_raised: earlier.faulty.contains(&r.name),
                     replaced,
                     door: r.doors.first().cloned(),
+                    board: r.board_door.as_ref().map(|b| BoardDoor {
+                        name: b.name.clone(),
+                        unlock_ms: b.unlock_ms,
+                        unlock: board_unlocks.get(&b.name).cloned(),
+                    }),
                     quarantined: replaced || matches!(known, Recorded::Unread),
                     cfg: r,
                     seen_serial: None,
@@ -411,8 +439,8 @@ impl BusTask {
         // that ends after this records itself (`start_decision`).
         self.decided_rx.close();
         while let Ok((i, answer)) = self.decided_rx.try_recv() {
-            if let (Answer::Unlock { key_id }, Some(door)) = (answer, self.slots[i].door.clone()) {
-                self.record_unlock(&door.name, key_id, false);
+            if let (Answer::Unlock { key_id }, (door, true)) = (answer, self.target(i)) {
+                self.record_unlock(&door, key_id, false);
             }
         }
         let now = self.ms();
