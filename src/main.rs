@@ -109,7 +109,32 @@ enum OsdpCommand {
         /// The `[[reader]] name`.
         #[arg(long)]
         reader: String,
+        /// The osdp_PDID serial the reader must report (hex, as `lockhub
+        /// status` prints it) before its key is sent.
+        #[arg(long, value_parser = parse_hex_serial)]
+        serial: Option<u32>,
     },
+    /// Change a reader's key under its current one: osdp_KEYSET inside its
+    /// Secure Channel, a proof with the new key, then the secrets file
+    /// rewritten (mode 0600). Stop the daemon first: it owns the bus.
+    Rekey {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// The `[[reader]] name`.
+        #[arg(long)]
+        reader: String,
+        /// A file (mode 0600) holding the new key: base64url of 16 random
+        /// bytes, as `scbk` is written.
+        #[arg(long, value_name = "FILE")]
+        new_key_file: std::path::PathBuf,
+    },
+}
+
+/// A reader serial in hex (`0B ADCAFE`-style, with or without `0x`).
+fn parse_hex_serial(s: &str) -> Result<u32, String> {
+    let hex = s.trim_start_matches("0x").trim_start_matches("0X");
+    u32::from_str_radix(hex, 16)
+        .map_err(|_| format!("`{s}` is not a hex serial of at most 8 digits"))
 }
 
 /// The config at `path`, or exit 2 after printing every problem, one per
@@ -163,20 +188,24 @@ fn runtime(threads: Threads) -> Result<tokio::runtime::Runtime, ExitCode> {
     })
 }
 
+/// The config and a one-thread runtime, for the one-shot commands that
+/// talk to a device.
+fn config_and_runtime(
+    path: &std::path::Path,
+) -> Result<(lockhub::config::Config, tokio::runtime::Runtime), ExitCode> {
+    Ok((load_config(path)?, runtime(Threads::One)?))
+}
+
 /// `lockhub osdp install`: exit 2 for a config problem, 1 for a reader or
 /// bus that would not do it.
-fn osdp_install(path: &std::path::Path, reader: &str) -> ExitCode {
-    let config = match load_config(path) {
-        Ok(c) => c,
-        Err(exit) => return exit,
-    };
-    let rt = match runtime(Threads::One) {
-        Ok(rt) => rt,
+fn osdp_install(path: &std::path::Path, reader: &str, serial: Option<u32>) -> ExitCode {
+    let (config, rt) = match config_and_runtime(path) {
+        Ok(both) => both,
         Err(exit) => return exit,
     };
     let now = lockhub_proto::time::Timestamp::now_system();
     match rt.block_on(lockhub::drivers::osdp::install::install(
-        &config, reader, now,
+        &config, reader, serial, now,
     )) {
         Ok(done) => {
             let id = done.identity;
@@ -203,6 +232,39 @@ fn osdp_install(path: &std::path::Path, reader: &str) -> ExitCode {
             } else {
                 1
             })
+        }
+    }
+}
+
+/// `lockhub osdp rekey`: exit 2 for a config or key-file problem, 1 for a
+/// reader or bus that would not do it.
+fn osdp_rekey(path: &std::path::Path, reader: &str, new_key_file: &std::path::Path) -> ExitCode {
+    let (config, rt) = match config_and_runtime(path) {
+        Ok(both) => both,
+        Err(exit) => return exit,
+    };
+    use lockhub::drivers::osdp::install::{InstallError as E, Rekeyed, rekey};
+    match rt.block_on(rekey(&config, reader, new_key_file)) {
+        Ok(done) => {
+            println!(
+                "reader {reader}: {}; the secrets file {} holds it",
+                match done {
+                    Rekeyed::Changed => "its new key is set and proven",
+                    Rekeyed::AlreadyNew => "it already had the new key (an earlier rekey); proven",
+                },
+                config.secrets_file.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("lockhub osdp rekey: {e}");
+            ExitCode::from(
+                if matches!(e, E::UnknownReader(_) | E::NoKey(_) | E::NewKeyFile { .. }) {
+                    2
+                } else {
+                    1
+                },
+            )
         }
     }
 }
@@ -363,8 +425,21 @@ fn main() -> ExitCode {
         Command::Run { config } => run(&config.config),
         Command::Keys { config, json } => keys(&config.config, json),
         Command::Osdp {
-            command: OsdpCommand::Install { config, reader },
-        } => osdp_install(&config.config, &reader),
+            command:
+                OsdpCommand::Install {
+                    config,
+                    reader,
+                    serial,
+                },
+        } => osdp_install(&config.config, &reader, serial),
+        Command::Osdp {
+            command:
+                OsdpCommand::Rekey {
+                    config,
+                    reader,
+                    new_key_file,
+                },
+        } => osdp_rekey(&config.config, &reader, &new_key_file),
         Command::Alert {
             command:
                 AlertCommand::Clear {

@@ -99,30 +99,23 @@ pub(super) fn read_doors(
         let this = name.as_ref().map_or("?", |n| n.0).to_owned();
         let on_board = t.get("serial").is_some() || t.get("index").is_some();
         let on_reader = t.get("reader").is_some();
-        if on_board == on_reader {
+        if !on_board && !on_reader {
             d.at(
                 t.span.clone(),
                 format!(
-                    "door `{}` must name either `serial` and `index` (a lock board) or `reader` (an OSDP reader){}",
+                    "door `{}` must name `serial` and `index` (a lock board), `reader` and `output` (an OSDP reader), or `reader` with `serial` and `index` (PIN on the reader, strike on the board)",
                     this.escape_debug(),
-                    if on_board { ", not both" } else { "" }
                 ),
             );
             ok = false;
             continue;
         }
+        // PIN on a reader, strike and contact on a board (recommended): the
+        // reader's outputs and inputs are not this door's.
+        let mixed = on_board && on_reader;
         let unlock_ms = t.int_in::<u16>(d, "unlock_ms", true, 1, u16::MAX.into());
-        if on_reader {
-            for key in ["serial", "index"] {
-                if let Some(v) = t.get(key) {
-                    d.at(
-                        v.span(),
-                        format!("`{key}` is for a door on a lock board, not on a reader"),
-                    );
-                }
-            }
-            let reader = t
-                .str(d, "reader", true)
+        let reader = if on_reader {
+            t.str(d, "reader", true)
                 .and_then(|(s, span)| match reader_names {
                     Some(names) if !names.iter().any(|n| n == s) => {
                         d.at(
@@ -135,25 +128,36 @@ pub(super) fn read_doors(
                         None
                     }
                     _ => Some(s.to_owned()),
-                });
+                })
+        } else {
+            None
+        };
+        if let (Some(r), Some(span)) = (&reader, t.get("reader").map(|v| v.span())) {
+            match on_readers.get(r) {
+                Some((other, first)) => {
+                    let line = d.line_of(first);
+                    d.at(
+                        span,
+                        format!(
+                            "door `{this}` is on reader `{r}`, which already serves door `{other}` (line {line}): a reader opens one door"
+                        ),
+                    );
+                }
+                None => {
+                    on_readers.insert(r.clone(), (this.clone(), span));
+                }
+            }
+        }
+        if on_reader && !mixed {
             let output = t.int_in::<u8>(d, "output", true, 0, u8::MAX.into());
             let contact_input = t.int_in::<u8>(d, "contact_input", false, 0, u8::MAX.into());
             let contact_inverted = t.bool(d, "contact_inverted");
-            if let (Some(r), Some(span)) = (&reader, t.get("reader").map(|v| v.span())) {
-                match on_readers.get(r) {
-                    Some((other, first)) => {
-                        let line = d.line_of(first);
-                        d.at(
-                            span,
-                            format!(
-                                "door `{this}` is on reader `{r}`, which already serves door `{other}` (line {line}): a reader opens one door"
-                            ),
-                        );
-                    }
-                    None => {
-                        on_readers.insert(r.clone(), (this.clone(), span));
-                    }
-                }
+            if let (None, Some(v)) = (t.get("contact_input"), t.get("contact_inverted")) {
+                // Inverting no contact is a typo for one that is missing.
+                d.at(
+                    v.span(),
+                    "`contact_inverted` needs `contact_input`: it says how that input reads",
+                );
             }
             reader_doors.push((|| {
                 Some(ReaderDoorConfig {
@@ -169,10 +173,15 @@ pub(super) fn read_doors(
         }
         for key in ["output", "contact_input", "contact_inverted"] {
             if let Some(v) = t.get(key) {
-                d.at(
-                    v.span(),
-                    format!("`{key}` is for a door on an OSDP reader, not on a lock board"),
-                );
+                let message = if mixed {
+                    format!(
+                        "door `{}` has its strike and contact on its board (`serial`, `index`): `{key}` is a reader's and does not go with them",
+                        this.escape_debug()
+                    )
+                } else {
+                    format!("`{key}` is for a door on an OSDP reader, not on a lock board")
+                };
+                d.at(v.span(), message);
             }
         }
         let serial = t
@@ -213,6 +222,7 @@ pub(super) fn read_doors(
                 serial: serial?,
                 index: index?.0,
                 unlock_ms: unlock_ms?.0,
+                reader: if mixed { Some(reader.clone()?) } else { None },
             })
         })());
     }

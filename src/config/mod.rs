@@ -47,6 +47,8 @@ use trust::*;
 
 pub use hub::time_zone;
 pub use mqtt::{IdentityError, MqttUrl, parse_mqtt_url, read_client_identity, read_roots};
+pub use osdp::SCBK_D;
+pub use secrets::with_reader_key;
 
 /// The SQLite file's name inside `data_dir`.
 pub const DATABASE_FILE: &str = "lockhub.db";
@@ -126,6 +128,9 @@ pub struct DoorConfig {
     pub index: u8,
     /// 1..=65535.
     pub unlock_ms: u16,
+    /// Names a `[[reader]]` that takes this door's PIN; the strike and the
+    /// contact stay the board's (osdp.md, Opening the door: recommended).
+    pub reader: Option<String>,
 }
 
 /// A `[[serial]]` without `baud` (serial.md 'Physical'); a bundle's too.
@@ -214,6 +219,12 @@ pub struct ReaderDoorConfig {
 pub struct ReaderKey {
     pub reader: String,
     pub scbk: [u8; 16],
+}
+
+impl Drop for ReaderKey {
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.scbk);
+    }
 }
 
 impl std::fmt::Debug for ReaderKey {

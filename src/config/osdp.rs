@@ -2,6 +2,13 @@
 
 use super::*;
 
+/// OSDP's default install-mode key SCBK-D (`30 31 .. 3F`), public in the
+/// standard: a reader key equal to it is no secret (check-config refuses
+/// it), `lockhub run` never uses it, and only `lockhub osdp install` does.
+pub const SCBK_D: [u8; 16] = [
+    0x30, 0x31, 0x32, 0x33, 0x34, 0x35, 0x36, 0x37, 0x38, 0x39, 0x3A, 0x3B, 0x3C, 0x3D, 0x3E, 0x3F,
+];
+
 /// `[[osdp]]`: the buses, and their names when every one was readable.
 pub(super) fn read_osdp_buses(
     d: &mut Diag<'_>,

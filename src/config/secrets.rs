@@ -106,6 +106,8 @@ pub(super) fn parse_secrets(d: &mut Diag<'_>, text: &str) -> SecretsRead {
     check_unique(d, "pin key id", &ids);
     let mut readers = Vec::new();
     let mut reader_keys = Vec::new();
+    // (reader, key, where) of every key read, for the shared-key check.
+    let mut scbks: Vec<(String, [u8; 16], Range<usize>)> = Vec::new();
     let mut keyed_readers = Some(Vec::new());
     for t in &root.tables(d, "reader_key", "[[reader_key]]", &["reader", "scbk"]) {
         let reader = t.name(d, "reader");
@@ -119,7 +121,12 @@ pub(super) fn parse_secrets(d: &mut Diag<'_>, text: &str) -> SecretsRead {
             // Which reader it was for is unknown: say nothing of keys missing.
             None => keyed_readers = None,
         }
-        let scbk = scbk_16(d, t);
+        let scbk = scbk_16(d, t).and_then(|(k, span)| {
+            let name = reader.as_ref().map_or("?", |r| r.0).to_owned();
+            weak_scbk(d, &name, &k, &span, &scbks)?;
+            scbks.push((name, k, span));
+            Some(k)
+        });
         reader_keys.push((|| {
             Some(ReaderKey {
                 reader: reader?.0.to_owned(),
@@ -161,12 +168,41 @@ pub(super) fn secret_32(d: &mut Diag<'_>, t: &Table<'_, '_>) -> Option<[u8; 32]>
     None
 }
 
-/// `scbk`: base64url of exactly 16 bytes, never shown.
-pub(super) fn scbk_16(d: &mut Diag<'_>, t: &Table<'_, '_>) -> Option<[u8; 16]> {
+/// A reader key nobody else may know (osdp.md, Secure Channel): not SCBK-D,
+/// which the standard publishes, not all zero, and not another reader's
+/// (whoever pulls that reader off the wall would hold this one's too).
+/// Reports at `span` and returns `None` when it is weak; never shows it.
+fn weak_scbk(
+    d: &mut Diag<'_>,
+    reader: &str,
+    key: &[u8; 16],
+    span: &Range<usize>,
+    earlier: &[(String, [u8; 16], Range<usize>)],
+) -> Option<()> {
+    let message = if key == &SCBK_D {
+        "`scbk` is OSDP's default install key SCBK-D, which every reader and the standard know: give each reader its own random key".to_owned()
+    } else if key.iter().all(|&b| b == 0) {
+        "`scbk` is all zero: give each reader its own random key".to_owned()
+    } else if let Some((other, _, first)) = earlier.iter().find(|(_, k, _)| k == key) {
+        let line = d.line_of(first);
+        format!(
+            "reader `{}` has the same `scbk` as reader `{}` (line {line}): each reader needs its own key",
+            reader.escape_debug(),
+            other.escape_debug()
+        )
+    } else {
+        return Some(());
+    };
+    d.at(span.clone(), message);
+    None
+}
+
+/// `scbk`: base64url of exactly 16 bytes, never shown; with where it is.
+pub(super) fn scbk_16(d: &mut Diag<'_>, t: &Table<'_, '_>) -> Option<([u8; 16], Range<usize>)> {
     let (s, span) = t.str(d, "scbk", true)?;
     let message = match crypto::b64u_decode(s) {
         Some(b) => match <[u8; 16]>::try_from(b.as_slice()) {
-            Ok(k) => return Some(k),
+            Ok(k) => return Some((k, span)),
             Err(_) => format!(
                 "`scbk` must be 16 bytes (base64url, 22 characters); it decodes to {} bytes",
                 b.len()
@@ -176,4 +212,34 @@ pub(super) fn scbk_16(d: &mut Diag<'_>, t: &Table<'_, '_>) -> Option<[u8; 16]> {
     };
     d.at(span, message);
     None
+}
+
+/// The secrets file's `text` with `reader`'s `[[reader_key]] scbk` set to
+/// `scbk`, and nothing else changed (comments, order, the other secrets):
+/// what `lockhub osdp rekey` writes once the new key is proven. `None` when
+/// the text does not parse cleanly or has no `scbk` for that reader.
+pub fn with_reader_key(text: &str, reader: &str, scbk: &[u8; 16]) -> Option<String> {
+    let mut d = Diag::new(Path::new("secrets"), text, true);
+    let doc = parse_toml(&mut d, text)?;
+    let root = Table {
+        what: "the secrets file".to_owned(),
+        span: doc.span(),
+        t: doc.get_ref(),
+    };
+    let mut at = None;
+    for t in &root.tables(&mut d, "reader_key", "[[reader_key]]", &["reader", "scbk"]) {
+        if t.str(&mut d, "reader", true)
+            .is_some_and(|(r, _)| r == reader)
+        {
+            at = t.str(&mut d, "scbk", true).map(|(_, span)| span);
+        }
+    }
+    let span = at.filter(|_| d.errors.is_empty())?;
+    let mut out = String::with_capacity(text.len());
+    out.push_str(&text[..span.start]);
+    out.push('"');
+    out.push_str(&crypto::b64u_encode(scbk));
+    out.push('"');
+    out.push_str(&text[span.end..]);
+    Some(out)
 }

@@ -1,7 +1,8 @@
 //! What the two door drivers ([`crate::drivers::serial`] for lock boards,
 //! [`crate::drivers::osdp`] for readers) share below their protocols: the time
 //! source their audit rows are stamped with, opening the serial device
-//! each one's wire runs on, and the handle that stops a running driver.
+//! each one's wire runs on, the handle that stops a running driver, and the
+//! queue through which a reader's grant drives a board's relay.
 //!
 //! Why a module of its own: the drivers sit side by side in one layer and
 //! never use each other (ARCHITECTURE.md, Layers), so a piece both need
@@ -14,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_serial::{SerialPortBuilderExt, SerialStream};
 
@@ -24,6 +25,21 @@ pub mod osdp;
 internal! {
     mod serial;
 }
+
+/// A grant committed elsewhere for a door on a board: its PIN was typed on
+/// an OSDP reader (the door's `reader` plus `serial` and `index`, osdp.md
+/// 'Opening the door'). The port drives the relay exactly as for its own
+/// keypad's grant, and records `door.unlocked` or `door.unlock_unconfirmed`.
+#[derive(Debug)]
+pub struct BoardUnlock {
+    pub door: u8,
+    pub key_id: String,
+    /// When the entry was submitted: the unlock is due by the same bound.
+    pub received: std::time::Instant,
+}
+
+/// Where a door's board grants go: door name -> (its port's queue, index).
+pub type BoardUnlocks = std::collections::HashMap<String, (mpsc::Sender<BoardUnlock>, u8)>;
 
 /// The effective time for audit rows and decisions (mqtt.md 'Time'): the
 /// daemon passes its clock here, tests a plain function.

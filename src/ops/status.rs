@@ -78,6 +78,17 @@ struct PartialConfig {
     serial: Vec<PartialSerial>,
     #[serde(default)]
     reader: Vec<PartialReader>,
+    #[serde(default)]
+    door: Vec<PartialDoor>,
+}
+
+/// A `[[door]]`, for the reader that serves it (if any).
+#[derive(Deserialize)]
+struct PartialDoor {
+    name: String,
+    reader: Option<String>,
+    serial: Option<String>,
+    output: Option<u8>,
 }
 
 #[derive(Deserialize)]
@@ -85,6 +96,8 @@ struct PartialReader {
     name: String,
     bus: Option<String>,
     address: Option<u8>,
+    #[serde(default)]
+    insecure_plaintext: bool,
 }
 
 #[derive(Deserialize)]
@@ -112,6 +125,13 @@ pub struct Target {
     pub readers: Vec<(String, Option<String>, Option<u8>)>,
     /// `[hub] timezone` as written (default `UTC`).
     pub timezone: String,
+    /// Readers configured `insecure_plaintext = true`.
+    pub plaintext_readers: Vec<String>,
+    /// Readers with a door's strike on one of their outputs.
+    pub strike_readers: Vec<String>,
+    /// `(door, reader)` of each `[[door]]` wholly on a reader (a door
+    /// whose strike and contact are a board's is that board's to report).
+    pub reader_doors: Vec<(String, String)>,
 }
 
 impl Target {
@@ -130,7 +150,21 @@ impl Target {
             message: e.message().to_owned(),
         })?;
         let base = path.parent().unwrap_or(Path::new("."));
+        let plaintext_readers = c
+            .reader
+            .iter()
+            .filter(|r| r.insecure_plaintext)
+            .map(|r| r.name.clone())
+            .collect();
+        let strike_readers = c
+            .door
+            .iter()
+            .filter(|d| d.output.is_some())
+            .filter_map(|d| d.reader.clone())
+            .collect();
         Ok(Target {
+            plaintext_readers,
+            strike_readers,
             hub_id: c.hub.hub_id,
             database: base.join(c.hub.data_dir).join(crate::config::DATABASE_FILE),
             serials: c.serial.into_iter().map(|s| (s.name, s.port)).collect(),
@@ -140,7 +174,33 @@ impl Target {
                 .map(|r| (r.name, r.bus, r.address))
                 .collect(),
             timezone: c.hub.timezone.unwrap_or_else(|| "UTC".to_owned()),
+            reader_doors: c
+                .door
+                .into_iter()
+                .filter(|d| d.serial.is_none())
+                .filter_map(|d| Some((d.name, d.reader?)))
+                .collect(),
         })
+    }
+}
+
+/// Why `link_insecure` is raised for a reader, from the config: plain text
+/// by config, or a reader that took the plaintext no-op osdp_OUT (osdp.md,
+/// Opening the door).
+fn reason(target: &Target, condition: &str, subject: &str) -> Option<String> {
+    if condition != "link_insecure" {
+        return None;
+    }
+    let named = |list: &[String]| list.iter().any(|r| r == subject);
+    if named(&target.plaintext_readers) {
+        Some(
+            "insecure_plaintext = true: no Secure Channel; only for a reader on the secured side"
+                .to_owned(),
+        )
+    } else if named(&target.strike_readers) {
+        Some("the reader takes osdp_OUT in plain text, so anyone on the wire could open its door: turn on its secure-channel-only setting or move the strike to a board".to_owned())
+    } else {
+        None
     }
 }
 
@@ -172,6 +232,10 @@ pub struct AlertStatus {
     pub count: i64,
     pub first_at: String,
     pub last_at: String,
+    /// Why it is raised and what to do, where the condition has several
+    /// causes (`link_insecure`: docs/alerts.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 impl From<AlertRow> for AlertStatus {
@@ -182,6 +246,7 @@ impl From<AlertRow> for AlertStatus {
             count: a.count,
             first_at: a.first_at.to_rfc3339(),
             last_at: a.last_at.to_rfc3339(),
+            reason: None,
         }
     }
 }
@@ -223,6 +288,11 @@ pub struct ReaderStatus {
     pub serial: Option<String>,
     pub firmware: Option<String>,
     pub since: Option<String>,
+    /// The doors it serves (strike or contact on the reader).
+    pub doors: Vec<String>,
+    /// Offline: what its doors report (contact, tamper, key presses) is
+    /// unknown until it answers again (osdp.md, Supervision).
+    pub doors_state_unknown: bool,
 }
 
 /// One OSDP bus's counters of rejected input.
@@ -351,6 +421,10 @@ pub fn gather(target: &Target, now: Timestamp) -> Result<Status, StatusError> {
         .map_err(store)?
         .into_iter()
         .map(AlertStatus::from)
+        .map(|mut a| {
+            a.reason = reason(target, &a.condition, &a.subject);
+            a
+        })
         .collect();
 
     let rows: Vec<LinkRow> = if has_table(&conn, "links").map_err(db)? {
@@ -421,6 +495,13 @@ pub fn gather(target: &Target, now: Timestamp) -> Result<Status, StatusError> {
                 serial: id.map(|i| format!("{:08x}", i.serial)),
                 firmware: id.map(|i| format!("{:06x}", i.firmware)),
                 since: row.map(|r| r.since.to_rfc3339()),
+                doors: target
+                    .reader_doors
+                    .iter()
+                    .filter(|(_, r)| r == name)
+                    .map(|(d, _)| d.clone())
+                    .collect(),
+                doors_state_unknown: row.is_some_and(|r| !r.online),
             });
         }
         if has_osdp {
@@ -664,7 +745,7 @@ impl Status {
         for (i, r) in self.readers.iter().enumerate() {
             let _ = writeln!(
                 s,
-                "{}{} on {} address {}: {}{}{}{}",
+                "{}{} on {} address {}: {}{}{}{}{}",
                 if i == 0 { "readers  " } else { "         " },
                 r.reader,
                 r.bus.as_deref().unwrap_or("?"),
@@ -684,6 +765,11 @@ impl Status {
                     (Some(v), Some(m), Some(n), Some(f)) =>
                         format!(", vendor {v} model {m} serial {n} firmware {f}"),
                     _ => ", identity not recorded".to_owned(),
+                },
+                if r.doors_state_unknown && !r.doors.is_empty() {
+                    format!("; door {}: state unknown", r.doors.join(", "))
+                } else {
+                    String::new()
                 }
             );
         }
@@ -707,12 +793,16 @@ impl Status {
         for (i, a) in self.alerts.iter().enumerate() {
             let _ = writeln!(
                 s,
-                "{}{} {} x{} since {}",
+                "{}{} {} x{} since {}{}",
                 if i == 0 { "alerts   " } else { "         " },
                 a.condition,
                 a.subject,
                 a.count,
-                a.first_at
+                a.first_at,
+                a.reason
+                    .as_deref()
+                    .map(|r| format!(": {r}"))
+                    .unwrap_or_default()
             );
         }
         s

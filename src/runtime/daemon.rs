@@ -120,7 +120,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         let clock = clock.clone();
         Arc::new(move || clock.now())
     };
-    let serial = serial::spawn(
+    // A door whose PIN a reader takes and whose strike is on a board: the
+    // OSDP driver hands its grants to the serial driver's port.
+    let (serial, board_unlocks) = serial::spawn_with_unlocks(
         SerialSettings::from_config(&config),
         store.clone(),
         now.clone(),
@@ -131,6 +133,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         store.clone(),
         now,
         Some(sync.outbox_notify()),
+        &board_unlocks,
     );
 
     // Serving doors now: systemd may consider the hub started.

@@ -61,8 +61,10 @@ pub struct Maintenance {
 ///   forgotten too);
 /// - `board_offline`: serial boards and readers; `board_mismatch`: doors
 ///   (a serial board's) and readers; `reader_replaced`: readers;
-/// - `link_insecure`: readers without a key (the others use their key, or
-///   are gone); `reader_link_fault`: readers with a key (one still
+/// - `link_insecure`: readers without a key, and readers with a door's
+///   strike on an output (the probe before each handshake raises and ends
+///   it; the others use their key, or are gone); `reader_link_fault`:
+///   readers with a key (one still
 ///   configured so clears its own once its Secure Channel holds).
 ///
 /// The daemon runs it once before it starts the doors (so it cannot race
@@ -103,7 +105,15 @@ impl Configured {
             (Condition::BoardOffline, &boards | &all_readers),
             (Condition::BoardMismatch, &doors | &all_readers),
             (Condition::ReaderReplaced, all_readers.clone()),
-            (Condition::LinkInsecure, readers(Some(false))),
+            (
+                Condition::LinkInsecure,
+                &readers(Some(false))
+                    | &config
+                        .reader_doors
+                        .iter()
+                        .map(|d| d.reader.clone())
+                        .collect(),
+            ),
             (Condition::ReaderLinkFault, readers(Some(true))),
         ];
         Configured { doors, kept }

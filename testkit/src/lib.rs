@@ -12,6 +12,7 @@
 //! | [`cloud`] | the test cloud: its signer, the hub-envelope opener, an MQTT 5 client that hears the hub |
 //! | [`board`] | pseudo-terminals and the serial driver on a real store, with a simulated board |
 //! | [`osdp_peer`] | the PyPI `libosdp` reader on a pty, driven line by line |
+//! | [`osdp_relay`] | a man in the middle on an OSDP bus: forwards, injects, drops and alters packets |
 //! | [`db`] | a store in a tempdir, keys inserted with plain SQL, the PIN keys |
 //! | [`store`] | events built by hand for the store's writer, and a dump of every table |
 //!
@@ -25,6 +26,7 @@ pub mod daemon;
 pub mod db;
 pub mod files;
 pub mod osdp_peer;
+pub mod osdp_relay;
 pub mod ports;
 pub mod store;
 

@@ -324,6 +324,111 @@ fn keys_that_are_not_32_bytes_are_refused_in_the_secrets_file() {
     secrets_error(&hub, 2, 10, "not base64url");
 }
 
+/// Two readers on a bus, and the secrets file with `keys` as their
+/// `[[reader_key]]` tables, in order: where the second table's `scbk` is.
+fn two_keyed_readers(keys: [&[u8; 16]; 2]) -> (Fixture, usize) {
+    let fx = Fixture::new();
+    fx.write_hub(
+        &(testkit::files::hub_toml()
+            + "\n[[osdp]]\nname = \"bus-a\"\nport = \"/dev/ttyUSB1\"\n"
+            + "\n[[reader]]\nname = \"r-1\"\nbus = \"bus-a\"\naddress = 1\n"
+            + "\n[[reader]]\nname = \"r-2\"\nbus = \"bus-a\"\naddress = 2\n"),
+    );
+    let mut text = SECRETS_TOML.to_owned();
+    for (reader, key) in ["r-1", "r-2"].iter().zip(keys) {
+        text += &format!(
+            "\n[[reader_key]]\nreader = \"{reader}\"\nscbk = \"{}\"\n",
+            crypto::b64u_encode(key)
+        );
+    }
+    fx.write_secrets(&text);
+    let line = text.lines().count();
+    (fx, line)
+}
+
+#[test]
+fn a_reader_key_equal_to_scbk_d_all_zero_or_shared_is_refused_with_line_and_column() {
+    let own = [0x5A; 16];
+    let (fx, line) = two_keyed_readers([&own, &config::SCBK_D]);
+    only_error(&fx, &fx.secrets(), line, 8, "default install key SCBK-D");
+    let (fx, line) = two_keyed_readers([&own, &[0; 16]]);
+    only_error(&fx, &fx.secrets(), line, 8, "`scbk` is all zero");
+    let (fx, line) = two_keyed_readers([&own, &own]);
+    only_error(
+        &fx,
+        &fx.secrets(),
+        line,
+        8,
+        &format!(
+            "reader `r-2` has the same `scbk` as reader `r-1` (line {}): each reader needs its own key",
+            line - 4
+        ),
+    );
+    let (fx, _) = two_keyed_readers([&own, &[0xA5; 16]]);
+    load(&fx).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn contact_inverted_without_contact_input_and_output_without_reader_are_refused() {
+    let readers = "\n[[osdp]]\nname = \"bus-a\"\nport = \"/dev/ttyUSB1\"\n\
+                   \n[[reader]]\nname = \"r-1\"\nbus = \"bus-a\"\naddress = 1\n";
+    let fx = Fixture::new();
+    let hub = testkit::files::hub_toml()
+        + readers
+        + "\n[[door]]\nname = \"201\"\nreader = \"r-1\"\noutput = 0\nunlock_ms = 5000\ncontact_inverted = true\n";
+    fx.write_hub(&hub);
+    let line = hub.lines().count();
+    fx.write_secrets(
+        &(SECRETS_TOML.to_owned()
+            + "\n[[reader_key]]\nreader = \"r-1\"\nscbk = \"EBESExQVFhcYGRobHB0eHw\"\n"),
+    );
+    only_error(
+        &fx,
+        &fx.hub(),
+        line,
+        20,
+        "`contact_inverted` needs `contact_input`",
+    );
+    // `output` on a board's door: the board has no reader outputs.
+    hub_error(
+        &[("index = 0\n", "index = 0\noutput = 1\n")],
+        25,
+        10,
+        "`output` is for a door on an OSDP reader",
+    );
+}
+
+#[test]
+fn a_door_with_its_pin_on_a_reader_and_its_strike_on_a_board_is_accepted_without_reader_outputs() {
+    let readers = "\n[[osdp]]\nname = \"bus-a\"\nport = \"/dev/ttyUSB1\"\n\
+                   \n[[reader]]\nname = \"r-1\"\nbus = \"bus-a\"\naddress = 1\n";
+    let key = "\n[[reader_key]]\nreader = \"r-1\"\nscbk = \"EBESExQVFhcYGRobHB0eHw\"\n";
+    let mixed = "\n[[door]]\nname = \"201\"\nreader = \"r-1\"\nserial = \"board-a\"\nindex = 1\nunlock_ms = 5000\n";
+    let fx = Fixture::new();
+    fx.write_hub(&(testkit::files::hub_toml() + readers + mixed));
+    fx.write_secrets(&(SECRETS_TOML.to_owned() + key));
+    let c = load(&fx).unwrap_or_else(|e| panic!("{e}"));
+    let d = c.door("201").expect("a board door");
+    assert_eq!(
+        (d.serial.as_str(), d.index, d.reader.as_deref()),
+        ("board-a", 1, Some("r-1"))
+    );
+    assert!(c.reader_doors.is_empty());
+
+    // Its contact is the board's: a reader input does not go with it.
+    let hub = testkit::files::hub_toml() + readers + mixed + "contact_input = 0\n";
+    let fx = Fixture::new();
+    fx.write_hub(&hub);
+    fx.write_secrets(&(SECRETS_TOML.to_owned() + key));
+    only_error(
+        &fx,
+        &fx.hub(),
+        hub.lines().count(),
+        17,
+        "door `201` has its strike and contact on its board (`serial`, `index`): `contact_input` is a reader's",
+    );
+}
+
 #[test]
 fn door_index_must_be_0_to_15() {
     hub_error(
@@ -823,7 +928,7 @@ fn a_reader_without_a_key_is_reported_beside_the_secrets_files_own_problems() {
 
     // A [[reader_key]] whose reader cannot be read names no reader: then
     // nothing is said of keys missing, only of that table.
-    fx.write_secrets(&(secrets + "\n[[reader_key]]\nscbk = \"AAAAAAAAAAAAAAAAAAAAAA\"\n"));
+    fx.write_secrets(&(secrets + "\n[[reader_key]]\nscbk = \"EBESExQVFhcYGRobHB0eHw\"\n"));
     let shown: Vec<String> = errors(&fx).iter().map(ToString::to_string).collect();
     assert!(!shown.iter().any(|e| e.contains(keyless)), "{shown:#?}");
     assert_eq!(shown.len(), 1, "{shown:#?}");

@@ -7,6 +7,8 @@ mod alert_clear;
 mod config_change;
 mod door_storage;
 mod osdp;
+mod osdp_keys;
+mod osdp_wire;
 mod schedules;
 mod serial_doors;
 mod serial_ports;

@@ -10,36 +10,36 @@ use testkit::broker::{BrokerOptions, Mosquitto};
 use testkit::daemon::{Daemon, DaemonOptions};
 use testkit::osdp_peer::{Peer, key_hex};
 
-const KEY_1: [u8; 16] = [
+pub(crate) const KEY_1: [u8; 16] = [
     0x10, 0x21, 0x32, 0x43, 0x54, 0x65, 0x76, 0x87, 0x98, 0xA9, 0xBA, 0xCB, 0xDC, 0xED, 0xFE, 0x0F,
 ];
 const KEY_2: [u8; 16] = [0x5A; 16];
 
-fn bus(name: &str, port: &Path, baud: u32) -> String {
+pub(crate) fn bus(name: &str, port: &Path, baud: u32) -> String {
     format!(
         "[[osdp]]\nname = \"{name}\"\nport = \"{}\"\nbaud = {baud}\n\n",
         port.display()
     )
 }
 
-fn reader(name: &str, bus: &str, address: u8, extra: &str) -> String {
+pub(crate) fn reader(name: &str, bus: &str, address: u8, extra: &str) -> String {
     format!("[[reader]]\nname = \"{name}\"\nbus = \"{bus}\"\naddress = {address}\n{extra}\n\n")
 }
 
-fn reader_door(name: &str, reader: &str, output: u8, extra: &str) -> String {
+pub(crate) fn reader_door(name: &str, reader: &str, output: u8, extra: &str) -> String {
     format!(
         "[[door]]\nname = \"{name}\"\nreader = \"{reader}\"\noutput = {output}\nunlock_ms = 5000\n{extra}\n\n"
     )
 }
 
-fn reader_key(reader: &str, key: &[u8; 16]) -> String {
+pub(crate) fn reader_key(reader: &str, key: &[u8; 16]) -> String {
     format!(
         "[[reader_key]]\nreader = \"{reader}\"\nscbk = \"{}\"\n\n",
         b64u_encode(key)
     )
 }
 
-fn alert_open(db: &Connection, condition: &str, subject: &str) -> bool {
+pub(crate) fn alert_open(db: &Connection, condition: &str, subject: &str) -> bool {
     db.query_row(
         "SELECT count(*) FROM alerts WHERE condition = ?1 AND subject = ?2 AND state = 'raised'",
         [condition, subject],
@@ -50,7 +50,7 @@ fn alert_open(db: &Connection, condition: &str, subject: &str) -> bool {
 }
 
 /// Online over a Secure Channel and not quarantined: a reader the hub trusts.
-fn trusted(db: &Connection, reader: &str) -> bool {
+pub(crate) fn trusted(db: &Connection, reader: &str) -> bool {
     link(db, reader) == Some((true, true, false))
 }
 
@@ -64,7 +64,7 @@ fn reader_serial(db: &Connection, reader: &str) -> Option<i64> {
     .ok()
 }
 
-fn link(db: &Connection, reader: &str) -> Option<(bool, bool, bool)> {
+pub(crate) fn link(db: &Connection, reader: &str) -> Option<(bool, bool, bool)> {
     db.query_row(
         "SELECT online, secure, quarantined FROM osdp_links WHERE reader = ?1",
         [reader],
@@ -139,7 +139,7 @@ async fn idle(secs: u64) {
     tokio::time::sleep(Duration::from_secs(secs)).await;
 }
 
-fn lockhub(args: &[&str], config: &Path) -> std::process::Output {
+pub(crate) fn lockhub(args: &[&str], config: &Path) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_lockhub"))
         .args(args)
         .arg("--config")
@@ -222,7 +222,20 @@ async fn a_plaintext_reader_is_refused_for_a_keyed_reader_and_accepted_only_with
     .await;
     idle(1).await;
     assert_eq!(link(&hub.db(), "r-201").map(|l| l.1), Some(false));
-    assert!(!alert_open(&hub.db(), "link_insecure", "r-201"));
+    // It is never used in plain text. But the door's strike is on its
+    // output, and it takes the plaintext no-op osdp_OUT the hub sends
+    // before each handshake: that, not plain text by config, is the
+    // `link_insecure` status reports.
+    hub.wait_db("link_insecure from the probe", |db| {
+        alert_open(db, "link_insecure", "r-201")
+    })
+    .await;
+    let out = lockhub(&["status"], &hub.dir.path().join("hub.toml"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("link_insecure r-201") && text.contains("takes osdp_OUT in plain text"),
+        "{text}"
+    );
     drop(hub);
     drop(plain);
 
@@ -356,7 +369,8 @@ fn check_config_refuses_a_keyless_reader_and_the_other_osdp_mistakes_with_line_a
         "reader `r-3` has address 1 on bus `bus-a`, already used by reader `r-1`",
         "reader `r-1` has no [[reader_key]]",
         "`scbk` must be 16 bytes",
-        "door `301` must name either `serial` and `index` (a lock board) or `reader` (an OSDP reader), not both",
+        // The strike is a reader output or a board relay, not both.
+        "door `301` has its strike and contact on its board (`serial`, `index`): `output` is a reader's",
         "door `303` is on reader `r-3`, which already serves door `302`",
     ] {
         assert!(err.contains(want), "missing {want:?} in:\n{err}");
@@ -428,7 +442,7 @@ use testkit::board::pty;
 
 /// Joins peers onto one pty, as an RS-485 pair joins readers: what the hub
 /// writes reaches every peer, what any peer writes reaches the hub.
-fn relay(peers: &[&Peer]) -> std::path::PathBuf {
+pub(crate) fn relay(peers: &[&Peer]) -> std::path::PathBuf {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let hub_side = pty::Pty::open();
     let (master, slave, path) = hub_side.into_parts();
@@ -774,7 +788,7 @@ async fn a_reader_whose_recorded_identity_cannot_be_read_is_quarantined_not_adop
 use lockhub_proto::sign::GrantSpec;
 use testkit::cloud::{CloudClient, cloud, pin_key};
 
-const PIN: &str = "482913";
+pub(crate) const PIN: &str = "482913";
 
 /// Issues an active key for `door` with `pin` and waits until it is applied.
 async fn issue(broker: &Mosquitto, hub: &mut Daemon, door: &str, pin: &str) {
@@ -800,13 +814,13 @@ async fn issue_grant(broker: &Mosquitto, hub: &mut Daemon, grant: &GrantSpec) {
 }
 
 /// Key presses as the peer sends them: ASCII digits, then 0x0D.
-fn typed(pin: &str) -> Vec<u8> {
+pub(crate) fn typed(pin: &str) -> Vec<u8> {
     let mut k = pin.as_bytes().to_vec();
     k.push(0x0D);
     k
 }
 
-fn audit_rows(db: &Connection, door: &str) -> Vec<String> {
+pub(crate) fn audit_rows(db: &Connection, door: &str) -> Vec<String> {
     let mut stmt = db
         .prepare("SELECT kind, coalesce(reason, ''), coalesce(key_id, '') FROM audit WHERE door = ?1 ORDER BY seqno")
         .unwrap();
@@ -1208,4 +1222,65 @@ async fn a_forced_door_is_remembered_across_a_restart_and_cleared_when_it_closes
     })
     .await;
     assert_eq!(audit_rows(&hub.db(), "201"), ["door.forced"]);
+}
+
+/// osdp.md, a replaced reader: vendor, model and serial are all compared,
+/// and a quarantined reader's authenticated input reports still count, so
+/// the door contact stays supervised while its keypad is ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_with_another_vendor_is_quarantined_and_its_door_contact_stays_supervised() {
+    let broker = Mosquitto::start_with(BrokerOptions::default());
+    let first = keyed_peer("0x1111");
+    let dir = tempfile::tempdir().unwrap();
+    let link_path = dir.path().join("bus-a");
+    pty::point(&link_path, &first.port);
+    let mut hub = Daemon::start(
+        &broker.url(),
+        DaemonOptions {
+            hub_extra: format!(
+                "{}{}{}",
+                bus("bus-a", &link_path, 9600),
+                reader("r-201", "bus-a", 1, ""),
+                reader_door("201", "r-201", 1, "contact_input = 1"),
+            ),
+            secrets_extra: reader_key("r-201", &KEY_1),
+            ..DaemonOptions::default()
+        },
+    );
+    hub.wait_db("the first reader recorded", |db| {
+        trusted(db, "r-201") && reader_serial(db, "r-201") == Some(0x1111)
+    })
+    .await;
+    issue(&broker, &mut hub, "201", PIN).await;
+
+    // Same serial, same key, another vendor.
+    let mut second = Peer::start(&[
+        "--key",
+        &key_hex(&KEY_1),
+        "--address",
+        "1",
+        "--serial",
+        "0x1111",
+        "--vendor",
+        "0x0D0E0F",
+    ]);
+    pty::point(&link_path, &second.port);
+    drop(first);
+    hub.wait_db("reader_replaced and quarantine", |db| {
+        alert_open(db, "reader_replaced", "r-201") && link(db, "r-201") == Some((true, true, true))
+    })
+    .await;
+    second.send(serde_json::json!({"status": "input", "mask": 2, "n": 2}));
+    hub.wait_db("door_forced from the quarantined reader's contact", |db| {
+        alert_open(db, "door_forced", "201")
+    })
+    .await;
+    second.keys(&typed(PIN));
+    idle(2).await;
+    assert_eq!(
+        audit_rows(&hub.db(), "201"),
+        ["door.forced"],
+        "its keypad is ignored"
+    );
+    assert!(second.commands("output").is_empty());
 }

@@ -26,15 +26,16 @@ pub fn unlock(door: &ReaderDoorConfig) -> Command {
     }
 }
 
-/// A grant: green for the unlock time, one short beep.
-pub fn granted(door: &ReaderDoorConfig) -> [Command; 2] {
+/// A grant: green for the unlock time (`unlock_ms`, whoever drives the
+/// strike), one short beep.
+pub fn granted(unlock_ms: u16) -> [Command; 2] {
     [
         Command::Led(LedSpec {
             on: 10,
             off: 0,
             on_color: color::GREEN,
             off_color: color::GREEN,
-            timer: timer_units(door.unlock_ms),
+            timer: timer_units(unlock_ms),
         }),
         Command::Buzzer {
             tone: TONE,
@@ -146,7 +147,7 @@ mod tests {
 
     #[test]
     fn grant_feedback_is_green_for_the_unlock_time_and_one_beep() {
-        let [led, buz] = granted(&door(None, false));
+        let [led, buz] = granted(door(None, false).unlock_ms);
         assert!(
             matches!(led, Command::Led(l) if l.on > 0 && l.off == 0 && l.on_color == color::GREEN && l.timer == 50)
         );

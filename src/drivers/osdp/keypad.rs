@@ -18,6 +18,14 @@ pub enum Submitted {
     BadFormat,
 }
 
+impl Drop for Submitted {
+    fn drop(&mut self) {
+        if let Submitted::Pin(p) = self {
+            zeroize::Zeroize::zeroize(p);
+        }
+    }
+}
+
 impl std::fmt::Debug for Submitted {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -47,7 +55,9 @@ impl Entry {
         Self::default()
     }
 
-    fn clear(&mut self) {
+    /// Throws the entry away (wiped): idle, cleared, submitted, or its
+    /// reader's session ended (osdp.md, Supervision).
+    pub fn clear(&mut self) {
         self.digits.iter_mut().for_each(|d| *d = 0);
         self.digits.clear();
         self.overflow = false;

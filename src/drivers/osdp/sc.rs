@@ -17,16 +17,15 @@
 
 use aes::Aes128;
 use aes::cipher::{BlockDecrypt, BlockEncrypt, KeyInit, generic_array::GenericArray};
+use zeroize::{Zeroize, Zeroizing};
 
 /// A 128-bit AES key (an SCBK or a session key).
 pub type Key = [u8; 16];
 
-/// The default install-mode key SCBK-D (`30 31 .. 3F`). `lockhub run`
-/// never uses it; only `lockhub osdp install` does.
-pub const SCBK_D: Key = [
-    0x30, 0x31, 0x32, 0x33, 0x34, 0x35, 0x36, 0x37, 0x38, 0x39, 0x3A, 0x3B, 0x3C, 0x3D, 0x3E, 0x3F,
-];
+pub use crate::config::SCBK_D;
 
+// Each `Aes128` (its key schedule) is wiped when dropped: the `aes` crate's
+// `zeroize` feature.
 fn encrypt_block(key: &Key, block: &mut [u8; 16]) {
     let c = Aes128::new(GenericArray::from_slice(key));
     c.encrypt_block(GenericArray::from_mut_slice(block));
@@ -47,6 +46,14 @@ pub struct SessionKeys {
     s_enc: Key,
     s_mac1: Key,
     s_mac2: Key,
+}
+
+impl Drop for SessionKeys {
+    fn drop(&mut self) {
+        self.s_enc.zeroize();
+        self.s_mac1.zeroize();
+        self.s_mac2.zeroize();
+    }
 }
 
 impl std::fmt::Debug for SessionKeys {
@@ -191,11 +198,13 @@ impl Channel {
     /// Decrypts a reply's data (IV: the complement of the command's MAC) and
     /// strips its padding; `None` when it is not a whole number of blocks
     /// or the padding is wrong.
-    pub fn decrypt_reply(&self, data: &[u8]) -> Option<Vec<u8>> {
+    pub fn decrypt_reply(&self, data: &[u8]) -> Option<Zeroizing<Vec<u8>>> {
         if data.is_empty() || !data.len().is_multiple_of(16) {
             return None;
         }
-        let mut out = data.to_vec();
+        // Plaintext (key presses, a new key): wiped when dropped, padding
+        // and failed decryptions included.
+        let mut out = Zeroizing::new(data.to_vec());
         let mut iv = not(&self.c_mac);
         for block in out.chunks_exact_mut(16) {
             let b: &mut [u8; 16] = block.try_into().expect("16 bytes");
@@ -267,7 +276,7 @@ pub(crate) mod tests {
         pub(crate) fn decrypt_command(&self, data: &[u8]) -> Option<Vec<u8>> {
             let mut ch = self.as_channel();
             ch.c_mac = self.r_mac;
-            ch.decrypt_reply(data)
+            ch.decrypt_reply(data).map(|d| d.to_vec())
         }
     }
 
@@ -326,7 +335,7 @@ pub(crate) mod tests {
             bad[0] ^= 1;
             assert!(!cp.clone().verify_reply(&rpkt, &bad));
             assert!(cp.verify_reply(&rpkt, &rm));
-            assert_eq!(cp.decrypt_reply(&enc).unwrap(), reply);
+            assert_eq!(*cp.decrypt_reply(&enc).unwrap(), reply);
         }
     }
 

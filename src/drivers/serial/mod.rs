@@ -29,7 +29,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use firmware_bridge::LinkConfig;
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, mpsc, watch};
+
+use crate::drivers::BoardUnlocks;
 
 use crate::config::{Config, PinKey, Policy};
 use crate::door::recorder::Recorder;
@@ -158,6 +160,10 @@ impl PortShared {
 /// The running serial driver. Drop it or call [`DriverHandle::shutdown`].
 pub type SerialHandle = crate::drivers::DriverHandle;
 
+/// Board grants waiting for their port, per port: one door decides at a
+/// time, so a few at most.
+const BOARD_UNLOCK_QUEUE: usize = 16;
+
 /// Starts one task per port and its recorder. (The `keypad_lockout` alert
 /// of a lockout that ended is cleared by [`crate::runtime::maintenance`].)
 /// `outbox_wake` is notified after audit rows and alerts commit, so
@@ -168,10 +174,26 @@ pub fn spawn(
     now: TimeSource,
     outbox_wake: Option<Arc<Notify>>,
 ) -> SerialHandle {
+    spawn_with_unlocks(settings, store, now, outbox_wake).0
+}
+
+/// [`spawn`], and the queues through which another driver's grants drive
+/// this driver's relays ([`BoardUnlock`]), for every configured door.
+pub fn spawn_with_unlocks(
+    settings: SerialSettings,
+    store: Store,
+    now: TimeSource,
+    outbox_wake: Option<Arc<Notify>>,
+) -> (SerialHandle, BoardUnlocks) {
     let (stop, stop_rx) = watch::channel(false);
     let mut ports = Vec::new();
     let mut recorders = Vec::new();
+    let mut unlocks = BoardUnlocks::new();
     for port in settings.ports {
+        let (unlock_tx, unlock_rx) = mpsc::channel(BOARD_UNLOCK_QUEUE);
+        for d in &port.doors {
+            unlocks.insert(d.name.clone(), (unlock_tx.clone(), d.index));
+        }
         let (recorder, queue) = Recorder::new(&port.name);
         recorders.push(tokio::spawn(crate::door::recorder::run(
             store.clone(),
@@ -191,7 +213,11 @@ pub fn spawn(
             outbox_wake: outbox_wake.clone(),
             recorder,
         });
-        ports.push(tokio::spawn(port::run_port(shared, stop_rx.clone())));
+        ports.push(tokio::spawn(port::run_port(
+            shared,
+            stop_rx.clone(),
+            unlock_rx,
+        )));
     }
-    SerialHandle::new(stop, ports, recorders)
+    (SerialHandle::new(stop, ports, recorders), unlocks)
 }

@@ -39,9 +39,10 @@ impl BusTask {
     /// (serial.md): denied, audited, no lockout consulted or counted.
     pub(super) fn target(&self, i: usize) -> (String, bool) {
         let s = &self.slots[i];
-        match &s.door {
-            Some(d) => (d.name.clone(), true),
-            None => (format!("{}:{}", self.name, s.cfg.address), false),
+        match (&s.door, &s.board) {
+            (Some(d), _) => (d.name.clone(), true),
+            (None, Some(b)) => (b.name.clone(), true),
+            (None, None) => (format!("{}:{}", self.name, s.cfg.address), false),
         }
     }
 
@@ -90,6 +91,8 @@ impl BusTask {
             Answer::Unlock { key_id } => {
                 if let Some(door) = self.slots[i].door.clone() {
                     self.unlock(i, &door, key_id);
+                } else if self.slots[i].board.is_some() {
+                    self.board_unlock(i, key_id);
                 }
             }
             Answer::Deny => self.feedback(i, &cmds::denied()),
@@ -113,11 +116,43 @@ impl BusTask {
                 let s = &mut self.slots[i];
                 s.outputs.insert(token, key_id);
                 s.watch.unlock_sent(now, door.unlock_ms);
-                self.feedback(i, &cmds::granted(door));
+                self.feedback(i, &cmds::granted(door.unlock_ms));
             }
             None => {
                 tracing::warn!(bus = %self.name, door = %door.name, "the reader's session ended before the output went out");
                 self.record_unlock(&door.name, key_id, false);
+            }
+        }
+    }
+
+    /// A committed grant for a door on a board: the board's port drives the
+    /// relay and records the outcome (as for its own keypad); the reader
+    /// shows the feedback. Nothing on the reader's side of the wall opens
+    /// the door.
+    pub(super) fn board_unlock(&mut self, i: usize, key_id: String) {
+        let Some(b) = &self.slots[i].board else {
+            return;
+        };
+        let (name, unlock_ms) = (b.name.clone(), b.unlock_ms);
+        let sent = match &b.unlock {
+            Some((tx, door)) => tx
+                .try_send(BoardUnlock {
+                    door: *door,
+                    key_id,
+                    received: Instant::now(),
+                })
+                .map_err(|e| match e {
+                    mpsc::error::TrySendError::Full(u) | mpsc::error::TrySendError::Closed(u) => {
+                        u.key_id
+                    }
+                }),
+            None => Err(key_id),
+        };
+        match sent {
+            Ok(()) => self.feedback(i, &cmds::granted(unlock_ms)),
+            Err(key_id) => {
+                tracing::error!(bus = %self.name, door = %name, "the board's port cannot take the unlock");
+                self.record_unlock(&name, key_id, false);
             }
         }
     }
@@ -154,11 +189,11 @@ impl BusTask {
         self.records.unlock(door, key_id, confirmed, (self.now)());
     }
 
-    /// An input report: the door contact, when the door has one.
+    /// An input report: the door contact, when the door has one. A
+    /// quarantined reader's reports still count: they come from an
+    /// authenticated session, and the door contact stays supervised
+    /// (osdp.md, a replaced reader).
     pub(super) fn inputs(&mut self, i: usize, inputs: &[bool]) {
-        if self.slots[i].quarantined {
-            return;
-        }
         let Some(door) = self.slots[i].door.clone() else {
             return;
         };

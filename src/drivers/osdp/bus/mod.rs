@@ -12,7 +12,7 @@
 //! LED and buzzer feedback. The door contact is the reader's input, kept
 //! durably like a board's door sensor (`door_state`).
 //!
-//! Trust: a reader's key presses, card reads and inputs are believed only
+//! Trust: a reader's key presses and card reads are believed only
 //! from a session that is up (Secure Channel, or plain text where the
 //! config allows it) and from a reader that is not quarantined; outputs are
 //! only driven under the same conditions.
@@ -33,7 +33,7 @@ use crate::config::{Config, PinKey, Policy, ReaderDoorConfig};
 use crate::door::entry::{self, Answer, DecisionQueue, Queued};
 use crate::door::recorder::{DoorRecord, Recordable, Recorder};
 use crate::door::sensor::{Admit, DoorWatch, FloodLimit};
-use crate::drivers::{DriverHandle, TimeSource, open};
+use crate::drivers::{BoardUnlock, BoardUnlocks, DriverHandle, TimeSource, open};
 use crate::runtime::backoff::Backoff;
 use crate::store::alerts::{self, Change};
 use crate::store::door::{DoorEvent, record_door_event};
@@ -102,11 +102,14 @@ impl Recordable for BusRecord {
 
 /// Starts one task per bus. What earlier runs left ([`Earlier`]) is read
 /// here, once: install runs with the daemon stopped.
+/// `board_unlocks`: the serial driver's queues, for doors whose PIN a
+/// reader takes and whose strike is on a board.
 pub fn spawn(
     settings: OsdpSettings,
     store: Store,
     now: TimeSource,
     outbox_wake: Option<Arc<Notify>>,
+    board_unlocks: &BoardUnlocks,
 ) -> OsdpHandle {
     let (stop, stop_rx) = watch::channel(false);
     let (mut buses, mut recorders) = (Vec::new(), Vec::new());
@@ -127,7 +130,14 @@ pub fn spawn(
             queue,
             outbox_wake.clone(),
         )));
-        let task = BusTask::new(bus, &settings, &earlier, ctx.clone(), Arc::new(recorder));
+        let task = BusTask::new(
+            bus,
+            &settings,
+            &earlier,
+            ctx.clone(),
+            Arc::new(recorder),
+            board_unlocks,
+        );
         buses.push(tokio::spawn(task.run(stop_rx.clone())));
     }
     OsdpHandle::new(stop, buses, recorders)
@@ -147,14 +157,29 @@ struct Slot {
     online: bool,
     secure_since: Option<Instant>,
     link_fault_raised: bool,
+    /// The last plaintext probe's answer: `Some(true)` while the reader
+    /// takes a plaintext osdp_OUT (`link_insecure` raised for that).
+    plaintext_out: Option<bool>,
     tamper: Option<bool>,
     faults: u64,
-    /// The door its keypad opens: the first door configured on it.
+    /// The door its keypad opens with its own output: the first door
+    /// configured on it.
     door: Option<ReaderDoorConfig>,
+    /// Or the board door its keypad opens through the serial driver.
+    board: Option<BoardDoor>,
     entry: Entry,
     /// osdp_OUT commands awaiting their reply: token -> key id.
     outputs: HashMap<u64, String>,
     watch: DoorWatch,
+}
+
+/// A door on a board whose PIN a reader takes.
+struct BoardDoor {
+    name: String,
+    unlock_ms: u16,
+    /// The board's port queue and door index; `None` if the serial driver
+    /// has no such door (then every grant is unconfirmed).
+    unlock: Option<(mpsc::Sender<BoardUnlock>, u8)>,
 }
 
 impl Slot {
@@ -203,6 +228,7 @@ impl BusTask {
         earlier: &Earlier,
         ctx: Arc<DecideCtx>,
         records: Arc<Recorder<BusRecord>>,
+        board_unlocks: &BoardUnlocks,
     ) -> Self {
         let (decided_tx, decided_rx) = mpsc::channel(DECIDED_QUEUE);
         let slots = bus
@@ -216,11 +242,20 @@ impl BusTask {
                     .unwrap_or(Recorded::Unread);
                 let replaced = earlier.replaced.contains(&r.name);
                 Slot {
-                    cp: Reader::new(r.address, r.security.clone(), settings.timing, 0),
+                    // A door whose strike is on this reader's output: the
+                    // reader must refuse that output in plain text.
+                    cp: Reader::new(r.address, r.security.clone(), settings.timing, 0)
+                        .with_probe(r.doors.first().map(|d| d.output)),
+                    plaintext_out: None,
                     known,
                     link_fault_raised: earlier.faulty.contains(&r.name),
                     replaced,
                     door: r.doors.first().cloned(),
+                    board: r.board_door.as_ref().map(|b| BoardDoor {
+                        name: b.name.clone(),
+                        unlock_ms: b.unlock_ms,
+                        unlock: board_unlocks.get(&b.name).cloned(),
+                    }),
                     quarantined: replaced || matches!(known, Recorded::Unread),
                     cfg: r,
                     seen_serial: None,
@@ -406,8 +441,8 @@ impl BusTask {
         // that ends after this records itself (`start_decision`).
         self.decided_rx.close();
         while let Ok((i, answer)) = self.decided_rx.try_recv() {
-            if let (Answer::Unlock { key_id }, Some(door)) = (answer, self.slots[i].door.clone()) {
-                self.record_unlock(&door.name, key_id, false);
+            if let (Answer::Unlock { key_id }, (door, true)) = (answer, self.target(i)) {
+                self.record_unlock(&door, key_id, false);
             }
         }
         let now = self.ms();
@@ -570,8 +605,11 @@ impl BusTask {
                     tracing::info!(bus = %self.name, reader = %name, "secure channel up");
                     self.slots[i].secure_since = Some(Instant::now());
                     // A reader that ran in plain text earlier (another
-                    // config) is no longer in use so.
-                    self.clear(Condition::LinkInsecure, &name);
+                    // config) is no longer in use so; unless it takes
+                    // osdp_OUT in plain text (the probe's own alert).
+                    if self.slots[i].plaintext_out != Some(true) {
+                        self.clear(Condition::LinkInsecure, &name);
+                    }
                 } else {
                     tracing::warn!(bus = %self.name, reader = %name, "reader in plain text (insecure_plaintext)");
                     self.raise(Condition::LinkInsecure, &name);
@@ -580,18 +618,33 @@ impl BusTask {
             }
             Event::SessionDown => {
                 self.slots[i].secure_since = None;
+                // A half-typed PIN does not outlive its session: the next
+                // session may not be the same reader's (osdp.md).
+                self.slots[i].entry.clear();
                 tracing::info!(bus = %self.name, reader = %name, "reader session ended");
                 self.write_link(i);
             }
-            Event::LinkFault(f) => {
+            Event::SessionFault { fault, recent } => {
                 let s = &mut self.slots[i];
                 s.faults += 1;
                 s.secure_since = None;
-                s.link_fault_raised = true;
-                tracing::warn!(bus = %self.name, reader = %name, fault = ?f, faults = s.faults, "reader link fault");
-                self.raise(Condition::ReaderLinkFault, &name);
-                if f == Fault::Refused {
+                tracing::warn!(bus = %self.name, reader = %name, fault = ?fault, recent, faults = s.faults, "reader session ended early");
+                if fault == Fault::Refused {
                     tracing::warn!(bus = %self.name, reader = %name, "the reader refuses a Secure Channel; it is not used in plain text");
+                }
+            }
+            Event::LinkFault(f) => {
+                self.slots[i].link_fault_raised = true;
+                tracing::warn!(bus = %self.name, reader = %name, fault = ?f, "reader link fault");
+                self.raise(Condition::ReaderLinkFault, &name);
+            }
+            Event::PlaintextProbe { accepted } => {
+                let before = self.slots[i].plaintext_out.replace(accepted);
+                if accepted && before != Some(true) {
+                    tracing::warn!(bus = %self.name, reader = %name, "the reader accepts osdp_OUT in plain text: anyone on the wire could open its door; turn on its secure-channel-only setting or move the strike to a board");
+                    self.raise(Condition::LinkInsecure, &name);
+                } else if !accepted && before == Some(true) {
+                    self.clear(Condition::LinkInsecure, &name);
                 }
             }
             Event::Identity(id) => self.identity(i, id),
@@ -671,11 +724,15 @@ impl BusTask {
                     Box::new(move |c| db::adopt_identity(c, &name, &seen, at).map(drop)),
                 );
             }
-            Recorded::Identity(k) if k.serial != id.serial => {
+            // Vendor, model and serial: any of them changed is another
+            // reader (the version and firmware change with an update).
+            Recorded::Identity(k)
+                if (k.vendor, k.model, k.serial) != (id.vendor, id.model, id.serial) =>
+            {
                 s.replaced = true;
                 if !s.quarantined {
                     s.quarantined = true;
-                    tracing::error!(bus = %self.name, reader = %name, "reader serial changed: quarantined until `lockhub osdp install`");
+                    tracing::error!(bus = %self.name, reader = %name, "reader identity changed: quarantined until `lockhub osdp install`");
                 }
                 self.raise(Condition::ReaderReplaced, &name);
             }

@@ -9,7 +9,18 @@ pub struct ReaderSettings {
     pub name: String,
     pub address: u8,
     pub security: Security,
+    /// Doors whose strike (and contact) are on the reader.
     pub doors: Vec<ReaderDoorConfig>,
+    /// A door whose PIN the reader takes and whose strike and contact are a
+    /// lock board's (osdp.md, Opening the door: recommended).
+    pub board_door: Option<BoardDoorSettings>,
+}
+
+/// A door on a board that takes its PIN from a reader.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BoardDoorSettings {
+    pub name: String,
+    pub unlock_ms: u16,
 }
 
 impl std::fmt::Debug for ReaderSettings {
@@ -73,6 +84,14 @@ impl OsdpSettings {
                             .filter(|d| d.reader == r.name)
                             .cloned()
                             .collect(),
+                        board_door: config
+                            .doors
+                            .iter()
+                            .find(|d| d.reader.as_ref() == Some(&r.name))
+                            .map(|d| BoardDoorSettings {
+                                name: d.name.clone(),
+                                unlock_ms: d.unlock_ms,
+                            }),
                     })
                     .collect(),
             })

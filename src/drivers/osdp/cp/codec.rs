@@ -92,9 +92,16 @@ pub enum Command {
     Keyset(NewKey),
 }
 
-/// The SCBK an osdp_KEYSET carries; its `Debug` never shows it.
-#[derive(Clone, Copy, PartialEq, Eq)]
+/// The SCBK an osdp_KEYSET carries; its `Debug` never shows it, and it
+/// is wiped when dropped.
+#[derive(Clone, PartialEq, Eq)]
 pub struct NewKey(pub Key);
+
+impl Drop for NewKey {
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.0);
+    }
+}
 
 impl std::fmt::Debug for NewKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -12,8 +12,11 @@
 //! construction ([`Security`]).
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
 use super::packet::{self, Packet, scs};
+use crate::runtime::backoff::Backoff;
+use zeroize::{Zeroize, Zeroizing};
 use super::sc::{Channel, Key, SCBK_D, SessionKeys};
 
 pub mod codec;
@@ -28,20 +31,29 @@ pub struct Timing {
     pub resends: u8,
     pub offline_after_ms: u64,
     pub probe_every_ms: u64,
+    /// A session that ends early is restarted after this, doubling...
     pub backoff_initial_ms: u64,
+    /// ...up to this.
     pub backoff_max_ms: u64,
+    /// Early session ends are counted over this window...
+    pub early_end_window_ms: u64,
+    /// ...and this many raise `reader_link_fault`.
+    pub early_ends_to_fault: usize,
 }
 
 impl Timing {
     /// osdp.md: 200 ms per reply, two resends, offline after 8 s, an
-    /// offline reader probed at most every 5 s.
+    /// offline reader probed at most every 5 s; sessions that end early
+    /// restarted after 1 s doubling to 30 s, three in a minute a fault.
     pub const CONTRACT: Timing = Timing {
         reply_timeout_ms: 200,
         resends: 2,
         offline_after_ms: 8_000,
         probe_every_ms: 5_000,
-        backoff_initial_ms: 200,
-        backoff_max_ms: 5_000,
+        backoff_initial_ms: 1_000,
+        backoff_max_ms: 30_000,
+        early_end_window_ms: 60_000,
+        early_ends_to_fault: 3,
     };
 }
 
@@ -54,6 +66,14 @@ pub enum Security {
     Install,
     /// No Secure Channel (`insecure_plaintext = true` and no key).
     Plaintext,
+}
+
+impl Drop for Security {
+    fn drop(&mut self) {
+        if let Security::Secure(k) = self {
+            k.zeroize();
+        }
+    }
 }
 
 impl std::fmt::Debug for Security {
@@ -85,19 +105,35 @@ pub struct Caps {
     pub outputs: u8,
 }
 
-/// Why a session ended as a link fault (`reader_link_fault`).
+/// Why a session ended early ([`Event::SessionFault`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
     /// The reader's cryptogram or R-MAC_I did not verify: another key.
+    /// Raises `reader_link_fault` at once.
     Cryptogram,
     /// A reply's MAC did not verify, or its data did not decrypt.
     Mac,
     /// A plaintext reply other than a NAK while the channel was up.
     Plaintext,
-    /// The reader refused or does not offer a Secure Channel.
+    /// The reader refused or does not offer a Secure Channel. Raises
+    /// `reader_link_fault` at once.
     Refused,
     /// A handshake reply that makes no sense.
     Handshake,
+    /// The reader dropped the channel: a plaintext NAK while it was up, or
+    /// NAK(4) or NAK(6) (sequence or Secure Channel error).
+    Dropped,
+    /// The reader stopped answering inside its Secure Channel (no reply
+    /// after the resends): reset, or its replies cut off.
+    Reset,
+}
+
+impl Fault {
+    /// Faults that say the reader holds another key or no Secure Channel:
+    /// no count is needed to know the link is wrong (osdp.md).
+    fn raises_at_once(self) -> bool {
+        matches!(self, Fault::Cryptogram | Fault::Refused)
+    }
 }
 
 /// How a queued command ended.
@@ -114,9 +150,9 @@ pub enum Outcome {
 /// What happened, for the bus task to act on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
-    /// A valid reply after none for a while (or the first one).
+    /// An authenticated reply after none for a while (or the first one).
     Online,
-    /// No valid reply for `offline_after_ms`.
+    /// No authenticated reply for `offline_after_ms`.
     Offline,
     /// The Secure Channel is up (or, for a plaintext reader, the session).
     SessionUp {
@@ -124,6 +160,14 @@ pub enum Event {
     },
     /// The session ended (the channel is down until a new handshake).
     SessionDown,
+    /// A session ended early for this reason, and is restarted after a
+    /// backoff; `recent` such ends in the window, this one included.
+    SessionFault {
+        fault: Fault,
+        recent: usize,
+    },
+    /// Raise `reader_link_fault`: a fault that raises at once, or the
+    /// early end that made the count (osdp.md, Supervision).
     LinkFault(Fault),
     Identity(Identity),
     Caps(Caps),
@@ -140,6 +184,13 @@ pub enum Event {
     Keys(KeyPresses),
     /// A card read (osdp_RAW or osdp_FMT); its data is not kept.
     Card,
+    /// The plaintext no-op osdp_OUT before the handshake was ACKed
+    /// (`accepted`): the reader would take a plaintext osdp_OUT that opens
+    /// the door from anyone on the wire (`link_insecure`). A NAK, another
+    /// reply or none passes.
+    PlaintextProbe {
+        accepted: bool,
+    },
     /// A queued command finished.
     Done {
         token: u64,
@@ -152,6 +203,12 @@ pub enum Event {
 #[derive(Clone, PartialEq, Eq)]
 pub struct KeyPresses(pub Vec<u8>);
 
+impl Drop for KeyPresses {
+    fn drop(&mut self) {
+        self.0.zeroize();
+    }
+}
+
 impl std::fmt::Debug for KeyPresses {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "KeyPresses({} keys)", self.0.len())
@@ -161,6 +218,10 @@ impl std::fmt::Debug for KeyPresses {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Step {
     Start,
+    /// The plaintext no-op osdp_OUT is on the wire.
+    Probe,
+    /// The probe is answered (or not): osdp_CHLNG next.
+    Challenge,
     Chlng,
     Scrypt,
     Id,
@@ -182,11 +243,19 @@ struct Pending {
     token: Option<u64>,
 }
 
-/// A handshake in progress.
+/// A handshake in progress. Its session keys wipe themselves; the rest is
+/// wiped here.
 struct Handshake {
     rnd_a: [u8; 8],
     keys: Option<SessionKeys>,
     cp_cryptogram: [u8; 16],
+}
+
+impl Drop for Handshake {
+    fn drop(&mut self) {
+        self.rnd_a.zeroize();
+        self.cp_cryptogram.zeroize();
+    }
 }
 
 /// Queued commands per reader: feedback and an output per decision, never
@@ -216,11 +285,21 @@ pub struct Reader {
     next_token: u64,
     /// No new session before this time (backoff, offline probing).
     wait_until: u64,
-    backoff_ms: u64,
+    backoff: Backoff,
+    /// Early session ends in the window (ms), oldest first; bounded by
+    /// `early_ends_to_fault`.
+    early_ends: VecDeque<u64>,
+    /// When the current session reached `Ready`.
+    ready_since: Option<u64>,
+    /// The last authenticated reply (or the start, or the end of a backoff
+    /// the hub chose: silence counts only while the hub is asking).
     last_valid_ms: u64,
     seen: bool,
     offline: bool,
     last_probe_ms: Option<u64>,
+    /// The output the plaintext probe names, for a reader whose strike is
+    /// on one of its outputs ([`Reader::with_probe`]).
+    probe: Option<u8>,
     /// Replies dropped: wrong sequence, nothing pending, undecodable.
     pub stray_replies: u64,
 }
@@ -251,13 +330,26 @@ impl Reader {
             queue: VecDeque::new(),
             next_token: 0,
             wait_until: now,
-            backoff_ms: 0,
+            backoff: Backoff::new(
+                Duration::from_millis(timing.backoff_initial_ms),
+                Duration::from_millis(timing.backoff_max_ms),
+            ),
+            early_ends: VecDeque::new(),
+            ready_since: None,
             last_valid_ms: now,
             seen: false,
             offline: false,
             last_probe_ms: None,
+            probe: None,
             stray_replies: 0,
         }
+    }
+
+    /// Sends the plaintext no-op osdp_OUT for `output` before each
+    /// handshake (osdp.md, Opening the door); only a keyed reader is probed.
+    pub fn with_probe(mut self, output: Option<u8>) -> Self {
+        self.probe = output;
+        self
     }
 
     #[cfg(any(test, feature = "testing"))]
@@ -349,7 +441,10 @@ impl Reader {
         if now < self.wait_until {
             return None;
         }
-        let (code, scb, data, token): (u8, Vec<u8>, Vec<u8>, Option<u64>) = match self.step {
+        // `data` may be a new key (osdp_KEYSET): wiped once encrypted.
+        let (code, scb, data, token): (u8, Vec<u8>, Zeroizing<Vec<u8>>, Option<u64>) = match self
+            .step
+        {
             Step::Start => {
                 if self.offline {
                     if let Some(t) = self.last_probe_ms
@@ -360,47 +455,46 @@ impl Reader {
                     self.last_probe_ms = Some(now);
                 }
                 self.next_seq = 0;
-                match self.security {
-                    Security::Plaintext => {
+                match (&self.security, self.probe) {
+                    (Security::Plaintext, _) => {
                         self.step = Step::Id;
-                        (cmd::ID, vec![], vec![0], None)
+                        (cmd::ID, vec![], vec![0].into(), None)
                     }
-                    _ => {
-                        self.handshake = Some(Handshake {
-                            rnd_a: rnd,
-                            keys: None,
-                            cp_cryptogram: [0; 16],
-                        });
-                        self.step = Step::Chlng;
-                        (
-                            cmd::CHLNG,
-                            vec![3, scs::CHLNG, self.key_byte()],
-                            rnd.to_vec(),
-                            None,
-                        )
+                    (Security::Secure(_), Some(output)) => {
+                        // osdp.md, Opening the door: a plaintext no-op
+                        // osdp_OUT (control code 0x00) for the strike's
+                        // output, before the handshake.
+                        self.step = Step::Probe;
+                        (cmd::OUT, vec![], vec![output, 0x00, 0, 0].into(), None)
                     }
+                    _ => self.challenge(rnd),
                 }
             }
+            Step::Challenge => {
+                self.next_seq = 0;
+                self.challenge(rnd)
+            }
+            Step::Probe => return None,
             Step::Scrypt => {
                 let hs = self.handshake.as_ref()?;
                 (
                     cmd::SCRYPT,
                     vec![3, scs::SCRYPT, self.key_byte()],
-                    hs.cp_cryptogram.to_vec(),
+                    hs.cp_cryptogram.to_vec().into(),
                     None,
                 )
             }
             Step::Chlng => return None,
-            Step::Id => (cmd::ID, vec![], vec![0], None),
-            Step::Cap => (cmd::CAP, vec![], vec![0], None),
-            Step::Lstat => (cmd::LSTAT, vec![], vec![], None),
-            Step::Istat => (cmd::ISTAT, vec![], vec![], None),
+            Step::Id => (cmd::ID, vec![], vec![0].into(), None),
+            Step::Cap => (cmd::CAP, vec![], vec![0].into(), None),
+            Step::Lstat => (cmd::LSTAT, vec![], Vec::new().into(), None),
+            Step::Istat => (cmd::ISTAT, vec![], Vec::new().into(), None),
             Step::Ready => match self.queue.pop_front() {
                 Some((token, c)) => {
                     let (code, data) = c.encode();
-                    (code, vec![], data, Some(token))
+                    (code, vec![], data.into(), Some(token))
                 }
-                None => (cmd::POLL, vec![], vec![], None),
+                None => (cmd::POLL, vec![], Vec::new().into(), None),
             },
         };
         let seq = self.next_seq;
@@ -417,6 +511,22 @@ impl Reader {
         Some(bytes)
     }
 
+    /// osdp_CHLNG with a fresh challenge: the handshake's first command.
+    fn challenge(&mut self, rnd: [u8; 8]) -> (u8, Vec<u8>, Zeroizing<Vec<u8>>, Option<u64>) {
+        self.handshake = Some(Handshake {
+            rnd_a: rnd,
+            keys: None,
+            cp_cryptogram: [0; 16],
+        });
+        self.step = Step::Chlng;
+        (
+            cmd::CHLNG,
+            vec![3, scs::CHLNG, self.key_byte()],
+            rnd.to_vec().into(),
+            None,
+        )
+    }
+
     fn key_byte(&self) -> u8 {
         match self.security {
             Security::Install => 0x00,
@@ -424,11 +534,11 @@ impl Reader {
         }
     }
 
-    fn key(&self) -> Key {
-        match &self.security {
+    fn key(&self) -> Zeroizing<Key> {
+        Zeroizing::new(match &self.security {
             Security::Secure(k) => *k,
             _ => SCBK_D,
-        }
+        })
     }
 
     fn encode(&mut self, seq: u8, scb: &[u8], code: u8, data: &[u8]) -> Vec<u8> {
@@ -452,31 +562,35 @@ impl Reader {
         let Some(p) = &mut self.pending else {
             return ev;
         };
+        if self.step == Step::Probe {
+            // No reply to the probe passes; it is not sent again.
+            self.pending = None;
+            self.step = Step::Challenge;
+            ev.push(Event::PlaintextProbe { accepted: false });
+            return ev;
+        }
         if p.sends <= self.timing.resends {
             p.resend = true;
             return ev;
         }
-        let p = self.pending.take().expect("pending");
-        if let Some(token) = p.token {
-            ev.push(Event::Done {
-                token,
-                outcome: Outcome::Failed,
-            });
-        }
         // Whether the reader acted on it is unknown, and with it the MAC
-        // chain: start over.
-        let backoff = self.next_backoff();
-        self.end_session(now, backoff, &mut ev);
-        ev
-    }
-
-    fn next_backoff(&mut self) -> u64 {
-        self.backoff_ms = if self.backoff_ms == 0 {
-            self.timing.backoff_initial_ms
+        // chain: start over. A reader that goes quiet inside its Secure
+        // Channel was reset (or its replies are being cut off): an early
+        // end, counted (osdp.md, Supervision). Silence outside one is the
+        // offline timer's to judge (an unplugged reader is `board_offline`,
+        // not a link fault). Either way the command is settled.
+        if self.channel.is_some() {
+            self.fault(now, Fault::Reset, &mut ev);
+            return ev;
+        }
+        // An offline reader's probe is followed by the probe interval's rest.
+        let wait = if self.offline {
+            self.timing.probe_every_ms
         } else {
-            (self.backoff_ms * 2).min(self.timing.backoff_max_ms)
+            self.timing.backoff_initial_ms
         };
-        self.backoff_ms
+        self.end_session(now, wait, &mut ev);
+        ev
     }
 
     fn end_session(&mut self, now: u64, wait_ms: u64, ev: &mut Vec<Event>) {
@@ -485,6 +599,10 @@ impl Reader {
         self.handshake = None;
         self.step = Step::Start;
         self.next_seq = 0;
+        self.ready_since = None;
+        // Whatever ends a session settles what it had in flight: an
+        // osdp_OUT whose reply never verified is unconfirmed now
+        // (osdp.md, Supervision).
         if let Some(p) = self.pending.take()
             && let Some(token) = p.token
         {
@@ -507,10 +625,43 @@ impl Reader {
         }
     }
 
-    fn fault(&mut self, now: u64, f: Fault, ev: &mut Vec<Event>) {
-        ev.push(Event::LinkFault(f));
-        let backoff = self.next_backoff();
-        self.end_session(now, backoff, ev);
+    /// A session ended early (osdp.md, Supervision): counted, unless it had
+    /// been up for the whole window; restarted after the backoff; the end
+    /// that makes the count, or a fault that needs none, raises
+    /// `reader_link_fault`.
+    fn fault(&mut self, now: u64, fault: Fault, ev: &mut Vec<Event>) {
+        let window = self.timing.early_end_window_ms;
+        let early = self
+            .ready_since
+            .is_none_or(|t| now.saturating_sub(t) < window);
+        if early {
+            while self
+                .early_ends
+                .front()
+                .is_some_and(|&t| now.saturating_sub(t) >= window)
+                || self.early_ends.len() >= self.timing.early_ends_to_fault
+            {
+                self.early_ends.pop_front();
+            }
+            self.early_ends.push_back(now);
+        } else {
+            self.backoff.reset();
+        }
+        let recent = self.early_ends.len();
+        ev.push(Event::SessionFault { fault, recent });
+        if fault.raises_at_once() || (early && recent >= self.timing.early_ends_to_fault) {
+            ev.push(Event::LinkFault(fault));
+        }
+        let wait = u64::try_from(self.backoff.next_step().as_millis()).unwrap_or(u64::MAX);
+        self.end_session(now, wait, ev);
+        // The hub chose not to ask for this long after an answer: silence
+        // meanwhile is not the reader's (a reader that answers with the
+        // wrong key is a link fault, not offline). Anyone keeping sessions
+        // short this way raises `reader_link_fault` by the count. A reader
+        // that stopped answering keeps its 8 s.
+        if fault != Fault::Reset {
+            self.last_valid_ms = self.last_valid_ms.max(now + wait);
+        }
     }
 
     /// A CRC-valid reply from this reader's address.
@@ -540,64 +691,75 @@ impl Reader {
             return ev;
         }
         let p = self.pending.take().expect("pending");
-        // It answers: not offline, whatever the reply turns out to be.
-        self.alive(now, &mut ev);
+        // Nothing below counts as a sign of life until it is authenticated
+        // (`alive`): a MAC, or the handshake's cryptograms.
 
-        // Authenticate before anything is believed.
-        let data: Vec<u8> = match (&mut self.channel, pkt.scb_type()) {
+        // Authenticate before anything is believed. On a failure the
+        // command goes back to `pending`, so ending the session settles it.
+        let data: Zeroizing<Vec<u8>> = match (&mut self.channel, pkt.scb_type()) {
             (Some(ch), Some(t)) if t == scs::REPLY_MAC || t == scs::REPLY_ENC => {
                 let mac = pkt.mac().expect("SCB 16/18 carries a MAC");
                 if !ch.verify_reply(pkt.mac_input(), &mac) {
+                    self.pending = Some(p);
                     self.fault(now, Fault::Mac, &mut ev);
                     return ev;
                 }
-                if t == scs::REPLY_ENC {
-                    match ch.decrypt_reply(pkt.data()) {
-                        Some(d) => d,
-                        None => {
-                            self.fault(now, Fault::Mac, &mut ev);
-                            return ev;
-                        }
-                    }
+                let data = if t == scs::REPLY_ENC {
+                    ch.decrypt_reply(pkt.data())
                 } else if pkt.data().is_empty() || pkt.code() == reply::NAK {
-                    pkt.data().to_vec()
+                    Some(pkt.data().to_vec().into())
                 } else {
                     // Authentic but in the clear: payloads are encrypted
                     // (osdp.md), or a reader's PIN digits cross the wire as
                     // they are. Treated like a plaintext reply.
+                    self.pending = Some(p);
                     self.fault(now, Fault::Plaintext, &mut ev);
                     return ev;
-                }
+                };
+                let Some(data) = data else {
+                    self.pending = Some(p);
+                    self.fault(now, Fault::Mac, &mut ev);
+                    return ev;
+                };
+                self.alive(now, &mut ev);
+                data
             }
             (Some(_), None) if pkt.code() == reply::NAK => {
-                // The reader lost the channel: a new session at once.
+                // The reader lost the channel (or someone on the wire says
+                // so): a new session after the backoff, counted.
                 if let Some(token) = p.token {
                     ev.push(Event::Done {
                         token,
                         outcome: Outcome::Nak(pkt.data().first().copied().unwrap_or(0)),
                     });
                 }
-                self.end_session(now, 0, &mut ev);
+                self.fault(now, Fault::Dropped, &mut ev);
                 return ev;
             }
             (Some(_), _) => {
-                if let Some(token) = p.token {
-                    ev.push(Event::Done {
-                        token,
-                        outcome: Outcome::Failed,
-                    });
-                }
+                self.pending = Some(p);
                 self.fault(now, Fault::Plaintext, &mut ev);
                 return ev;
             }
             (None, _) => match self.step {
+                Step::Probe => {
+                    // Not a sign of life: plain text, anyone could say it.
+                    let accepted = pkt.code() == reply::ACK && pkt.scb_type().is_none();
+                    self.step = Step::Challenge;
+                    ev.push(Event::PlaintextProbe { accepted });
+                    return ev;
+                }
                 Step::Chlng | Step::Scrypt => {
                     return self.handshake_reply(pkt, now, ev);
                 }
                 _ if matches!(self.security, Security::Plaintext) && pkt.scb_type().is_none() => {
-                    pkt.data().to_vec()
+                    // No Secure Channel by config: a valid reply is all
+                    // there is to go by (osdp.md, Supervision).
+                    self.alive(now, &mut ev);
+                    pkt.data().to_vec().into()
                 }
                 _ => {
+                    self.pending = Some(p);
                     self.fault(now, Fault::Plaintext, &mut ev);
                     return ev;
                 }
@@ -607,8 +769,17 @@ impl Reader {
         ev
     }
 
+    /// An authenticated reply: the reader is there (osdp.md, Supervision).
+    /// A session that has held for the whole window has proved itself: the
+    /// next early end backs off from the start again.
     fn alive(&mut self, now: u64, ev: &mut Vec<Event>) {
-        self.last_valid_ms = now;
+        self.last_valid_ms = self.last_valid_ms.max(now);
+        if self
+            .ready_since
+            .is_some_and(|t| now.saturating_sub(t) >= self.timing.early_end_window_ms)
+        {
+            self.backoff.reset();
+        }
         if self.offline || !self.seen {
             self.offline = false;
             self.seen = true;
@@ -629,6 +800,12 @@ impl Reader {
                 let rnd_b: [u8; 8] = d[8..16].try_into().expect("8 bytes");
                 let keys = SessionKeys::derive(&key, &hs.rnd_a);
                 if !keys.pd_cryptogram_ok(&hs.rnd_a, &rnd_b, &d[16..32]) {
+                    // The answer to this session's fresh challenge, under
+                    // another key: the reader is there and holds the wrong
+                    // key. That raises `reader_link_fault` at once, and so
+                    // it is not `board_offline` as well (osdp.md). Anyone
+                    // faking it raises the same alert: never silence.
+                    self.alive(now, &mut ev);
                     self.fault(now, Fault::Cryptogram, &mut ev);
                     return ev;
                 }
@@ -643,8 +820,10 @@ impl Reader {
                 if super::sc::ct_eq(&expect, &got) {
                     self.channel = Some(Channel::new(keys, got));
                     self.handshake = None;
-                    self.backoff_ms = 0;
                     self.step = Step::Id;
+                    // R-MAC_I is the reader's MAC over this session's
+                    // cryptogram: the first authenticated reply.
+                    self.alive(now, &mut ev);
                     ev.push(Event::SessionUp { secure: true });
                 } else {
                     self.fault(now, Fault::Cryptogram, &mut ev);
@@ -666,13 +845,10 @@ impl Reader {
                 });
             }
             match (reason, p.code) {
-                (nak::SEQUENCE | nak::SECURE_CHANNEL, _) => self.end_session(now, 0, ev),
+                (nak::SEQUENCE | nak::SECURE_CHANNEL, _) => self.fault(now, Fault::Dropped, ev),
                 // Missing feature: state unknown, not a fault.
-                (_, cmd::LSTAT | cmd::ISTAT) => self.advance(ev),
-                (_, cmd::ID | cmd::CAP) => {
-                    let backoff = self.next_backoff();
-                    self.end_session(now, backoff, ev);
-                }
+                (_, cmd::LSTAT | cmd::ISTAT) => self.advance(now, ev),
+                (_, cmd::ID | cmd::CAP) => self.fault(now, Fault::Handshake, ev),
                 _ => {}
             }
             return;
@@ -700,7 +876,7 @@ impl Reader {
             }
             Step::Lstat | Step::Istat => {
                 self.report(code, data, ev);
-                self.advance(ev);
+                self.advance(now, ev);
                 return;
             }
             _ => {}
@@ -740,11 +916,12 @@ impl Reader {
         }
     }
 
-    fn advance(&mut self, ev: &mut Vec<Event>) {
+    fn advance(&mut self, now: u64, ev: &mut Vec<Event>) {
         self.step = match self.step {
             Step::Lstat => Step::Istat,
             Step::Istat => {
                 ev.push(Event::Ready);
+                self.ready_since = Some(now);
                 Step::Ready
             }
             s => s,
@@ -1007,19 +1184,154 @@ mod tests {
         assert_eq!(r.send(unlock()), Err(SendError::NotReady));
     }
 
-    #[test]
-    fn a_reply_with_a_bad_mac_ends_the_session_as_a_link_fault() {
-        let (mut r, mut pd, now) = secure_session();
-        let bytes = r.next(now, [9; 8]).unwrap();
-        let good = pd.answer(&bytes);
+    /// A reply to `bytes` as `pd` answers it, with one bit of its MAC
+    /// flipped and its CRC fixed up: what a man in the middle can make.
+    fn forge_mac(pd: &mut FakePd, bytes: &[u8]) -> Packet {
+        let good = pd.answer(bytes);
         let mut raw = good.mac_input().to_vec();
-        raw.extend_from_slice(&[0, 0, 0, 0]);
+        let mut mac = good.mac().unwrap();
+        mac[0] ^= 1;
+        raw.extend_from_slice(&mac);
         let crc = packet::crc16(&raw);
         raw.extend_from_slice(&crc.to_le_bytes());
-        let forged = Packet::parse(&raw).unwrap();
-        let ev = r.on_reply(&forged, now);
-        assert!(ev.contains(&Event::LinkFault(Fault::Mac)));
-        assert!(!r.is_ready() && !r.is_secure());
+        Packet::parse(&raw).unwrap()
+    }
+
+    #[test]
+    fn a_reply_with_a_bad_mac_ends_the_session_counted_and_three_in_a_minute_raise_a_link_fault() {
+        let (mut r, mut pd, mut now) = secure_session();
+        let mut raised = Vec::new();
+        for round in 1..=3 {
+            let bytes = r.next(now, [9; 8]).unwrap();
+            let ev = r.on_reply(&forge_mac(&mut pd, &bytes), now);
+            assert!(
+                ev.contains(&Event::SessionFault {
+                    fault: Fault::Mac,
+                    recent: round
+                }),
+                "{ev:?}"
+            );
+            assert!(!ev.contains(&Event::Online), "a bad MAC is no sign of life");
+            assert!(!r.is_ready() && !r.is_secure());
+            raised.push(ev.contains(&Event::LinkFault(Fault::Mac)));
+            // Back up after the backoff, for the next round.
+            let up = drive(&mut r, &mut pd, &mut now, 10_000, Reader::is_ready);
+            assert!(r.is_ready(), "{up:?}");
+        }
+        assert_eq!(raised, [false, false, true], "counted, then raised");
+    }
+
+    #[test]
+    fn an_output_whose_reply_fails_its_mac_is_settled_unconfirmed_at_once() {
+        let (mut r, mut pd, now) = secure_session();
+        let token = r.send(unlock()).unwrap();
+        let bytes = r.next(now, [9; 8]).unwrap();
+        assert_eq!(Packet::parse(&bytes[1..]).unwrap().code(), cmd::OUT);
+        let ev = r.on_reply(&forge_mac(&mut pd, &bytes), now);
+        assert!(
+            ev.contains(&Event::Done {
+                token,
+                outcome: Outcome::Failed
+            }),
+            "{ev:?}"
+        );
+        assert!(!r.awaiting_reply() && !r.resend_due());
+    }
+
+    #[test]
+    fn a_reader_is_alive_only_once_a_mac_or_its_cryptogram_verifies() {
+        let mut r = Reader::new(5, Security::Secure(KEY), T, 0);
+        let mut pd = FakePd::new(KEY);
+        let mut now = 0;
+        // 40 s of handshakes that never finish: a genuine osdp_CCRYPT, then
+        // whatever a man in the middle answers osdp_SCRYPT with (plaintext
+        // NAKs, BUSY, an R-MAC_I with one bit flipped). None is life.
+        let mut ev = Vec::new();
+        let mut round = 0;
+        while now < 40_000 {
+            now += 10;
+            ev.extend(r.tick(now));
+            let Some(bytes) = r.next(now, [9; 8]) else {
+                continue;
+            };
+            let c = Packet::parse(&bytes[1..]).unwrap();
+            let plain = |code, scb: &[u8], data: &[u8]| {
+                Packet::parse(&packet::encode(5 | 0x80, c.seq(), scb, code, data, None)[1..])
+                    .unwrap()
+            };
+            let reply = if c.code() == cmd::CHLNG {
+                pd.answer(&bytes)
+            } else {
+                round += 1;
+                match round % 3 {
+                    0 => plain(reply::NAK, &[], &[6]),
+                    1 => plain(reply::BUSY, &[], &[]),
+                    _ => {
+                        let mut rmac = pd.answer(&bytes).data().to_vec();
+                        rmac[15] ^= 1;
+                        plain(reply::RMAC_I, &[3, scs::RMAC_I, 1], &rmac)
+                    }
+                }
+            };
+            ev.extend(r.on_reply(&reply, now));
+        }
+        assert!(round >= 6, "{round} handshakes");
+        assert!(!ev.contains(&Event::Online), "alive without a MAC: {ev:?}");
+        assert!(ev.contains(&Event::LinkFault(Fault::Cryptogram)), "{ev:?}");
+        assert!(!r.is_ready());
+
+        // The genuine R-MAC_I is the first authenticated reply.
+        let mut r = Reader::new(5, Security::Secure(KEY), T, 0);
+        let mut now = 10;
+        let chlng = r.next(now, [9; 8]).unwrap();
+        let ev = r.on_reply(&pd.answer(&chlng), now);
+        assert!(!ev.contains(&Event::Online), "{ev:?}");
+        now += 10;
+        let scrypt = r.next(now, [9; 8]).unwrap();
+        let ev = r.on_reply(&pd.answer(&scrypt), now);
+        assert!(ev.contains(&Event::Online), "{ev:?}");
+    }
+
+    #[test]
+    fn sessions_that_end_early_restart_after_1_s_doubling_to_30_s() {
+        let (mut r, _, mut now) = secure_session();
+        let mut gaps = Vec::new();
+        for _ in 0..7 {
+            // Every command gets a plaintext NAK: the channel is dropped.
+            let bytes = loop {
+                if let Some(b) = r.next(now, [9; 8]) {
+                    break b;
+                }
+                now += 10;
+            };
+            let p = Packet::parse(&bytes[1..]).unwrap();
+            if p.code() == cmd::CHLNG {
+                // The handshake is not the attacker's target here: let it
+                // through with a fresh fake of the right key.
+                let mut pd = FakePd::new(KEY);
+                let ended = now;
+                r.on_reply(&pd.answer(&bytes), now);
+                let scrypt = r.next(now, [9; 8]).unwrap();
+                r.on_reply(&pd.answer(&scrypt), now);
+                let id = r.next(now, [9; 8]).unwrap();
+                let seq = Packet::parse(&id[1..]).unwrap().seq();
+                let nak = Packet::parse(
+                    &packet::encode(5 | 0x80, seq, &[], reply::NAK, &[6], None)[1..],
+                )
+                .unwrap();
+                r.on_reply(&nak, now);
+                gaps.push(ended);
+                continue;
+            }
+            let nak =
+                Packet::parse(&packet::encode(5 | 0x80, p.seq(), &[], reply::NAK, &[6], None)[1..])
+                    .unwrap();
+            let ev = r.on_reply(&nak, now);
+            assert!(ev.contains(&Event::SessionDown), "{ev:?}");
+            gaps.push(now);
+        }
+        let waits: Vec<u64> = gaps.windows(2).map(|w| (w[1] - w[0]) / 1000).collect();
+        assert_eq!(waits, [1, 2, 4, 8, 16, 30]);
     }
 
     #[test]
@@ -1032,7 +1344,13 @@ mod tests {
         )
         .unwrap();
         let ev = r.on_reply(&forged, now);
-        assert!(ev.contains(&Event::LinkFault(Fault::Plaintext)), "{ev:?}");
+        assert!(
+            ev.contains(&Event::SessionFault {
+                fault: Fault::Plaintext,
+                recent: 1
+            }),
+            "{ev:?}"
+        );
         assert!(!ev.iter().any(|e| matches!(e, Event::Keys(_))));
     }
 
@@ -1042,7 +1360,13 @@ mod tests {
         pd.data_in_clear = true;
         pd.poll_reply = (reply::KEYPAD, vec![0, 2, 0x31, 0x0D]);
         let ev = drive(&mut r, &mut pd, &mut now, 3, |_| false);
-        assert!(ev.contains(&Event::LinkFault(Fault::Plaintext)), "{ev:?}");
+        assert!(
+            ev.contains(&Event::SessionFault {
+                fault: Fault::Plaintext,
+                recent: 1
+            }),
+            "{ev:?}"
+        );
         assert!(!ev.iter().any(|e| matches!(e, Event::Keys(_))));
         assert!(!r.is_secure());
     }
@@ -1087,7 +1411,7 @@ mod tests {
     }
 
     #[test]
-    fn a_plaintext_nak_restarts_the_session_without_a_fault() {
+    fn a_plaintext_nak_restarts_the_session_after_a_backoff_counted_not_raised() {
         let (mut r, _, now) = secure_session();
         let bytes = r.next(now, [9; 8]).unwrap();
         let seq = Packet::parse(&bytes[1..]).unwrap().seq();
@@ -1095,9 +1419,14 @@ mod tests {
             .unwrap();
         let ev = r.on_reply(&nak, now);
         assert!(ev.contains(&Event::SessionDown));
+        assert!(ev.contains(&Event::SessionFault {
+            fault: Fault::Dropped,
+            recent: 1
+        }));
         assert!(!ev.iter().any(|e| matches!(e, Event::LinkFault(_))));
-        // The next command is a new handshake from sequence 0.
-        let next = r.next(now, [9; 8]).unwrap();
+        assert_eq!(r.next(now + 990, [9; 8]), None, "the backoff first");
+        // Then a new handshake from sequence 0.
+        let next = r.next(now + 1_000, [9; 8]).unwrap();
         let p = Packet::parse(&next[1..]).unwrap();
         assert_eq!((p.code(), p.seq()), (cmd::CHLNG, 0));
     }
@@ -1202,15 +1531,21 @@ mod tests {
             starts.iter().all(|&gap| gap >= 5_000),
             "probes too often: {starts:?}"
         );
-        // It comes back on the first valid reply.
-        let bytes = loop {
-            now += 10;
-            if let Some(b) = r.next(now, [9; 8]) {
-                break b;
+        // It comes back on the first authenticated reply: osdp_RMAC_I, the
+        // second reply of the probe's handshake.
+        let mut online_at = Vec::new();
+        for reply in 1..=2 {
+            let bytes = loop {
+                now += 10;
+                if let Some(b) = r.next(now, [9; 8]) {
+                    break b;
+                }
+            };
+            if r.on_reply(&pd.answer(&bytes), now).contains(&Event::Online) {
+                online_at.push(reply);
             }
-        };
-        let ev = r.on_reply(&pd.answer(&bytes), now);
-        assert!(ev.contains(&Event::Online));
+        }
+        assert_eq!(online_at, [2]);
     }
 
     #[test]
@@ -1234,6 +1569,94 @@ mod tests {
             "BUSY is no sign of life: {ev:?}"
         );
         assert!(!r.is_ready());
+    }
+
+    /// Sends the next command and lets it time out with its resends.
+    fn silence(r: &mut Reader, now: &mut u64) -> Vec<Event> {
+        let mut ev = Vec::new();
+        let first = loop {
+            *now += 10;
+            if let Some(b) = r.next(*now, [9; 8]) {
+                break b;
+            }
+        };
+        drop(first);
+        for _ in 0..3 {
+            *now += 200;
+            ev.extend(r.on_timeout(*now));
+            if r.resend_due() {
+                r.next(*now, [9; 8]);
+            }
+        }
+        ev
+    }
+
+    #[test]
+    fn a_reader_that_goes_quiet_inside_its_channel_is_counted_but_silence_before_one_is_not() {
+        let (mut r, mut pd, mut now) = secure_session();
+        let mut raised = Vec::new();
+        for round in 1..=3 {
+            let ev = silence(&mut r, &mut now);
+            assert!(
+                ev.contains(&Event::SessionFault {
+                    fault: Fault::Reset,
+                    recent: round
+                }),
+                "{ev:?}"
+            );
+            raised.push(ev.contains(&Event::LinkFault(Fault::Reset)));
+            drive(&mut r, &mut pd, &mut now, 10_000, Reader::is_ready);
+            assert!(r.is_ready());
+        }
+        assert_eq!(raised, [false, false, true]);
+
+        // Unplugged before any Secure Channel: offline's to judge, not a
+        // link fault.
+        let mut r = Reader::new(5, Security::Secure(KEY), T, 0);
+        let mut now = 0;
+        let mut ev = Vec::new();
+        for _ in 0..10 {
+            ev.extend(silence(&mut r, &mut now));
+        }
+        assert!(
+            !ev.iter()
+                .any(|e| matches!(e, Event::SessionFault { .. } | Event::LinkFault(_))),
+            "{ev:?}"
+        );
+    }
+
+    #[test]
+    fn a_strike_output_is_probed_in_plain_text_before_each_handshake_and_an_ack_is_reported() {
+        let mut r = Reader::new(5, Security::Secure(KEY), T, 0).with_probe(Some(1));
+        let mut pd = FakePd::new(KEY);
+        let mut now = 10;
+        let probe = r.next(now, [9; 8]).unwrap();
+        let p = Packet::parse(&probe[1..]).unwrap();
+        assert_eq!(
+            (p.code(), p.seq(), p.scb_type(), p.data()),
+            (cmd::OUT, 0, None, &[1, 0x00, 0, 0][..]),
+            "a no-op osdp_OUT (control code 0x00) for the strike's output"
+        );
+        let ack = Packet::parse(&packet::encode(5 | 0x80, 0, &[], reply::ACK, &[], None)[1..])
+            .unwrap();
+        let ev = r.on_reply(&ack, now);
+        assert_eq!(ev, [Event::PlaintextProbe { accepted: true }], "and no sign of life");
+        // The handshake follows, from sequence 0, and the session opens.
+        let chlng = r.next(now, [9; 8]).unwrap();
+        let c = Packet::parse(&chlng[1..]).unwrap();
+        assert_eq!((c.code(), c.seq()), (cmd::CHLNG, 0));
+        r.on_reply(&pd.answer(&chlng), now);
+        drive(&mut r, &mut pd, &mut now, 20, Reader::is_ready);
+        assert!(r.is_ready() && r.is_secure());
+
+        // The next session probes again; silence passes, without resends.
+        r.restart(now);
+        let probe = r.next(now, [9; 8]).unwrap();
+        assert_eq!(Packet::parse(&probe[1..]).unwrap().code(), cmd::OUT);
+        let ev = r.on_timeout(now + 200);
+        assert_eq!(ev, [Event::PlaintextProbe { accepted: false }]);
+        let next = r.next(now + 200, [9; 8]).unwrap();
+        assert_eq!(Packet::parse(&next[1..]).unwrap().code(), cmd::CHLNG);
     }
 
     #[test]

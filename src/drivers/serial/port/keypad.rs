@@ -93,6 +93,19 @@ impl Session {
         self.inflight.insert(door, task);
     }
 
+    /// A grant committed by another driver for one of this board's doors
+    /// (a PIN typed on an OSDP reader): the same Unlock, and the same
+    /// record of its outcome, as for a grant from this board's keypad.
+    pub(super) fn on_board_unlock(&mut self, u: crate::drivers::BoardUnlock) {
+        let target = self.shared.door(u.door);
+        let msg = Downlink::Unlock {
+            seq: 0,
+            door: u.door,
+            ms: target.unlock_ms,
+        };
+        self.command(msg, Some((target.name.clone(), u.key_id)), u.received);
+    }
+
     pub(super) fn on_decided(&mut self, d: Decided) {
         let target = self.shared.door(d.door);
         match d.reply {

@@ -133,7 +133,11 @@ impl Presence {
 }
 
 /// Runs one port until `stop` says so: open, session, backoff, repeat.
-pub(crate) async fn run_port(shared: Arc<PortShared>, mut stop: watch::Receiver<bool>) {
+pub(crate) async fn run_port(
+    shared: Arc<PortShared>,
+    mut stop: watch::Receiver<bool>,
+    mut unlocks: mpsc::Receiver<crate::drivers::BoardUnlock>,
+) {
     let serial = shared.port.name.clone();
     // Reopen delays: `backoff_initial`, doubling up to `backoff_max`, reset
     // only after the board answered: a port that opens and then fails at
@@ -156,7 +160,9 @@ pub(crate) async fn run_port(shared: Arc<PortShared>, mut stop: watch::Receiver<
                 tracing::info!(serial = %serial, path = %shared.port.path.display(), "serial port open");
                 let carried = doors.take().unwrap_or_else(PortDoors::new);
                 let mut session = Session::new(shared.clone(), carried);
-                let end = session.run(stream, &mut stop, &mut presence).await;
+                let end = session
+                    .run(stream, &mut stop, &mut presence, &mut unlocks)
+                    .await;
                 if session.heard_board {
                     backoff.reset();
                 }
@@ -185,6 +191,13 @@ pub(crate) async fn run_port(shared: Arc<PortShared>, mut stop: watch::Receiver<
                     tracing::debug!(serial = %serial, error = %e, "serial port still absent");
                 }
             }
+        }
+        // Board grants from another driver (a reader's PIN) that can no
+        // longer reach the board: on record unconfirmed at once.
+        while let Ok(u) = unlocks.try_recv() {
+            let door = shared.door(u.door).name;
+            tracing::warn!(serial = %serial, door = %door, key_id = %u.key_id, "unlock never sent: the port is away");
+            shared.recorder.unlock(&door, u.key_id, false, shared.now());
         }
         // No frames while the port is away: the board is offline after the
         // same silence as on an open port.
@@ -363,6 +376,7 @@ impl Session {
         mut stream: SerialStream,
         stop: &mut watch::Receiver<bool>,
         presence: &mut Presence,
+        unlocks: &mut mpsc::Receiver<crate::drivers::BoardUnlock>,
     ) -> Result<(), SerialError> {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -376,6 +390,7 @@ impl Session {
                     Err(e) => return Err(SerialError::Read(e)),
                 },
                 Some(d) = self.decided_rx.recv() => self.on_decided(d),
+                Some(u) = unlocks.recv() => self.on_board_unlock(u),
                 _ = tick.tick() => {}
                 _ = stop.changed() => return Ok(()),
             }
