@@ -95,6 +95,15 @@ enum Command {
         /// Name doors as the hub's config does: `--door-name 101=0` (repeat per door).
         #[arg(long = "door-name", value_name = "NAME=INDEX", value_parser = parse_door_name)]
         door_names: Vec<(String, u8)>,
+        /// The board's link key (base64url of 32 bytes, as in the hub's
+        /// `[[board_key]]`): the board talks sealed. Without it, plain.
+        #[arg(long, value_name = "FILE")]
+        key_file: Option<std::path::PathBuf>,
+        /// Start in pairing mode (`lockhub board pair`): type the code the
+        /// hub prints as `0 CODE#`; a matching code writes the new key to
+        /// `--key-file` (if given) and the board goes on sealed.
+        #[arg(long)]
+        pair: bool,
     },
 }
 
@@ -400,7 +409,21 @@ fn main() -> ExitCode {
             board_id,
             doors,
             door_names,
+            key_file,
+            pair,
         } => {
+            use lockhub::sim::board::SimMode;
+            let mode = match (pair, key_file) {
+                (true, save) => SimMode::Pairing { save },
+                (false, Some(path)) => match lockhub::sim::board::read_key_file(&path) {
+                    Ok(key) => SimMode::Sealed(key),
+                    Err(e) => {
+                        eprintln!("sim-board: {e}");
+                        return ExitCode::from(2);
+                    }
+                },
+                (false, None) => SimMode::Plain,
+            };
             let rt = match runtime(Threads::One) {
                 Ok(rt) => rt,
                 Err(exit) => return exit,
@@ -410,6 +433,7 @@ fn main() -> ExitCode {
                 &port,
                 baud,
                 cfg,
+                mode,
                 door_names,
                 std::time::Duration::from_secs(2),
             );

@@ -67,6 +67,7 @@ pub fn write_files(
         mqtt_extra: format!("username = \"{HUB_ID}\"\npassword_file = \"mqtt-password\"\n"),
         trust: testkit::files::trust_signer(SIGNER_ID, &cloud_key.verifying_key()),
         serial: vec![("board-a".into(), serial.display().to_string())],
+        insecure_serials: true,
         doors: DOORS
             .iter()
             .map(|(name, index)| {

@@ -104,6 +104,10 @@ wire_codes! {
         ReaderReplaced = "reader_replaced",
         /// The broker refused the hub's connection or its subscription.
         BrokerDenied = "broker_denied",
+        /// Faults on a lock board's sealed link: frames that fail, failed
+        /// handshakes, plain `Hello`s that were not the board's (serial.md,
+        /// "Sealed link"; subject: the serial name).
+        BoardLinkFault = "board_link_fault",
     }
 }
 
@@ -296,7 +300,7 @@ mod tests {
             assert_eq!(Condition::parse(c.as_str()), Some(c));
             assert_eq!(round_trip(&c), c);
         }
-        assert_eq!(Condition::ALL.len(), 20);
+        assert_eq!(Condition::ALL.len(), 21);
         assert_eq!(AuditKind::ALL.len(), 13);
         assert!(serde_json::from_str::<AuditKind>(r#""door.opened""#).is_err());
         assert!(serde_json::from_str::<SyncReason>(r#""Gap""#).is_err());

@@ -61,6 +61,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0013_broker_error",
         include_str!("../../migrations/0013_broker_error.sql"),
     ),
+    (
+        "0020_board_link",
+        include_str!("../../migrations/0020_board_link.sql"),
+    ),
 ];
 
 /// The schema version a database is at.
