@@ -560,4 +560,151 @@ mod tests {
         assert!(matches!(rx, SealRx::Quiet) && alert.is_none());
         assert_eq!(hub.drops().causes.total(), 0);
     }
+
+    // -----------------------------------------------------------------
+    // The hub's reading of spec/vectors/serial-sealed.json: the hub's own
+    // end (this module, as the port loop drives it: wire bytes through a
+    // PayloadDecoder) makes and reads the vector's bytes exactly.
+    // -----------------------------------------------------------------
+
+    fn vectors() -> serde_json::Value {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/spec/vectors/serial-sealed.json"
+        );
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
+    fn hex(v: &serde_json::Value) -> Vec<u8> {
+        let s = v.as_str().unwrap();
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    /// Hands out exactly the given bytes (the vector's hub nonce).
+    struct Scripted(VecDeque<u8>);
+    impl RandomSource for Scripted {
+        fn fill_bytes(&mut self, out: &mut [u8]) {
+            for b in out {
+                *b = self.0.pop_front().expect("scripted enough bytes");
+            }
+        }
+    }
+
+    /// Every payload in `wire`, as the port's decoder cuts them.
+    fn payloads(wire: &[u8]) -> Vec<Vec<u8>> {
+        let mut d = firmware_bridge::PayloadDecoder::new();
+        wire.iter()
+            .filter_map(|b| d.push(*b).map(|r| r.unwrap().to_vec()))
+            .collect()
+    }
+
+    /// The hub after the vector's handshake, checked byte for byte.
+    fn hub_after_handshake(v: &serde_json::Value) -> SealEnd<Scripted> {
+        let h = &v["handshake"];
+        let lk: [u8; 32] = hex(&h["lk_hex"]).try_into().unwrap();
+        let msgs = h["messages"].as_array().unwrap();
+        let nonce = hex(&h["hub_nonce_hex"]);
+        // The vector's nonce first; then bytes for check Ping nonces.
+        let mut bytes: VecDeque<u8> = nonce.into_iter().collect();
+        bytes.extend([0x5a; 64]);
+        let mut hub = SealEnd::with_rng(LinkKey::from_bytes(lk), Scripted(bytes), 0);
+        let hello = hub.pop_out().unwrap();
+        assert_eq!(hello.to_vec(), hex(&msgs[0]["wire_hex"]), "SealHello");
+        let answer = payloads(&hex(&msgs[1]["wire_hex"]));
+        assert_eq!(answer, [hex(&msgs[1]["payload_hex"])]);
+        let (rx, alert) = hub.on_payload(&answer[0], 5);
+        assert!(matches!(rx, SealRx::SessionStarted { board_id: 1 }), "{rx:?}");
+        assert_eq!(alert, None);
+        let confirm = hub.pop_out().unwrap();
+        assert_eq!(confirm.to_vec(), hex(&msgs[2]["wire_hex"]), "SealConfirm");
+        assert!(hub.has_session());
+        hub
+    }
+
+    #[test]
+    fn the_hub_makes_and_reads_the_vectors_handshake_and_frames_byte_for_byte() {
+        let v = vectors();
+        let mut hub = hub_after_handshake(&v);
+        for f in v["frames"].as_array().unwrap() {
+            let msg_hex = hex(&f["message_hex"]);
+            match f["dir"].as_str().unwrap() {
+                "board->hub" => {
+                    let got = payloads(&hex(&f["wire_hex"]));
+                    assert_eq!(got, [hex(&f["payload_hex"])]);
+                    let (rx, _) = hub.on_payload(&got[0], 10);
+                    let SealRx::Message(m) = rx else {
+                        panic!("{}: {rx:?}", f["message"])
+                    };
+                    assert_eq!(postcard::to_allocvec(&m).unwrap(), msg_hex, "{}", f["message"]);
+                }
+                "hub->board" => {
+                    let msg: Downlink = postcard::from_bytes(&msg_hex).unwrap();
+                    let sealed = hub.seal(&msg, 10).expect("in session");
+                    assert_eq!(sealed.to_vec(), hex(&f["wire_hex"]), "{}", f["message"]);
+                }
+                other => panic!("direction {other}"),
+            }
+        }
+        assert_eq!(hub.drops().causes.total(), 0);
+    }
+
+    #[test]
+    fn the_hub_drops_and_counts_what_the_vectors_say_must_be_dropped() {
+        let v = vectors();
+        let mut hub = hub_after_handshake(&v);
+        let frames = v["frames"].as_array().unwrap();
+        for f in frames.iter().filter(|f| f["dir"] == "board->hub") {
+            let p = payloads(&hex(&f["wire_hex"]));
+            assert!(matches!(hub.on_payload(&p[0], 10).0, SealRx::Message(_)));
+        }
+        let last_up = frames
+            .iter()
+            .rev()
+            .find(|f| f["dir"] == "board->hub")
+            .unwrap();
+        let p = hex(&last_up["payload_hex"]);
+        let cause = |hub: &mut SealEnd<Scripted>, p: &[u8]| match hub.on_payload(p, 20).0 {
+            SealRx::Dropped { cause, fault } => {
+                assert!(fault, "{cause:?} counts toward board_link_fault");
+                cause
+            }
+            other => panic!("{other:?} was not dropped"),
+        };
+        // The board's last frame again: a replay.
+        assert_eq!(cause(&mut hub, &p), DropCause::Replay);
+        // One bit flipped in its ciphertext: the tag fails.
+        let mut flipped = p.clone();
+        flipped[7] ^= 0x01;
+        assert_eq!(cause(&mut hub, &flipped), DropCause::BadTag);
+        // Every sealed frame the vectors make the board drop (the hub's own
+        // direction reflected back, another key) the hub drops too. Their
+        // plain Unlock reads, to a hub, as a plain Hello: answered with a
+        // sealed Ping, never taken.
+        for f in v["must_drop_after_frames"].as_array().unwrap() {
+            let p = payloads(&hex(&f["wire_hex"]));
+            let (rx, _) = hub.on_payload(&p[0], 20);
+            if p[0][0] == SEAL_MARK {
+                assert!(matches!(rx, SealRx::Dropped { .. }), "{}: {rx:?}", f["why"]);
+            } else {
+                assert!(matches!(rx, SealRx::Quiet), "{}: {rx:?}", f["why"]);
+                let ping = hub.pop_out().expect("a check Ping");
+                assert_eq!(payloads(&ping)[0][0], SEAL_MARK, "sealed");
+            }
+        }
+        // A plain Keypad is never taken on a sealed link.
+        let keypad = firmware_bridge::to_frame(&Uplink::Keypad {
+            seq: 9,
+            door: 0,
+            pin: firmware_bridge::Pin::from_digits("123456").unwrap(),
+        })
+        .unwrap();
+        assert_eq!(cause(&mut hub, &payloads(&keypad)[0]), DropCause::Plain);
+        let d = hub.drops().causes;
+        assert_eq!((d.replay, d.bad_tag, d.plain), (1, 5, 1), "{d:?}");
+        assert!(hub.has_session(), "drops never end the session");
+    }
+
 }
