@@ -9,4 +9,5 @@ mod door_storage;
 mod osdp;
 mod serial_doors;
 mod serial_ports;
+mod serial_sealed;
 mod serial_sim_cli;

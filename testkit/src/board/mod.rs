@@ -3,6 +3,7 @@
 //! pseudo-terminal ([`pty`]).
 
 pub mod pty;
+pub mod relay;
 
 use std::path::PathBuf;
 use std::sync::Arc;
