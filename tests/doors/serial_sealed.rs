@@ -216,6 +216,22 @@ async fn injected_replayed_flipped_and_foreign_frames_open_nothing_are_counted_a
         "no injected Keypad was decided"
     );
 
+    // A plain Hello toward the hub, as if the board had restarted: the
+    // hub checks it with a sealed Ping, the board's sealed Pong shows it was
+    // not the board's, and the session holds (no new SealHello).
+    let hello = to_frame(&Uplink::Hello {
+        board_id: 1,
+        fw_major: 1,
+        fw_minor: 0,
+        door_count: 2,
+    })
+    .unwrap()
+    .to_vec();
+    relay.inject(Dir::BoardToHub, hello).await;
+    assert!(until_db(&mut sim, &db, |db| seal_count(db, "forged_hello") == 1).await);
+    assert_eq!(hub_hellos(&sim), 1, "no new session");
+    assert!(sim.board().has_session());
+
     // The real board still opens its door.
     sim.enter_pin(0, PIN);
     assert!(
