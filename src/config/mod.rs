@@ -46,6 +46,7 @@ use table::*;
 use trust::*;
 
 pub use mqtt::{IdentityError, MqttUrl, parse_mqtt_url, read_client_identity, read_roots};
+pub use secrets::with_board_key;
 
 /// The SQLite file's name inside `data_dir`.
 pub const DATABASE_FILE: &str = "lockhub.db";

@@ -278,3 +278,46 @@ pub(super) fn scbk_16(d: &mut Diag<'_>, t: &Table<'_, '_>) -> Option<[u8; 16]> {
     d.at(span, message);
     None
 }
+
+/// `text` (a secrets file) with `serial`'s `[[board_key]]` set to `key`:
+/// that table's `key` value replaced where it stands, or a table appended;
+/// every other line as it was (`lockhub board pair` and `rekey` write the
+/// file this way). The text must parse.
+pub fn with_board_key(text: &str, serial: &str, key: &[u8; 32]) -> Result<String, String> {
+    let (doc, errors) = DeTable::parse_recoverable(text);
+    if !errors.is_empty() {
+        return Err("the secrets file does not parse as TOML".to_owned());
+    }
+    let value = crypto::b64u_encode(key);
+    if let Some(DeValue::Array(items)) = doc.get_ref().get("board_key").map(|v| v.get_ref()) {
+        for item in items {
+            let DeValue::Table(t) = item.get_ref() else {
+                continue;
+            };
+            let named = matches!(
+                t.get("serial").map(|v| v.get_ref()),
+                Some(DeValue::String(s)) if s.as_ref() == serial
+            );
+            if !named {
+                continue;
+            }
+            let Some(old) = t.get("key") else {
+                return Err(format!("the [[board_key]] of `{serial}` has no `key`"));
+            };
+            let span = old.span();
+            let (before, after) = (text.get(..span.start), text.get(span.end..));
+            let (Some(before), Some(after)) = (before, after) else {
+                return Err("the secrets file does not parse as TOML".to_owned());
+            };
+            return Ok(format!("{before}\"{value}\"{after}"));
+        }
+    }
+    let mut out = text.to_owned();
+    if !out.is_empty() && !out.ends_with('\n') {
+        out.push('\n');
+    }
+    out.push_str(&format!(
+        "\n[[board_key]]\nserial = \"{serial}\"\nkey = \"{value}\"\n"
+    ));
+    Ok(out)
+}

@@ -8,6 +8,7 @@ mod config_change;
 mod door_storage;
 mod osdp;
 mod serial_doors;
+mod serial_pairing;
 mod serial_ports;
 mod serial_sealed;
 mod serial_sim_cli;

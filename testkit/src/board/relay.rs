@@ -26,9 +26,11 @@ pub enum Dir {
     BoardToHub,
 }
 
-/// What the relay does with a frame: the frames to forward in its place
-/// (none: dropped; a changed copy: flipped; two: replayed at once).
-pub type Tamper = Box<dyn FnMut(Dir, &[u8]) -> Vec<Vec<u8>> + Send>;
+/// What the relay does with a frame: the frames to send in its place, each
+/// with its direction (none: dropped; a changed copy: flipped; two:
+/// replayed at once; one the other way: an answer the relay makes up, as a
+/// device in the middle does).
+pub type Tamper = Box<dyn FnMut(Dir, &[u8]) -> Vec<(Dir, Vec<u8>)> + Send>;
 
 #[derive(Default)]
 struct State {
@@ -81,7 +83,7 @@ impl Relay {
     }
 
     /// From now on every frame goes through `rule` (replacing any before).
-    pub fn tamper(&self, rule: impl FnMut(Dir, &[u8]) -> Vec<Vec<u8>> + Send + 'static) {
+    pub fn tamper(&self, rule: impl FnMut(Dir, &[u8]) -> Vec<(Dir, Vec<u8>)> + Send + 'static) {
         self.state.lock().unwrap().rule = Some(Box::new(rule));
     }
 
@@ -121,14 +123,16 @@ async fn run(
             r = hub.read(&mut a) => {
                 let Ok(n) = r else { return };
                 if n == 0 { return; }
-                let out = cut(&mut from_hub, &a[..n], Dir::HubToBoard, &state);
-                if board.write_all(&out).await.is_err() { return; }
+                let (to_board, to_hub) = cut(&mut from_hub, &a[..n], Dir::HubToBoard, &state);
+                if board.write_all(&to_board).await.is_err() { return; }
+                if hub.write_all(&to_hub).await.is_err() { return; }
             }
             r = board.read(&mut b) => {
                 let Ok(n) = r else { return };
                 if n == 0 { return; }
-                let out = cut(&mut from_board, &b[..n], Dir::BoardToHub, &state);
-                if hub.write_all(&out).await.is_err() { return; }
+                let (to_board, to_hub) = cut(&mut from_board, &b[..n], Dir::BoardToHub, &state);
+                if hub.write_all(&to_hub).await.is_err() { return; }
+                if board.write_all(&to_board).await.is_err() { return; }
             }
             Some((dir, bytes)) = inject.recv() => {
                 let end = match dir {
@@ -142,9 +146,10 @@ async fn run(
 }
 
 /// Cuts whole frames (ending in 0x00) out of `pending + bytes`, captures
-/// each and applies the rule; returns the bytes to forward.
-fn cut(pending: &mut Vec<u8>, bytes: &[u8], dir: Dir, state: &Mutex<State>) -> Vec<u8> {
-    let mut out = Vec::new();
+/// each and applies the rule; returns the bytes to write toward the board
+/// and toward the hub.
+fn cut(pending: &mut Vec<u8>, bytes: &[u8], dir: Dir, state: &Mutex<State>) -> (Vec<u8>, Vec<u8>) {
+    let (mut to_board, mut to_hub) = (Vec::new(), Vec::new());
     let mut st = state.lock().unwrap();
     for &byte in bytes {
         pending.push(byte);
@@ -153,16 +158,18 @@ fn cut(pending: &mut Vec<u8>, bytes: &[u8], dir: Dir, state: &Mutex<State>) -> V
         }
         let frame = std::mem::take(pending);
         st.captured.push((dir, frame.clone()));
-        match st.rule.as_mut() {
-            Some(rule) => {
-                for f in rule(dir, &frame) {
-                    out.extend_from_slice(&f);
-                }
+        let out = match st.rule.as_mut() {
+            Some(rule) => rule(dir, &frame),
+            None => vec![(dir, frame)],
+        };
+        for (d, f) in out {
+            match d {
+                Dir::HubToBoard => to_board.extend_from_slice(&f),
+                Dir::BoardToHub => to_hub.extend_from_slice(&f),
             }
-            None => out.extend_from_slice(&frame),
         }
     }
-    out
+    (to_board, to_hub)
 }
 
 /// A frame's payload (COBS undone, CRC checked and removed), if it is one.
