@@ -82,6 +82,28 @@ impl Relay {
         )
     }
 
+    /// [`Relay::start`] for a board that opens a tty path itself (a
+    /// `lockhub sim-board` process): returns the path it opens, and that
+    /// pty's slave to keep open while the board runs.
+    pub fn start_for_path() -> (Relay, PathBuf, OwnedFd) {
+        let (hub_master, hub_slave, hub_path) = Pty::open().into_parts();
+        let (board_master, board_slave, board_path) = Pty::open().into_parts();
+        let state = Arc::new(Mutex::new(State::default()));
+        let (inject, inject_rx) = mpsc::channel(64);
+        let task = tokio::spawn(run(hub_master, board_master, state.clone(), inject_rx));
+        (
+            Relay {
+                state,
+                inject,
+                task,
+                hub_path,
+                _hub_slave: hub_slave,
+            },
+            board_path,
+            board_slave,
+        )
+    }
+
     /// From now on every frame goes through `rule` (replacing any before).
     pub fn tamper(&self, rule: impl FnMut(Dir, &[u8]) -> Vec<(Dir, Vec<u8>)> + Send + 'static) {
         self.state.lock().unwrap().rule = Some(Box::new(rule));
