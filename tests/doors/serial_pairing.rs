@@ -286,3 +286,54 @@ async fn a_board_that_holds_another_key_is_not_rekeyed_and_nothing_is_written() 
     assert!(err.to_string().contains("does not hold it"), "{err}");
     assert_eq!(std::fs::read(fx.secrets()).unwrap(), before);
 }
+
+/// A sealed `RekeyReply` (21 bytes of seal around `10 || board_pub`): the
+/// one board frame of that length.
+const SEALED_REKEY_REPLY: usize = 21 + 1 + 32;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rekey_whose_link_drops_after_the_reply_writes_nothing_and_the_next_rekey_succeeds() {
+    let (relay, master, _keep) = Relay::start();
+    let dir = tempfile::tempdir().unwrap();
+    let link = dir.path().join("board-a");
+    pty::point(&link, &relay.hub_path);
+    let old = board_key_for("board-a");
+    let fx = config(&link, Some(old));
+    let before = std::fs::read(fx.secrets()).unwrap();
+    // The line goes dead right after the board's RekeyReply.
+    let mut dead = false;
+    relay.tamper(move |dir, frame| {
+        if dead {
+            return vec![];
+        }
+        dead = dir == Dir::BoardToHub
+            && payload_of(frame).is_some_and(|p| p.len() == SEALED_REKEY_REPLY);
+        vec![(dir, frame.to_vec())]
+    });
+    let mut sim = SimBoard::new_sealed(master, BoardConfig::new(1, 1), old);
+    let hub = fx.hub();
+    let task = tokio::spawn(async move { lockhub::ops::board::rekey(&hub, "board-a").await });
+    let err = finish(&mut sim, task).await.unwrap_err();
+    assert!(matches!(err, BoardError::Timeout(_)), "{err}");
+    assert_eq!(
+        std::fs::read(fx.secrets()).unwrap(),
+        before,
+        "nothing written"
+    );
+    assert_eq!(
+        sim.take_new_key(),
+        None,
+        "the board still holds the old key"
+    );
+
+    // The line is back: the board, holding the old key and the pending
+    // one, answers under each in turn; the old key's session drops the
+    // pending key, and a new rekey goes through.
+    relay.pass();
+    let hub = fx.hub();
+    let task = tokio::spawn(async move { lockhub::ops::board::rekey(&hub, "board-a").await });
+    finish(&mut sim, task).await.expect("the second rekey");
+    let new = written_key(&fx).expect("the config loads with the new key");
+    assert_ne!(new, old);
+    assert_eq!(sim.take_new_key(), Some(new));
+}

@@ -182,7 +182,8 @@ fn line_where(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn board_pair_and_sim_board_in_pairing_mode_agree_a_key_typed_as_a_code_and_prove_it_in_a_sealed_session() {
+async fn board_pair_and_sim_board_in_pairing_mode_agree_a_key_typed_as_a_code_and_prove_it_in_a_sealed_session()
+ {
     use std::ffi::OsStr;
     // `lockhub board pair` and `lockhub sim-board --pair` on the two ends
     // of a relay (each opens a tty path, as on a real machine).
