@@ -332,3 +332,38 @@ fn a_reframed_payload_passes_the_crc_and_reads_back() {
     assert_eq!(frame_of(&p), f.to_vec());
     assert_ne!(payload_of(&flip(&f, 1)).unwrap(), p);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_sealhello_toward_the_board_leaves_its_session_and_its_reports() {
+    let db = Db::open();
+    db.add_key("k-1", PIN, &["101"]).await;
+    let (hub, mut sim, relay, _keep) = relayed(&db, true).await;
+    // A door held open, its report on record.
+    sim.set_door(0, true);
+    assert!(until_db(&mut sim, &db, |db| db.raised("door_forced", "101")).await);
+    // Someone asks the board for a new session; its answer reaches the hub,
+    // which asked for nothing: a failed handshake, counted.
+    let forged = to_frame(&Downlink::SealHello {
+        hub_nonce: [0x42; 16],
+    })
+    .unwrap()
+    .to_vec();
+    relay.inject(Dir::HubToBoard, forged).await;
+    assert!(until_db(&mut sim, &db, |db| seal_count(db, "bad_handshake") == 1).await);
+    assert!(sim.board().has_session(), "no SealConfirm, no new session");
+    assert_eq!(
+        hub_hellos(&sim),
+        2,
+        "the hub's first SealHello and the forged one: the hub asked for no other"
+    );
+    // The session still carries doors both ways.
+    sim.set_door(0, false);
+    assert!(until_db(&mut sim, &db, |db| !db.raised("door_forced", "101")).await);
+    sim.enter_pin(0, PIN);
+    assert!(
+        sim.run_until(WAIT, |s| count(s, relay_opened(0)) == 1)
+            .await
+            .unwrap()
+    );
+    hub.shutdown().await;
+}
