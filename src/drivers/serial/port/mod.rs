@@ -357,6 +357,8 @@ struct Session {
     seal: Option<SealEnd>,
     /// When the current sealed session was confirmed.
     session_at: Option<Timestamp>,
+    /// This opening logged a failed handshake already.
+    said_bad_handshake: bool,
     /// Encoded frames to write, moved out of the link after every message
     /// so a burst of frames never overflows the link's outbox.
     out: Vec<u8>,
@@ -414,6 +416,7 @@ impl Session {
             decoder,
             seal,
             session_at: None,
+            said_bad_handshake: false,
             out: Vec::new(),
             queue: DecisionQueue::new(),
             inflight: HashMap::new(),
@@ -572,12 +575,15 @@ impl Session {
                 None
             }
             SealRx::Dropped { cause, fault } => {
-                if cause == DropCause::BadHandshake {
+                // Once per opening at error level (a board with another
+                // key retries every few seconds); each drop at debug, as
+                // a flood of frames must not flood the log: the counts
+                // are in `lockhub status` and the alert says it happens.
+                if cause == DropCause::BadHandshake && !self.said_bad_handshake {
+                    self.said_bad_handshake = true;
                     tracing::error!(serial = %self.serial(), "the board's handshake does not verify: it holds another link key than this serial's [[board_key]] (or something on the wire answers for it); no session, no Unlock");
-                } else if fault {
-                    tracing::warn!(serial = %self.serial(), cause = cause.as_str(), "sealed link: frame dropped");
                 } else {
-                    tracing::debug!(serial = %self.serial(), cause = cause.as_str(), "sealed link: frame dropped");
+                    tracing::debug!(serial = %self.serial(), cause = cause.as_str(), fault, "sealed link: frame dropped");
                 }
                 None
             }
