@@ -35,6 +35,7 @@ pub const IDS: &[&str] = &[
     "seal.door.sealed.median",
     "seal.door.sealed.p99",
     "seal.door.p99_cost",
+    "seal.frames.cpu",
     "seal.handshake.cpu",
     "seal.handshake.first",
 ];
@@ -243,6 +244,54 @@ fn payload(frame: &[u8]) -> Vec<u8> {
     panic!("no frame")
 }
 
+/// One door's frames sealed and opened in memory, `n` times: the Keypad
+/// (board seals, hub opens) and the Unlock (hub seals, board opens), the
+/// cryptography sealing adds to an entry with nothing else around it.
+fn frames_cpu(n: usize) -> Summary {
+    let key = LinkKey::from_bytes([0x5a; 32]);
+    let mut rng = OsRandom;
+    let mut hub = HubSeal::new(key.clone());
+    let mut board = BoardSeal::new(1, key);
+    let hello = hub.start_with(&mut rng).expect("SealHello");
+    let BoardRx::Send(answer) = board.on_payload(&payload(&hello), &mut rng) else {
+        panic!("the board answers")
+    };
+    let HubRx::SessionStarted { confirm, .. } = hub.on_payload(&payload(&answer)) else {
+        panic!("the hub confirms")
+    };
+    board.on_payload(&payload(&confirm), &mut rng);
+    let pin = Pin::from_digits(SEALED_PIN).expect("digits");
+    let mut lat = Vec::with_capacity(n);
+    for i in 0..n {
+        let seq = u16::try_from(i % 60_000 + 1).unwrap_or(1);
+        let t0 = Instant::now();
+        let up = board
+            .seal(&Uplink::Keypad {
+                seq,
+                door: 0,
+                pin: pin.clone(),
+            })
+            .expect("sealed");
+        assert!(matches!(
+            hub.on_payload(&payload(&up)),
+            HubRx::Message(Uplink::Keypad { .. })
+        ));
+        let down = hub
+            .seal(&Downlink::Unlock {
+                seq,
+                door: 0,
+                ms: 800,
+            })
+            .expect("sealed");
+        assert!(matches!(
+            board.on_payload(&payload(&down), &mut rng),
+            BoardRx::Message(Downlink::Unlock { .. })
+        ));
+        lat.push(t0.elapsed());
+    }
+    Summary::from_durations(&lat)
+}
+
 /// Both ends of a handshake in memory, `n` times: the cryptography alone.
 fn handshake_cpu(n: usize) -> Summary {
     let key = LinkKey::from_bytes([0x5a; 32]);
@@ -271,6 +320,7 @@ fn handshake_cpu(n: usize) -> Summary {
 pub async fn run(sizes: &Sizes) -> Vec<Figure> {
     let entries = sizes.door_entries.clamp(20, 2000);
     let cpu = handshake_cpu(entries.min(500));
+    let frames = frames_cpu(entries.max(1000));
     let policy = Policy {
         lockout_threshold: 1_000_000,
         ..Policy::default()
@@ -378,6 +428,13 @@ pub async fn run(sizes: &Sizes) -> Vec<Figure> {
             },
         )
         .target("< 0.5 ms", cost < 500.0),
+        Figure::new(
+            "seal.frames.cpu",
+            S,
+            "sealing and opening one entry's Keypad and Unlock, in memory (p99)",
+            micros(frames.p99()),
+        )
+        .target("< 0.5 ms", frames.p99() < 500.0),
         Figure::new(
             "seal.handshake.cpu",
             S,
