@@ -77,6 +77,7 @@ fn start_hub(i: usize, port: u16) -> Daemon {
             "board-a".into(),
             format!("{}/no-board", dir.path().display()),
         )],
+        insecure_serials: true,
         doors: vec![("d0".into(), "board-a".into(), 0, 3000)],
         policy: String::new(),
         extra: String::new(),

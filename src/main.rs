@@ -76,6 +76,12 @@ enum Command {
         #[command(subcommand)]
         command: OsdpCommand,
     },
+    /// Lock boards' link keys (serial.md, "Sealed link"). Stop the daemon
+    /// first: it owns the boards' ports.
+    Board {
+        #[command(subcommand)]
+        command: BoardCommand,
+    },
     /// A simulated lock board on a serial device, for tests, the demo and
     /// checking wiring: type `DOOR KEYS` (e.g. `0 1234#`), `open DOOR`,
     /// `close DOOR` or `tamper`; relay and deny feedback is printed.
@@ -95,7 +101,81 @@ enum Command {
         /// Name doors as the hub's config does: `--door-name 101=0` (repeat per door).
         #[arg(long = "door-name", value_name = "NAME=INDEX", value_parser = parse_door_name)]
         door_names: Vec<(String, u8)>,
+        /// The board's link key (base64url of 32 bytes, as in the hub's
+        /// `[[board_key]]`): the board talks sealed. Without it, plain.
+        #[arg(long, value_name = "FILE")]
+        key_file: Option<std::path::PathBuf>,
+        /// Start in pairing mode (`lockhub board pair`): type the code the
+        /// hub prints as `0 CODE#`; a matching code writes the new key to
+        /// `--key-file` (if given) and the board goes on sealed.
+        #[arg(long)]
+        pair: bool,
     },
+}
+
+#[derive(Subcommand)]
+enum BoardCommand {
+    /// Pair a board in pairing mode: prints a six-digit code to type on the
+    /// board's keypad (door 0, then #), and writes the board's new link key
+    /// into the secrets file once a sealed session under it verifies.
+    Pair {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// The `[[serial]] name`.
+        #[arg(long)]
+        serial: String,
+    },
+    /// Give a paired board a new link key, agreed inside a sealed session
+    /// under its current one; written once a session under it verifies.
+    Rekey {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// The `[[serial]] name`.
+        #[arg(long)]
+        serial: String,
+    },
+}
+
+fn board_command(command: BoardCommand) -> ExitCode {
+    let rt = match runtime(Threads::One) {
+        Ok(rt) => rt,
+        Err(exit) => return exit,
+    };
+    let (what, done) = match command {
+        BoardCommand::Pair { config, serial } => {
+            println!("pairing the board on {serial}: put it in pairing mode");
+            let mut show = |code: &str| {
+                println!("pairing code: {code}");
+                println!("type it on the board's keypad at door 0, then #");
+            };
+            (
+                "pair",
+                rt.block_on(lockhub::ops::board::pair(
+                    &config.config,
+                    &serial,
+                    &mut show,
+                )),
+            )
+        }
+        BoardCommand::Rekey { config, serial } => (
+            "rekey",
+            rt.block_on(lockhub::ops::board::rekey(&config.config, &serial)),
+        ),
+    };
+    match done {
+        Ok(k) => {
+            println!(
+                "{}: a sealed session under the new link key verified; the key is in {}",
+                k.serial,
+                k.secrets.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("lockhub board {what}: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -424,6 +504,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Run { config } => run(&config.config),
         Command::Keys { config, json } => keys(&config.config, json),
+        Command::Board { command } => board_command(command),
         Command::Osdp {
             command:
                 OsdpCommand::Install {
@@ -475,7 +556,21 @@ fn main() -> ExitCode {
             board_id,
             doors,
             door_names,
+            key_file,
+            pair,
         } => {
+            use lockhub::sim::board::SimMode;
+            let mode = match (pair, key_file) {
+                (true, save) => SimMode::Pairing { save },
+                (false, Some(path)) => match lockhub::sim::board::read_key_file(&path) {
+                    Ok(key) => SimMode::Sealed(key),
+                    Err(e) => {
+                        eprintln!("sim-board: {e}");
+                        return ExitCode::from(2);
+                    }
+                },
+                (false, None) => SimMode::Plain,
+            };
             let rt = match runtime(Threads::One) {
                 Ok(rt) => rt,
                 Err(exit) => return exit,
@@ -485,6 +580,7 @@ fn main() -> ExitCode {
                 &port,
                 baud,
                 cfg,
+                mode,
                 door_names,
                 std::time::Duration::from_secs(2),
             );

@@ -33,6 +33,7 @@ mod ingest;
 mod osdp;
 mod resync;
 mod scale;
+mod seal;
 mod writeamp;
 
 use report::Figure;
@@ -106,6 +107,7 @@ impl Sizes {
 /// Every scenario, in the order a full run takes them.
 pub const SCENARIOS: &[&str] = &[
     "door",
+    "seal",
     "osdp",
     "ingest",
     "resync",
@@ -247,6 +249,7 @@ pub fn run(opts: &Options) -> Vec<Figure> {
         let started = std::time::Instant::now();
         let figures = match scenario {
             "door" => rt.block_on(door::run(&opts.sizes)),
+            "seal" => rt.block_on(seal::run(&opts.sizes)),
             "osdp" => rt.block_on(osdp::run(&opts.sizes)),
             "ingest" => rt.block_on(ingest::run(&opts.sizes)),
             "resync" => rt.block_on(resync::run(&opts.sizes)),
@@ -270,6 +273,7 @@ pub fn run(opts: &Options) -> Vec<Figure> {
 pub fn expected_ids(scenario: &str) -> &'static [&'static str] {
     match scenario {
         "door" => door::IDS,
+        "seal" => seal::IDS,
         "osdp" => osdp::IDS,
         "ingest" => ingest::IDS,
         "resync" => resync::IDS,

@@ -14,6 +14,9 @@ pub fn write_private(path: &Path, contents: &str) -> Result<(), Failure> {
 /// reader's pty and its Secure Channel key.
 pub struct Wiring<'a> {
     pub serial: &'a Path,
+    /// The board's link key, as an installer types it from the board's
+    /// label into `[[board_key]]` (docs/protocol/serial.md, "Keys").
+    pub board_key: &'a [u8; 32],
     pub reader: Option<(&'a Path, &'a [u8; 16])>,
 }
 
@@ -25,7 +28,11 @@ pub fn write_files(
     pin_key: &[u8; 32],
     doors: Wiring<'_>,
 ) -> Result<PathBuf, Failure> {
-    let Wiring { serial, reader } = doors;
+    let Wiring {
+        serial,
+        board_key,
+        reader,
+    } = doors;
     let hub_key: [u8; 32] = rand::random();
     let password = crypto::b64u_encode(&rand::random::<[u8; 18]>());
     let reader_key = reader
@@ -38,7 +45,11 @@ pub fn write_files(
         .unwrap_or_default();
     write_private(
         &dir.join("secrets.toml"),
-        &testkit::files::secrets_toml(&hub_key, &[(PIN_KEY_ID, pin_key)], &reader_key),
+        &testkit::files::secrets_toml(
+            &hub_key,
+            &[(PIN_KEY_ID, pin_key)],
+            &(reader_key + &testkit::files::board_key_toml("board-a", board_key)),
+        ),
     )?;
     write_private(&dir.join("mqtt-password"), &format!("{password}\n"))?;
     // Not the hub's: the simulated cloud's key, kept beside the rest so the
@@ -67,6 +78,7 @@ pub fn write_files(
         mqtt_extra: format!("username = \"{HUB_ID}\"\npassword_file = \"mqtt-password\"\n"),
         trust: testkit::files::trust_signer(SIGNER_ID, &cloud_key.verifying_key()),
         serial: vec![("board-a".into(), serial.display().to_string())],
+        insecure_serials: false,
         doors: DOORS
             .iter()
             .map(|(name, index)| {

@@ -240,6 +240,9 @@ async fn demo(opts: Options) -> Result<(), Failure> {
         // lockhub's lines only.
         osdp_peer::Peer::start(&["--key", &hex, "--address", "1", "--log-level", "emergency"])
     });
+    // The board's link key, from its label: the board holds it, the
+    // secrets file gets it, and the link runs sealed.
+    let board_key: [u8; 32] = rand::random();
     let hub_toml = write_files(
         &dir,
         port,
@@ -248,6 +251,7 @@ async fn demo(opts: Options) -> Result<(), Failure> {
         &pin_key,
         Wiring {
             serial: &link,
+            board_key: &board_key,
             reader: reader.as_ref().map(|r| (r.port.as_path(), &reader_key)),
         },
     )?;
@@ -278,7 +282,7 @@ async fn demo(opts: Options) -> Result<(), Failure> {
     );
     let (client, inbound, cloud_poll) = cloud_client(port, &config.topics().all());
     let mut w = World {
-        sim: SimBoard::new(master, BoardConfig::new(1, DOORS.len() as u8)),
+        sim: SimBoard::new_sealed(master, BoardConfig::new(1, DOORS.len() as u8), board_key),
         _slave: slave,
         board_events: Vec::new(),
         inbound,
@@ -321,15 +325,14 @@ async fn demo(opts: Options) -> Result<(), Failure> {
                 .join(" ")
         ),
     );
-    w.wait("the hub to say Hello to the board", STEP_WAIT, |w| {
-        (w.board_events
-            .iter()
-            .any(|e| matches!(e, SimEvent::Received(Downlink::Hello { .. })))
-            && w.sim.board().link_up(w.sim.now_ms()))
-        .then_some(())
+    w.wait("a sealed session with the board", STEP_WAIT, |w| {
+        (w.sim.board().has_session() && w.sim.board().link_up(w.sim.now_ms())).then_some(())
     })
     .await?;
-    say("board", "link up: the hub said Hello");
+    say(
+        "board",
+        "link up, sealed: a session under the board's link key (a tap on the wire reads no PIN)",
+    );
     let online = w
         .wait("the hub's online status", STEP_WAIT, |w| {
             w.online.last().cloned()

@@ -215,6 +215,14 @@ impl Board<Unseeded> {
 }
 
 impl<R: RandomSource> Board<R> {
+    /// [`Board::new`] with a random source it never uses: a plain board of
+    /// the same type as sealed ones, for a simulator that runs either.
+    pub fn new_plain_with(cfg: BoardConfig, rng: R, now_ms: u64) -> Self {
+        let mut board = Self::with_mode(cfg, Mode::Plain(FrameDecoder::new()), rng, now_ms);
+        board.send_hello(now_ms);
+        board
+    }
+
     /// Power-up at `now_ms` holding link key `key`: all relays locked, a
     /// plain `Hello` (after a lone 0x00) asks the hub for a session, and
     /// nothing else goes out until one verifies. `rng` is the board's
@@ -266,10 +274,24 @@ impl<R: RandomSource> Board<R> {
 
     /// Bytes read from the UART, in order, any chunking.
     pub fn on_frame_bytes(&mut self, bytes: &[u8], now_ms: u64) {
+        self.on_frame_bytes_tapped(bytes, now_ms, &mut |_| true);
+    }
+
+    /// [`Board::on_frame_bytes`], showing `tap` every message that reached
+    /// the board (plain ones as decoded, sealed ones once they verified)
+    /// before the board acts on it; `tap` returning false loses it, as if
+    /// the line had. For simulators and tests, which cannot read a sealed
+    /// frame on the wire.
+    pub fn on_frame_bytes_tapped(
+        &mut self,
+        bytes: &[u8],
+        now_ms: u64,
+        tap: &mut impl FnMut(&Downlink) -> bool,
+    ) {
         for &b in bytes {
             let got = match &mut self.mode {
                 Mode::Plain(decoder) => match decoder.push(b) {
-                    Some(Ok(msg)) => Rx::Plain(msg),
+                    Some(Ok(msg)) if tap(&msg) => Rx::Plain(msg),
                     _ => continue,
                 },
                 Mode::Sealed { decoder, seal } => match decoder.push(b) {
@@ -278,15 +300,30 @@ impl<R: RandomSource> Board<R> {
                         seal.count_frame_error(e);
                         continue;
                     }
-                    Some(Ok(payload)) => Rx::Sealed(seal.on_payload(payload, &mut self.rng)),
+                    Some(Ok(payload)) => {
+                        // Of the plain messages, only the handshake
+                        // reaches a sealed board (the rest are dropped).
+                        if payload.first() != Some(&crate::seal::SEAL_MARK)
+                            && let Ok(
+                                msg @ (Downlink::SealHello { .. } | Downlink::SealConfirm { .. }),
+                            ) = decode_payload::<Downlink>(payload)
+                            && !tap(&msg)
+                        {
+                            continue;
+                        }
+                        match seal.on_payload(payload, &mut self.rng) {
+                            BoardRx::Message(msg) if !tap(&msg) => continue,
+                            rx => Rx::Sealed(rx),
+                        }
+                    }
                 },
                 Mode::Pairing { decoder, pairing } => match decoder.push(b) {
                     Some(Ok(payload)) => match decode_payload::<Downlink>(payload) {
-                        Ok(msg) => match pairing.on_msg(&msg, &mut self.rng) {
+                        Ok(msg) if tap(&msg) => match pairing.on_msg(&msg, &mut self.rng) {
                             Some(reply) => Rx::Reply(reply),
                             None => continue,
                         },
-                        Err(_) => continue,
+                        _ => continue,
                     },
                     _ => continue,
                 },
@@ -329,6 +366,19 @@ impl<R: RandomSource> Board<R> {
     /// True on a sealed board while a confirmed session holds.
     pub fn has_session(&self) -> bool {
         matches!(&self.mode, Mode::Sealed { seal, .. } if seal.has_session())
+    }
+
+    /// `msg` framed as this board would write it now, outside its link (no
+    /// seq stamped, nothing kept for resends): plain on a plain board,
+    /// sealed in the current session on a sealed one (`None` without a
+    /// session, and in pairing mode). For simulators and tests that put
+    /// hand-made frames on the wire: a real board has no use for it.
+    pub fn frame_outside_link(&mut self, msg: &Uplink) -> Option<SealedFrame> {
+        match &mut self.mode {
+            Mode::Plain(_) => plain_frame(msg),
+            Mode::Sealed { seal, .. } => seal.seal(msg).ok(),
+            Mode::Pairing { .. } => None,
+        }
     }
 
     /// The sealed link's drops by cause (a sealed board only).
@@ -734,12 +784,13 @@ pub struct Frames<'a, R> {
     board: &'a mut Board<R>,
 }
 
-impl<R: RandomSource> Iterator for Frames<'_, R> {
-    type Item = SealedFrame;
-
-    fn next(&mut self) -> Option<SealedFrame> {
+impl<R: RandomSource> Frames<'_, R> {
+    /// The next frame and, for a message of the link, that message (a
+    /// plain handshake or pairing frame has none): what a simulator shows
+    /// of a sealed frame it cannot read on the wire.
+    pub fn next_with_msg(&mut self) -> Option<(SealedFrame, Option<Uplink>)> {
         if let Some(f) = self.board.handshake_out.pop_front() {
-            return Some(f);
+            return Some((f, None));
         }
         loop {
             let msg = self.board.link.pop_tx()?;
@@ -754,20 +805,28 @@ impl<R: RandomSource> Iterator for Frames<'_, R> {
                     Err(SealError::CounterExhausted) => {
                         let hello = self.board.hello_msg();
                         self.board.push_plain(&hello);
-                        return self.board.handshake_out.pop_front();
+                        return self.board.handshake_out.pop_front().map(|f| (f, None));
                     }
                     Err(SealError::Encode) => None,
                 },
                 Mode::Pairing { .. } => continue,
             };
             match framed {
-                Some(f) => return Some(f),
+                Some(f) => return Some((f, Some(msg))),
                 None => {
                     self.board.stats.encode_errors =
                         self.board.stats.encode_errors.saturating_add(1);
                 }
             }
         }
+    }
+}
+
+impl<R: RandomSource> Iterator for Frames<'_, R> {
+    type Item = SealedFrame;
+
+    fn next(&mut self) -> Option<SealedFrame> {
+        self.next_with_msg().map(|(f, _)| f)
     }
 }
 

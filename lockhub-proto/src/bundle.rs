@@ -100,6 +100,10 @@ pub struct SerialSpec {
     pub port: PathBuf,
     #[serde(default = "default_baud")]
     pub baud: u32,
+    /// A plain board (serial.md, "Sealed link"); the others are paired
+    /// after provisioning (`lockhub board pair`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub insecure_plaintext: bool,
 }
 
 fn default_baud() -> u32 {

@@ -109,6 +109,10 @@ wire_codes! {
         /// The hub's mirror proof differs from the cloud's claim (subject:
         /// the hub id); ends at the next proof that matches.
         MirrorDiverged = "mirror_diverged",
+        /// Faults on a lock board's sealed link: frames that fail, failed
+        /// handshakes, plain `Hello`s that were not the board's (serial.md,
+        /// "Sealed link"; subject: the serial name).
+        BoardLinkFault = "board_link_fault",
     }
 }
 
@@ -301,7 +305,7 @@ mod tests {
             assert_eq!(Condition::parse(c.as_str()), Some(c));
             assert_eq!(round_trip(&c), c);
         }
-        assert_eq!(Condition::ALL.len(), 21);
+        assert_eq!(Condition::ALL.len(), 22);
         assert_eq!(AuditKind::ALL.len(), 14);
         assert!(serde_json::from_str::<AuditKind>(r#""door.opened""#).is_err());
         assert!(serde_json::from_str::<SyncReason>(r#""Gap""#).is_err());

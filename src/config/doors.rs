@@ -2,14 +2,27 @@
 
 use super::*;
 
+/// A serial's name, its span and `insecure_plaintext`, for the key check.
+pub(super) type NamedSerial = (String, Range<usize>, bool);
+
 pub(super) fn read_serials(
     d: &mut Diag<'_>,
     root: &Table<'_, '_>,
     base: &Path,
     ports: &mut Vec<(PathBuf, Range<usize>)>,
-) -> (Option<Vec<SerialConfig>>, Option<Vec<String>>) {
-    let tables = root.tables(d, "serial", "[[serial]]", &["name", "port", "baud"]);
+) -> (
+    Option<Vec<SerialConfig>>,
+    Option<Vec<String>>,
+    Vec<NamedSerial>,
+) {
+    let tables = root.tables(
+        d,
+        "serial",
+        "[[serial]]",
+        &["name", "port", "baud", "insecure_plaintext"],
+    );
     let mut names = Vec::new();
+    let mut spans = Vec::new();
     let mut serials = Vec::new();
     for s in &tables {
         let name = s.name(d, "name");
@@ -23,11 +36,16 @@ pub(super) fn read_serials(
         // Optional: the wire contract names the default. An invalid value
         // is reported and fails the load whatever is kept here.
         let baud = read_baud(d, s, DEFAULT_SERIAL_BAUD);
+        let insecure = s.bool(d, "insecure_plaintext");
+        if let (Some((n, span)), Some(i)) = (&name, insecure) {
+            spans.push(((*n).to_owned(), span.clone(), i));
+        }
         serials.push((|| {
             Some(SerialConfig {
                 name: name?.0.to_owned(),
                 port: port.clone()?.0,
                 baud: baud?,
+                insecure_plaintext: insecure?,
             })
         })());
         if let Some((p, span)) = port {
@@ -44,7 +62,41 @@ pub(super) fn read_serials(
     };
     let all_names = (readable && names.len() == tables.len())
         .then(|| names.iter().map(|(n, _)| (*n).to_owned()).collect());
-    (serials.into_iter().collect(), all_names)
+    (serials.into_iter().collect(), all_names, spans)
+}
+
+/// serial.md, "Keys": every `[[serial]]` has a `[[board_key]]` unless it is
+/// `insecure_plaintext = true`, and then it has none (the hub never falls
+/// back to plain on a keyed serial, so a key beside the flag is a mistake
+/// one way or the other). `keyed`: the serials the secrets file keys.
+/// `missing_ok`: a serial whose missing key is no problem now (see
+/// [`super::Unkeyed`]).
+pub(super) fn check_board_keys(
+    d: &mut Diag<'_>,
+    serials: &[NamedSerial],
+    keyed: &[String],
+    missing_ok: &dyn Fn(&str) -> bool,
+) {
+    for (name, span, insecure) in serials {
+        let has_key = keyed.contains(name);
+        if !insecure && !has_key && !missing_ok(name) {
+            d.at(
+                span.clone(),
+                format!(
+                    "serial `{}` has no [[board_key]] in the secrets file (pair the board with `lockhub board pair`, or type the key from its label; a board without a link key needs `insecure_plaintext = true`)",
+                    name.escape_debug()
+                ),
+            );
+        } else if *insecure && has_key {
+            d.at(
+                span.clone(),
+                format!(
+                    "serial `{}` has `insecure_plaintext = true` and a [[board_key]] in the secrets file: remove one (a keyed board is always sealed)",
+                    name.escape_debug()
+                ),
+            );
+        }
+    }
 }
 
 /// One device is driven by one driver: two `[[serial]]`, two `[[osdp]]`, or

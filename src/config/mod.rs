@@ -49,6 +49,7 @@ pub use hub::time_zone;
 pub use mqtt::{IdentityError, MqttUrl, parse_mqtt_url, read_client_identity, read_roots};
 pub use osdp::SCBK_D;
 pub use secrets::with_reader_key;
+pub use secrets::with_board_key;
 
 /// The SQLite file's name inside `data_dir`.
 pub const DATABASE_FILE: &str = "lockhub.db";
@@ -116,6 +117,9 @@ pub struct SerialConfig {
     pub name: String,
     pub port: PathBuf,
     pub baud: u32,
+    /// The plain link, no `board_key` (only for a board and wiring on the
+    /// secured side; raises `link_insecure` while in use).
+    pub insecure_plaintext: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -236,6 +240,24 @@ impl std::fmt::Debug for ReaderKey {
     }
 }
 
+/// `[[board_key]]`: a lock board's 32-byte link key LK (serial.md,
+/// "Sealed link"). Debug redacts it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct BoardKey {
+    /// Names a `[[serial]]`.
+    pub serial: String,
+    pub key: [u8; 32],
+}
+
+impl std::fmt::Debug for BoardKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BoardKey")
+            .field("serial", &self.serial)
+            .field("key", &"<redacted>")
+            .finish()
+    }
+}
+
 /// `[policy]`: every value positive; defaults from config.md.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Policy {
@@ -289,6 +311,7 @@ pub struct Secrets {
     pub hub_key: SigningKey,
     pub pin_keys: Vec<PinKey>,
     pub reader_keys: Vec<ReaderKey>,
+    pub board_keys: Vec<BoardKey>,
 }
 
 impl std::fmt::Debug for Secrets {
@@ -297,6 +320,7 @@ impl std::fmt::Debug for Secrets {
             .field("hub_key", &"<redacted>")
             .field("pin_keys", &self.pin_keys)
             .field("reader_keys", &self.reader_keys)
+            .field("board_keys", &self.board_keys)
             .finish()
     }
 }
@@ -321,6 +345,11 @@ impl Config {
     /// A reader's SCBK from the secrets file.
     pub fn reader_key(&self, reader: &str) -> Option<&ReaderKey> {
         self.secrets.reader_keys.iter().find(|k| k.reader == reader)
+    }
+
+    /// A board's link key from the secrets file.
+    pub fn board_key(&self, serial: &str) -> Option<&BoardKey> {
+        self.secrets.board_keys.iter().find(|k| k.serial == serial)
     }
 
     pub fn pin_key(&self, id: &str) -> Option<&PinKey> {
@@ -456,12 +485,45 @@ pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
     load_with_warnings(path).0
 }
 
+/// Which `[[serial]]`s may lack their `[[board_key]]` for now: those a
+/// command is about to key (`lockhub board pair`, serial.md "Pairing":
+/// it accepts a config whose only problem is that serial's key), or every
+/// keyed serial of a config just provisioned, whose boards are paired next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unkeyed {
+    One(String),
+    All,
+}
+
+impl Unkeyed {
+    fn allows(&self, serial: &str) -> bool {
+        match self {
+            Unkeyed::One(s) => s == serial,
+            Unkeyed::All => true,
+        }
+    }
+}
+
+/// [`load`], except that the serials `unkeyed` names may have no
+/// `[[board_key]]` (they load without one; the driver would refuse to run
+/// them). Every other rule holds.
+pub fn load_unkeyed(path: &Path, unkeyed: &Unkeyed) -> Result<Config, ConfigErrors> {
+    load_checked(path, Some(unkeyed)).0
+}
+
 /// [`load`], and the warnings it found besides the problems (a device
 /// absent now), in file order: what check-config prints.
 pub fn load_with_warnings(path: &Path) -> (Result<Config, ConfigErrors>, Vec<ConfigError>) {
+    load_checked(path, None)
+}
+
+fn load_checked(
+    path: &Path,
+    unkeyed: Option<&Unkeyed>,
+) -> (Result<Config, ConfigErrors>, Vec<ConfigError>) {
     let mut errors = Vec::new();
     let mut warnings = Vec::new();
-    let config = load_inner(path, &mut errors, &mut warnings);
+    let config = load_inner(path, &mut errors, &mut warnings, unkeyed);
     let warnings = ordered(warnings, path);
     let config = match config {
         Some(config) if errors.is_empty() => Ok(config),
@@ -511,6 +573,7 @@ fn load_inner(
     path: &Path,
     errors: &mut Vec<ConfigError>,
     warnings: &mut Vec<ConfigError>,
+    unkeyed: Option<&Unkeyed>,
 ) -> Option<Config> {
     let text = match read_text(path) {
         Ok(t) => t,
@@ -557,7 +620,7 @@ fn load_inner(
     let mqtt = read_mqtt(&mut d, &root, &base, hub_id);
     let trust = read_trust(&mut d, &root);
     let mut ports = Vec::new();
-    let (serials, serial_names) = read_serials(&mut d, &root, &base, &mut ports);
+    let (serials, serial_names, serial_spans) = read_serials(&mut d, &root, &base, &mut ports);
     let (buses, bus_names) = read_osdp_buses(&mut d, &root, &base, &mut ports);
     check_ports(&mut d, &ports);
     let (readers, reader_spans) = read_readers(&mut d, &root, &bus_names);
@@ -571,11 +634,15 @@ fn load_inner(
         .and_then(|t| t.path(&mut d, "file", true, &base));
     let read = secrets_ref
         .as_ref()
-        .map(|(file, span)| read_secrets(&mut d, errors, file, span));
-    let (secrets, keyed_readers) = match read {
-        Some(r) => (r.secrets, r.keyed_readers),
-        None => (None, None),
+        .map(|(file, span)| read_secrets(&mut d, errors, file, span, &serial_names));
+    let (secrets, keyed_readers, keyed_boards) = match read {
+        Some(r) => (r.secrets, r.keyed_readers, r.keyed_boards),
+        None => (None, None, None),
     };
+    if let Some(keyed) = &keyed_boards {
+        let missing_ok = |serial: &str| unkeyed.is_some_and(|u| u.allows(serial));
+        check_board_keys(&mut d, &serial_spans, keyed, &missing_ok);
+    }
 
     if let Some(keyed) = &keyed_readers {
         for (name, span, insecure) in &reader_spans {

@@ -1,4 +1,5 @@
-//! The secrets file: `[hub_key]`, `[[pin_key]]`, `[[reader_key]]`. Nothing
+//! The secrets file: `[hub_key]`, `[[pin_key]]`, `[[reader_key]]`,
+//! `[[board_key]]`. Nothing
 //! in it is ever echoed in a message.
 
 use super::*;
@@ -9,6 +10,8 @@ use super::*;
 pub(super) struct SecretsRead {
     pub secrets: Option<Secrets>,
     pub keyed_readers: Option<Vec<String>>,
+    /// Likewise the serials its `[[board_key]]` tables name.
+    pub keyed_boards: Option<Vec<String>>,
 }
 
 /// Reads the secrets file named at `span` in hub.toml. Its own problems are
@@ -19,10 +22,12 @@ pub(super) fn read_secrets(
     errors: &mut Vec<ConfigError>,
     file: &Path,
     span: &Range<usize>,
+    serial_names: &Option<Vec<String>>,
 ) -> SecretsRead {
     let unread = SecretsRead {
         secrets: None,
         keyed_readers: None,
+        keyed_boards: None,
     };
     let Some(meta) = check_file(hub, "file", file, span) else {
         return unread;
@@ -50,7 +55,7 @@ pub(super) fn read_secrets(
         }
     };
     let mut d = Diag::new(file, &text, true);
-    let mut read = parse_secrets(&mut d, &text);
+    let mut read = parse_secrets(&mut d, &text, serial_names);
     errors.append(&mut d.errors);
     if !mode_ok {
         read.secrets = None;
@@ -58,11 +63,18 @@ pub(super) fn read_secrets(
     read
 }
 
-pub(super) fn parse_secrets(d: &mut Diag<'_>, text: &str) -> SecretsRead {
+/// `serial_names`: the `[[serial]]` names of hub.toml, when all of them
+/// could be read (a `[[board_key]]` for another serial is refused).
+pub(super) fn parse_secrets(
+    d: &mut Diag<'_>,
+    text: &str,
+    serial_names: &Option<Vec<String>>,
+) -> SecretsRead {
     let Some(doc) = parse_toml(d, text) else {
         return SecretsRead {
             secrets: None,
             keyed_readers: None,
+            keyed_boards: None,
         };
     };
     let root = Table {
@@ -70,7 +82,7 @@ pub(super) fn parse_secrets(d: &mut Diag<'_>, text: &str) -> SecretsRead {
         span: doc.span(),
         t: doc.get_ref(),
     };
-    root.check_unknown(d, &["hub_key", "pin_key", "reader_key"]);
+    root.check_unknown(d, &["hub_key", "pin_key", "reader_key", "board_key"]);
     let hub_key = root
         .table(d, "hub_key", "[hub_key]", &["secret"], true)
         .and_then(|t| secret_32(d, &t))
@@ -136,18 +148,107 @@ pub(super) fn parse_secrets(d: &mut Diag<'_>, text: &str) -> SecretsRead {
     }
     check_unique(d, "reader_key reader", &readers);
     let reader_keys: Option<Vec<ReaderKey>> = reader_keys.into_iter().collect();
+    let (board_keys, keyed_boards) = board_keys(d, &root, serial_names);
     let pin_keys: Option<Vec<PinKey>> = pin_keys.into_iter().collect();
     let secrets = (|| {
         Some(Secrets {
             hub_key: hub_key?,
             pin_keys: pin_keys.filter(|k| !k.is_empty())?,
             reader_keys: reader_keys?,
+            board_keys: board_keys?,
         })
     })();
     SecretsRead {
         secrets,
         keyed_readers,
+        keyed_boards,
     }
+}
+
+/// `[[board_key]]`: one per lock board (serial.md, "Keys"): a serial of
+/// hub.toml, once, and a key of 32 bytes that is not all zero and is no
+/// other board's (a key shared by two boards lets one's wire speak for
+/// the other). Returns the keys when all are valid, and the serials named
+/// whenever those can be told.
+fn board_keys(
+    d: &mut Diag<'_>,
+    root: &Table<'_, '_>,
+    serial_names: &Option<Vec<String>>,
+) -> (Option<Vec<BoardKey>>, Option<Vec<String>>) {
+    let mut serials = Vec::new();
+    let mut keys: Vec<Option<BoardKey>> = Vec::new();
+    let mut keyed = Some(Vec::new());
+    let mut seen: Vec<([u8; 32], String, Range<usize>)> = Vec::new();
+    for t in &root.tables(d, "board_key", "[[board_key]]", &["serial", "key"]) {
+        let serial = t.name(d, "serial");
+        match &serial {
+            Some((s, span)) => {
+                serials.push((*s, span.clone()));
+                if let Some(k) = &mut keyed {
+                    k.push((*s).to_owned());
+                }
+                if let Some(names) = serial_names
+                    && !names.iter().any(|n| n == s)
+                {
+                    d.at(
+                        span.clone(),
+                        format!(
+                            "board_key serial `{}` is not configured in a [[serial]] of the config",
+                            s.escape_debug()
+                        ),
+                    );
+                }
+            }
+            None => keyed = None,
+        }
+        let key = link_key_32(d, t);
+        if let (Some(k), Some(span)) = (&key, t.get("key").map(|v| v.span())) {
+            let this = serial.as_ref().map_or("?", |s| s.0).to_owned();
+            match seen.iter().find(|(other, _, _)| other == k) {
+                Some((_, other, first)) => {
+                    let line = d.line_of(first);
+                    d.at(
+                        span,
+                        format!(
+                            "the board_key of serial `{}` is the same as serial `{}`'s (line {line}): each board needs its own key",
+                            this.escape_debug(),
+                            other.escape_debug()
+                        ),
+                    );
+                }
+                None => seen.push((*k, this, span)),
+            }
+        }
+        keys.push((|| {
+            Some(BoardKey {
+                serial: serial?.0.to_owned(),
+                key: key?,
+            })
+        })());
+    }
+    check_unique(d, "board_key serial", &serials);
+    (keys.into_iter().collect(), keyed)
+}
+
+/// `key` of a `[[board_key]]`: base64url of 32 bytes, not all zero; never
+/// shown.
+fn link_key_32(d: &mut Diag<'_>, t: &Table<'_, '_>) -> Option<[u8; 32]> {
+    let (s, span) = t.str(d, "key", true)?;
+    let message = match crypto::b64u_decode(s) {
+        Some(b) => match <[u8; 32]>::try_from(b.as_slice()) {
+            Ok(k) if k.iter().all(|b| *b == 0) => {
+                "`key` is all zero: a board's link key must be random (pair the board, or type the key from its label)".to_owned()
+            }
+            Ok(k) => return Some(k),
+            Err(_) => format!(
+                "`key` must be 32 bytes (base64url, 43 characters); it decodes to {} bytes",
+                b.len()
+            ),
+        },
+        None => "`key` is not base64url; it must be 32 bytes (43 characters)".to_owned(),
+    };
+    d.at(span, message);
+    None
 }
 
 /// `secret`: base64url of exactly 32 bytes. Messages say what is wrong with
@@ -242,4 +343,47 @@ pub fn with_reader_key(text: &str, reader: &str, scbk: &[u8; 16]) -> Option<Stri
     out.push('"');
     out.push_str(&text[span.end..]);
     Some(out)
+}
+
+/// `text` (a secrets file) with `serial`'s `[[board_key]]` set to `key`:
+/// that table's `key` value replaced where it stands, or a table appended;
+/// every other line as it was (`lockhub board pair` and `rekey` write the
+/// file this way). The text must parse.
+pub fn with_board_key(text: &str, serial: &str, key: &[u8; 32]) -> Result<String, String> {
+    let (doc, errors) = DeTable::parse_recoverable(text);
+    if !errors.is_empty() {
+        return Err("the secrets file does not parse as TOML".to_owned());
+    }
+    let value = crypto::b64u_encode(key);
+    if let Some(DeValue::Array(items)) = doc.get_ref().get("board_key").map(|v| v.get_ref()) {
+        for item in items {
+            let DeValue::Table(t) = item.get_ref() else {
+                continue;
+            };
+            let named = matches!(
+                t.get("serial").map(|v| v.get_ref()),
+                Some(DeValue::String(s)) if s.as_ref() == serial
+            );
+            if !named {
+                continue;
+            }
+            let Some(old) = t.get("key") else {
+                return Err(format!("the [[board_key]] of `{serial}` has no `key`"));
+            };
+            let span = old.span();
+            let (before, after) = (text.get(..span.start), text.get(span.end..));
+            let (Some(before), Some(after)) = (before, after) else {
+                return Err("the secrets file does not parse as TOML".to_owned());
+            };
+            return Ok(format!("{before}\"{value}\"{after}"));
+        }
+    }
+    let mut out = text.to_owned();
+    if !out.is_empty() && !out.ends_with('\n') {
+        out.push('\n');
+    }
+    out.push_str(&format!(
+        "\n[[board_key]]\nserial = \"{serial}\"\nkey = \"{value}\"\n"
+    ));
+    Ok(out)
 }

@@ -41,6 +41,18 @@ pub struct BoardUnlock {
 /// Where a door's board grants go: door name -> (its port's queue, index).
 pub type BoardUnlocks = std::collections::HashMap<String, (mpsc::Sender<BoardUnlock>, u8)>;
 
+/// Random bytes from the operating system, for the sealed board link's
+/// nonces and key pairs (`firmware_bridge::rng`): the hub's end, and the
+/// simulated board, which runs on a PC and so has the same source.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct OsRandom;
+
+impl firmware_bridge::rng::RandomSource for OsRandom {
+    fn fill_bytes(&mut self, out: &mut [u8]) {
+        rand::fill(out);
+    }
+}
+
 /// The effective time for audit rows and decisions (mqtt.md 'Time'): the
 /// daemon passes its clock here, tests a plain function.
 pub type TimeSource = Arc<dyn Fn() -> Timestamp + Send + Sync>;

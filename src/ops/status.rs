@@ -266,8 +266,68 @@ pub struct LinkStatus {
     /// Bad frames the daemon dropped on this link since it started (`None`
     /// before it reported any count).
     pub bad_frames: Option<i64>,
+    /// The link's sealing (docs/protocol/serial.md, "Sealed link"); `None`
+    /// before the daemon reported it.
+    pub seal: Option<SealStatus>,
     /// `false` for a row about a serial that hub.toml no longer names.
     pub configured: bool,
+}
+
+/// A serial link's sealing, from `link_seal`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SealStatus {
+    /// `false`: a plain board (`insecure_plaintext = true`).
+    pub sealed: bool,
+    /// When the current sealed session was confirmed (`None`: no session).
+    pub session_since: Option<String>,
+    pub session_age_s: Option<i64>,
+    /// Frames the sealed link dropped since the daemon started, by cause
+    /// (only causes that happened): `bad_tag`, `replayed`, `plain`,
+    /// `bad_handshake`, `forged_hello`, `other`.
+    pub dropped: std::collections::BTreeMap<String, i64>,
+}
+
+impl SealStatus {
+    fn of(row: &links::SealRow, now: Timestamp) -> Self {
+        let dropped = [
+            ("bad_tag", row.bad_tag),
+            ("replayed", row.replayed),
+            ("plain", row.plain),
+            ("bad_handshake", row.bad_handshake),
+            ("forged_hello", row.forged_hello),
+            ("other", row.other),
+        ]
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(k, n)| (k.to_owned(), i64::from(n)))
+        .collect();
+        SealStatus {
+            sealed: row.sealed,
+            session_since: row.session_since.map(Timestamp::to_rfc3339),
+            session_age_s: row.session_since.map(|t| age_s(now, t)),
+            dropped,
+        }
+    }
+
+    /// One line of text: sealed with its session and drops, or plain.
+    fn line(&self) -> String {
+        if !self.sealed {
+            return "PLAIN (insecure_plaintext: not sealed)".to_owned();
+        }
+        let session = match self.session_age_s {
+            Some(age) => format!("sealed, session for {age} s"),
+            None => "sealed, NO SESSION".to_owned(),
+        };
+        if self.dropped.is_empty() {
+            return format!("{session}, nothing dropped");
+        }
+        let dropped: Vec<String> = self
+            .dropped
+            .iter()
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect();
+        format!("{session}, dropped: {}", dropped.join(", "))
+    }
 }
 
 /// One OSDP reader: config joined with `osdp_links` and `osdp_readers`.
@@ -437,6 +497,11 @@ pub fn gather(target: &Target, now: Timestamp) -> Result<Status, StatusError> {
     } else {
         Vec::new()
     };
+    let seals = if has_table(&conn, "link_seal").map_err(db)? {
+        links::seals(&conn).map_err(store)?
+    } else {
+        Vec::new()
+    };
     let link_status =
         |row: Option<&LinkRow>, serial: &str, port: Option<PathBuf>, configured| LinkStatus {
             serial: serial.to_owned(),
@@ -450,6 +515,10 @@ pub fn gather(target: &Target, now: Timestamp) -> Result<Status, StatusError> {
                 .iter()
                 .find(|(name, _)| name == serial)
                 .map(|(_, n)| *n),
+            seal: seals
+                .iter()
+                .find(|r| r.serial == serial)
+                .map(|r| SealStatus::of(r, now)),
             configured,
         };
     let mut link_list: Vec<LinkStatus> = target
@@ -772,6 +841,11 @@ impl Status {
                     String::new()
                 }
             );
+        }
+        for l in &self.links {
+            if let Some(seal) = &l.seal {
+                let _ = writeln!(s, "link     {}: {}", l.serial, seal.line());
+            }
         }
         for l in &self.links {
             if let Some(n) = l.bad_frames.filter(|n| *n > 0) {

@@ -61,11 +61,13 @@ pub struct Maintenance {
 ///   forgotten too);
 /// - `board_offline`: serial boards and readers; `board_mismatch`: doors
 ///   (a serial board's) and readers; `reader_replaced`: readers;
-/// - `link_insecure`: readers without a key, and readers with a door's
-///   strike on an output (the probe before each handshake raises and ends
-///   it; the others use their key, or are gone); `reader_link_fault`:
-///   readers with a key (one still
-///   configured so clears its own once its Secure Channel holds).
+/// - `link_insecure`: readers without a key, readers with a door's strike
+///   on an output (the probe before each handshake raises and ends it),
+///   and `insecure_plaintext` serials (the others use their key, or are
+///   gone); `reader_link_fault`: readers with a key (one still configured
+///   so clears its own once its Secure Channel holds); `board_link_fault`:
+///   serials with a key (one still configured clears its own once a
+///   sealed session holds).
 ///
 /// The daemon runs it once before it starts the doors (so it cannot race
 /// a driver raising one of these for something still configured), and
@@ -99,6 +101,14 @@ impl Configured {
         };
         let all_readers = readers(None);
         let boards: BTreeSet<String> = config.serials.iter().map(|s| s.name.clone()).collect();
+        let serials = |insecure: bool| -> BTreeSet<String> {
+            config
+                .serials
+                .iter()
+                .filter(|s| s.insecure_plaintext == insecure)
+                .map(|s| s.name.clone())
+                .collect()
+        };
         let kept = vec![
             (Condition::DoorForced, doors.clone()),
             (Condition::DoorHeldOpen, doors.clone()),
@@ -107,14 +117,14 @@ impl Configured {
             (Condition::ReaderReplaced, all_readers.clone()),
             (
                 Condition::LinkInsecure,
-                &readers(Some(false))
-                    | &config
-                        .reader_doors
-                        .iter()
-                        .map(|d| d.reader.clone())
-                        .collect(),
+                readers(Some(false))
+                    .into_iter()
+                    .chain(config.reader_doors.iter().map(|d| d.reader.clone()))
+                    .chain(serials(true))
+                    .collect(),
             ),
             (Condition::ReaderLinkFault, readers(Some(true))),
+            (Condition::BoardLinkFault, serials(false)),
         ];
         Configured { doors, kept }
     }

@@ -13,13 +13,21 @@
 //!
 //! It never prints or logs a PIN: typed keys go into the board, and only
 //! "entry sent" comes out.
+//!
+//! Plain or sealed: a sealed board ([`SimBoard::new_sealed`], `sim-board
+//! --key-file`) holds a link key and talks in sessions the hub starts
+//! (docs/protocol/serial.md, "Sealed link"). Its events and filters see the
+//! messages as the board does (what it sealed, what verified), since
+//! nobody can read them on the wire.
 
 use std::collections::VecDeque;
 use std::fmt;
 use std::time::Duration;
 
 use firmware_bridge::board::{KeyAction, MAX_DOORS};
-use firmware_bridge::{Board, BoardConfig, DenyReason, Downlink, MAX_FRAME, Uplink, decode_frame};
+use firmware_bridge::{Board, BoardConfig, DenyReason, Downlink, LinkKey, Uplink, decode_frame};
+
+use crate::drivers::OsRandom;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
@@ -114,10 +122,8 @@ pub type Filter<M> = Box<dyn FnMut(&M) -> bool + Send>;
 /// A board on a byte stream. See the module docs.
 pub struct SimBoard<Io> {
     io: Io,
-    board: Board,
+    board: Board<OsRandom>,
     t0: Instant,
-    /// Bytes of the hub's current, not yet terminated frame.
-    partial: Vec<u8>,
     relays: [bool; MAX_DOORS],
     denied: [Option<DenyReason>; MAX_DOORS],
     /// The door contacts, read every step as a firmware's HAL reads its
@@ -130,14 +136,32 @@ pub struct SimBoard<Io> {
 }
 
 impl<Io: AsyncRead + AsyncWrite + Unpin> SimBoard<Io> {
-    /// A board that has just powered up (its Hello goes out on the first
-    /// step).
+    /// A plain board (no link key) that has just powered up (its Hello
+    /// goes out on the first step).
     pub fn new(io: Io, cfg: BoardConfig) -> Self {
+        Self::with_board(io, Board::new_plain_with(cfg, OsRandom, 0))
+    }
+
+    /// A board holding link key `key` that has just powered up: its plain
+    /// Hello asks the hub for a session.
+    pub fn new_sealed(io: Io, cfg: BoardConfig, key: [u8; 32]) -> Self {
+        Self::with_board(
+            io,
+            Board::new_sealed(cfg, LinkKey::from_bytes(key), OsRandom, 0),
+        )
+    }
+
+    /// A board powered up in pairing mode (`lockhub board pair`): the
+    /// code goes in at door 0 ('#' ends it).
+    pub fn new_pairing(io: Io, cfg: BoardConfig) -> Self {
+        Self::with_board(io, Board::new_pairing(cfg, OsRandom, 0))
+    }
+
+    fn with_board(io: Io, board: Board<OsRandom>) -> Self {
         Self {
             io,
-            board: Board::new(cfg, 0),
+            board,
             t0: Instant::now(),
-            partial: Vec::new(),
             relays: [false; MAX_DOORS],
             denied: [None; MAX_DOORS],
             contacts: [false; MAX_DOORS],
@@ -200,14 +224,31 @@ impl<Io: AsyncRead + AsyncWrite + Unpin> SimBoard<Io> {
         Ok(())
     }
 
+    /// `msg` framed as the board would write it now, to put on the wire by
+    /// hand ([`SimBoard::write_raw`]): plain, or sealed in the board's
+    /// current session (empty without one). Nothing is stamped or resent:
+    /// a test's own seq goes out as it is.
+    pub fn frame_msg(&mut self, msg: &Uplink) -> Vec<u8> {
+        self.board
+            .frame_outside_link(msg)
+            .map(|f| f.to_vec())
+            .unwrap_or_default()
+    }
+
     /// Whether `door`'s relay is energised now.
     pub fn relay_open(&self, door: u8) -> bool {
         self.board.relay_open(door, self.now_ms())
     }
 
     /// The state machine, for its counters.
-    pub fn board(&self) -> &Board {
+    pub fn board(&self) -> &Board<OsRandom> {
         &self.board
+    }
+
+    /// A link key the board must now keep (pairing matched, or a rekey's
+    /// first session under its new key verified), once.
+    pub fn take_new_key(&mut self) -> Option<[u8; 32]> {
+        self.board.take_new_key().map(|k| *k.as_bytes())
     }
 
     /// Events since the last call, oldest first.
@@ -240,19 +281,31 @@ impl<Io: AsyncRead + AsyncWrite + Unpin> SimBoard<Io> {
                 .unwrap_or(false);
             self.board.on_door_sensor(door, open, now);
         }
-        let frames: Vec<_> = self.board.poll(now).collect();
+        let mut frames = Vec::new();
+        {
+            let mut polled = self.board.poll(now);
+            while let Some(f) = polled.next_with_msg() {
+                frames.push(f);
+            }
+        }
         let mut out = Vec::new();
-        for f in frames {
-            // A Hello's lead 0x00 (serial.md) is skipped by the decoder and
-            // written with the frame.
-            let Ok(msg) = decode_frame::<Uplink>(&f) else {
-                continue;
-            };
-            if self.lose_up.as_mut().is_some_and(|lose| lose(&msg)) {
-                self.push(SimEvent::LostUp(msg));
-            } else {
-                out.extend_from_slice(&f);
-                self.push(SimEvent::Sent(msg));
+        for (f, msg) in frames {
+            // A plain frame (the handshake, a plain board's) shows its
+            // message; a Hello's lead 0x00 (serial.md) is an empty frame
+            // of its own, skipped by the decoder, written with the frame.
+            let msg = msg.or_else(|| {
+                let body = f.strip_prefix(&[0]).unwrap_or(&f);
+                decode_frame::<Uplink>(body).ok()
+            });
+            match msg {
+                Some(msg) if self.lose_up.as_mut().is_some_and(|lose| lose(&msg)) => {
+                    self.push(SimEvent::LostUp(msg));
+                }
+                Some(msg) => {
+                    out.extend_from_slice(&f);
+                    self.push(SimEvent::Sent(msg));
+                }
+                None => out.extend_from_slice(&f),
             }
         }
         if !out.is_empty() {
@@ -294,34 +347,26 @@ impl<Io: AsyncRead + AsyncWrite + Unpin> SimBoard<Io> {
         self.io
     }
 
-    /// Splits the byte stream into frames so the downlink filter can lose
-    /// whole frames; bytes that do not decode go to the board as they are
-    /// (it must drop them itself).
+    /// Hands the bytes to the board; each message that reaches it (plain,
+    /// or sealed once it verified) goes past the downlink filter first, so
+    /// the filter loses whole messages. Bytes that do not decode or verify
+    /// are the board's to drop.
     fn on_bytes(&mut self, bytes: &[u8]) {
         let now = self.now_ms();
-        for &b in bytes {
-            if self.partial.len() > MAX_FRAME * 4 {
-                // Garbage without a terminator: hand it over and start again.
-                let junk = std::mem::take(&mut self.partial);
-                self.board.on_frame_bytes(&junk, now);
+        let lose_down = &mut self.lose_down;
+        let events = &mut self.events;
+        self.board.on_frame_bytes_tapped(bytes, now, &mut |msg| {
+            let lost = lose_down.as_mut().is_some_and(|lose| lose(msg));
+            if events.len() >= EVENTS_MAX {
+                events.pop_front();
             }
-            self.partial.push(b);
-            if b != 0 {
-                continue;
-            }
-            let frame = std::mem::take(&mut self.partial);
-            match decode_frame::<Downlink>(&frame) {
-                Ok(msg) => {
-                    if self.lose_down.as_mut().is_some_and(|lose| lose(&msg)) {
-                        self.push(SimEvent::LostDown(msg));
-                        continue;
-                    }
-                    self.push(SimEvent::Received(msg));
-                    self.board.on_frame_bytes(&frame, now);
-                }
-                Err(_) => self.board.on_frame_bytes(&frame, now),
-            }
-        }
+            events.push_back(if lost {
+                SimEvent::LostDown(msg.clone())
+            } else {
+                SimEvent::Received(msg.clone())
+            });
+            !lost
+        });
     }
 
     fn note_levels(&mut self, now: u64) {
@@ -375,15 +420,18 @@ impl SimBoard<tokio_serial::SerialStream> {
     /// A board on a serial device (a USB adapter wired to the hub's port,
     /// or one end of a pseudo-terminal pair).
     pub fn open(path: &str, baud: u32, cfg: BoardConfig) -> Result<Self, SimError> {
-        use tokio_serial::SerialPortBuilderExt;
-        let io = tokio_serial::new(path, baud)
-            .open_native_async()
-            .map_err(|source| SimError::Open {
-                path: path.to_owned(),
-                source,
-            })?;
-        Ok(Self::new(io, cfg))
+        Ok(Self::new(open_port(path, baud)?, cfg))
     }
+}
+
+fn open_port(path: &str, baud: u32) -> Result<tokio_serial::SerialStream, SimError> {
+    use tokio_serial::SerialPortBuilderExt;
+    tokio_serial::new(path, baud)
+        .open_native_async()
+        .map_err(|source| SimError::Open {
+            path: path.to_owned(),
+            source,
+        })
 }
 
 /// One stdin command of `sim-board`.
@@ -483,6 +531,29 @@ impl Command {
     }
 }
 
+/// How `sim-board` talks: plain, sealed under a link key, or in pairing
+/// mode (the code typed on stdin as keys at door 0, e.g. `0 123456#`).
+#[derive(Clone)]
+pub enum SimMode {
+    Plain,
+    Sealed([u8; 32]),
+    /// On a matching code the new key is written to `save` (mode 0600), as
+    /// a board writes it to flash, and the board goes on sealed under it.
+    Pairing {
+        save: Option<std::path::PathBuf>,
+    },
+}
+
+impl fmt::Debug for SimMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SimMode::Plain => f.write_str("Plain"),
+            SimMode::Sealed(_) => f.write_str("Sealed(<redacted>)"),
+            SimMode::Pairing { save } => write!(f, "Pairing {{ save: {save:?} }}"),
+        }
+    }
+}
+
 /// `lockhub sim-board`: a board on `path` driven by lines on stdin (see
 /// [`Command::parse`]), printing one line per relay change, deny, link
 /// change or refused command on stdout. Ends at end of input (after
@@ -494,10 +565,20 @@ pub async fn run_interactive(
     path: &str,
     baud: u32,
     cfg: BoardConfig,
+    mode: SimMode,
     doors: Vec<(String, u8)>,
     linger: Duration,
 ) -> Result<(), SimError> {
-    let mut sim = SimBoard::open(path, baud, cfg)?;
+    let io = open_port(path, baud)?;
+    let save = match &mode {
+        SimMode::Pairing { save } => save.clone(),
+        _ => None,
+    };
+    let mut sim = match mode {
+        SimMode::Plain => SimBoard::new(io, cfg),
+        SimMode::Sealed(key) => SimBoard::new_sealed(io, cfg, key),
+        SimMode::Pairing { .. } => SimBoard::new_pairing(io, cfg),
+    };
     let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(64);
     std::thread::spawn(move || {
         use std::io::BufRead;
@@ -514,6 +595,7 @@ pub async fn run_interactive(
     );
     let mut input_open = true;
     let mut end: Option<Instant> = None;
+    let mut pairing_said = None;
     loop {
         while input_open {
             match rx.try_recv() {
@@ -538,10 +620,54 @@ pub async fn run_interactive(
                 println!("{line}");
             }
         }
+        if let Some(phase) = sim.board().pairing_phase()
+            && let firmware_bridge::pair::BoardPairPhase::Failed(why) = phase
+            && pairing_said != Some(phase)
+        {
+            pairing_said = Some(phase);
+            println!("pairing failed: {why}; the board keeps its old key");
+        }
+        if let Some(key) = sim.take_new_key() {
+            match &save {
+                Some(p) => match write_key_file(p, &key) {
+                    Ok(()) => println!("paired: link key stored in {}", p.display()),
+                    Err(e) => println!("paired, but the key could not be stored: {e}"),
+                },
+                None => println!("paired: link key held in memory"),
+            }
+        }
         if end.is_some_and(|e| Instant::now() >= e) {
             return Ok(());
         }
     }
+}
+
+/// Reads a link key file: base64url of 32 bytes on its first line (the
+/// form of a `[[board_key]] key` and of a board's label).
+pub fn read_key_file(path: &std::path::Path) -> Result<[u8; 32], String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    lockhub_proto::crypto::b64u_decode_32(text.trim()).ok_or_else(|| {
+        format!(
+            "{}: not a link key (base64url of 32 bytes, 43 characters)",
+            path.display()
+        )
+    })
+}
+
+/// Writes a link key file (created 0600, then renamed into place).
+pub fn write_key_file(path: &std::path::Path, key: &[u8; 32]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    writeln!(f, "{}", lockhub_proto::crypto::b64u_encode(key))?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
 }
 
 #[cfg(test)]

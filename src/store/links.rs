@@ -1,5 +1,6 @@
-//! Serial link state (`links`, migration 0002) and counters
-//! (`link_counters`, migration 0011), for `lockhub status`.
+//! Serial link state (`links`, migration 0002), counters
+//! (`link_counters`, migration 0011) and sealing (`link_seal`, migration
+//! 0016), for `lockhub status`.
 //!
 //! The serial driver owns these writes; `status` only reads them from another
 //! process. They are operational, not invariants, so the helpers upsert.
@@ -160,6 +161,74 @@ pub fn bad_frames(conn: &Connection) -> Result<Vec<(String, i64)>, StoreError> {
         conn.prepare_cached("SELECT serial, bad_frames FROM link_counters ORDER BY serial")?;
     let rows = stmt
         .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    Ok(rows)
+}
+
+/// One row of `link_seal` (migration 0016): a link's sealing and the
+/// frames its sealed link dropped, by cause, since the daemon started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SealRow {
+    pub serial: String,
+    pub sealed: bool,
+    /// When the current sealed session was confirmed; `None` without one.
+    pub session_since: Option<Timestamp>,
+    pub bad_tag: u32,
+    pub replayed: u32,
+    pub plain: u32,
+    pub bad_handshake: u32,
+    pub forged_hello: u32,
+    pub other: u32,
+}
+
+/// Records a link's sealing (throttle the calls like [`set_bad_frames`]).
+pub fn set_seal(conn: &Connection, row: &SealRow, now: Timestamp) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO link_seal (serial, sealed, session_since, bad_tag, replayed, plain,
+                                bad_handshake, forged_hello, other, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+         ON CONFLICT (serial) DO UPDATE SET sealed = excluded.sealed,
+           session_since = excluded.session_since, bad_tag = excluded.bad_tag,
+           replayed = excluded.replayed, plain = excluded.plain,
+           bad_handshake = excluded.bad_handshake, forged_hello = excluded.forged_hello,
+           other = excluded.other, updated_at = excluded.updated_at",
+    )?
+    .execute(params![
+        row.serial,
+        row.sealed,
+        row.session_since.map(|t| t.0),
+        row.bad_tag,
+        row.replayed,
+        row.plain,
+        row.bad_handshake,
+        row.forged_hello,
+        row.other,
+        now.0
+    ])?;
+    Ok(())
+}
+
+/// Every link's sealing, by name.
+pub fn seals(conn: &Connection) -> Result<Vec<SealRow>, StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT serial, sealed, session_since, bad_tag, replayed, plain, bad_handshake,
+                forged_hello, other
+           FROM link_seal ORDER BY serial",
+    )?;
+    let rows = stmt
+        .query_map([], |r| {
+            Ok(SealRow {
+                serial: r.get(0)?,
+                sealed: r.get(1)?,
+                session_since: r.get::<_, Option<i64>>(2)?.map(Timestamp),
+                bad_tag: r.get(3)?,
+                replayed: r.get(4)?,
+                plain: r.get(5)?,
+                bad_handshake: r.get(6)?,
+                forged_hello: r.get(7)?,
+                other: r.get(8)?,
+            })
+        })?
         .collect::<Result<_, _>>()?;
     Ok(rows)
 }

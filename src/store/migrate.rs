@@ -69,6 +69,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0015_mirror_proof",
         include_str!("../../migrations/0015_mirror_proof.sql"),
     ),
+    (
+        "0016_board_link",
+        include_str!("../../migrations/0016_board_link.sql"),
+    ),
 ];
 
 /// The schema version a database is at.

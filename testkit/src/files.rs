@@ -18,9 +18,44 @@ fn read_vector(name: &str) -> String {
 pub static TRUST_TOML: std::sync::LazyLock<String> =
     std::sync::LazyLock::new(|| read_vector("trust.toml"));
 
-/// `spec/vectors/mqtt/secrets.toml`, read from the project's vectors.
-pub static SECRETS_TOML: std::sync::LazyLock<String> =
-    std::sync::LazyLock::new(|| read_vector("secrets.toml"));
+/// `spec/vectors/mqtt/secrets.toml`, read from the project's vectors, with
+/// the link key of the fixtures' board `board-a` ([`board_key_for`]) after
+/// it: every `[[serial]]` has a `[[board_key]]` (serial.md, "Keys").
+pub static SECRETS_TOML: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    read_vector("secrets.toml") + &board_key_toml("board-a", &board_key_for("board-a"))
+});
+
+/// `spec/vectors/mqtt/secrets.toml` as it is (no `[[board_key]]`).
+pub fn read_secrets_vector() -> String {
+    read_vector("secrets.toml")
+}
+
+/// The vectors' secrets.toml with `extra` (more tables, or lines of its
+/// last table) right after the vector's own text, then `board-a`'s link
+/// key: [`SECRETS_TOML`] with `extra` where appending it would land.
+pub fn secrets_with(extra: &str) -> String {
+    read_vector("secrets.toml") + extra + &board_key_toml("board-a", &board_key_for("board-a"))
+}
+
+/// A test board's link key for serial `name` (never a real board's):
+/// distinct per name, the same in every run, so the hub's secrets and the
+/// simulated board both take it from here.
+pub fn board_key_for(name: &str) -> [u8; 32] {
+    let seed = format!("lockhub test link key of {name}/");
+    let mut key = [0u8; 32];
+    for (k, b) in key.iter_mut().zip(seed.bytes().cycle()) {
+        *k = b;
+    }
+    key
+}
+
+/// One `[[board_key]]` table for secrets.toml.
+pub fn board_key_toml(serial: &str, key: &[u8; 32]) -> String {
+    format!(
+        "\n[[board_key]]\nserial = \"{serial}\"\nkey = \"{}\"\n",
+        lockhub_proto::crypto::b64u_encode(key)
+    )
+}
 
 /// The vectors' trust ring (`trust.toml`), as the config loader would build it.
 pub fn vectors_trust_ring() -> Vec<lockhub_proto::verify::Signer> {
@@ -82,6 +117,10 @@ pub struct HubToml {
     pub trust: String,
     /// `[[serial]]` ports: (name, device path).
     pub serial: Vec<(String, String)>,
+    /// Every `[[serial]]` says `insecure_plaintext = true` (a plain board,
+    /// no `[[board_key]]`); the line goes after `baud`, so the layout
+    /// [`hub_toml`] documents holds without it.
+    pub insecure_serials: bool,
     /// `[[door]]`s on a serial port: (name, serial, index, unlock_ms).
     pub doors: Vec<(String, String, usize, u32)>,
     /// `[policy]` lines (none: the section is left out, the defaults hold).
@@ -102,6 +141,7 @@ impl HubToml {
             mqtt_extra: String::new(),
             trust: TRUST_TOML.clone(),
             serial: vec![("board-a".into(), "/dev/ttyAMA0".into())],
+            insecure_serials: false,
             doors: vec![("101".into(), "board-a".into(), 0, 5000)],
             policy: String::new(),
             extra: String::new(),
@@ -118,6 +158,9 @@ impl HubToml {
             s.push_str(&format!(
                 "\n[[serial]]\nname = \"{name}\"\nport = \"{port}\"\nbaud = 115200\n"
             ));
+            if self.insecure_serials {
+                s.push_str("insecure_plaintext = true\n");
+            }
         }
         for (name, serial, index, unlock_ms) in &self.doors {
             s.push_str(&format!(

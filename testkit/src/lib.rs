@@ -10,7 +10,7 @@
 //! | [`files`] | the vectors' `hub.toml` and `secrets.toml`, written at the modes an installer uses |
 //! | [`daemon`] | a `lockhub run` process on its own folder: start, kill, restart, read its database; a process's memory |
 //! | [`cloud`] | the test cloud: its signer, the hub-envelope opener, an MQTT 5 client that hears the hub |
-//! | [`board`] | pseudo-terminals and the serial driver on a real store, with a simulated board |
+//! | [`board`] | pseudo-terminals and the serial driver on a real store, with a simulated board (sealed under the test key of its serial by default); `board::relay`, a wire attacker between hub and board |
 //! | [`osdp_peer`] | the PyPI `libosdp` reader on a pty, driven line by line |
 //! | [`osdp_relay`] | a man in the middle on an OSDP bus: forwards, injects, drops and alters packets |
 //! | [`db`] | a store in a tempdir, keys inserted with plain SQL, the PIN keys |

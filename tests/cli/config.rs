@@ -302,7 +302,7 @@ fn duplicate_pin_key_ids_are_refused_in_the_secrets_file() {
     let extra =
         "\n[[pin_key]]\nid = \"k1\"\nsecret = \"qTouxiikSj0xOqGF1EY1r3wDRaCaaT-XQQUqNoXtCgU\"\n";
     secrets_error(
-        &(SECRETS_TOML.to_owned() + extra),
+        &testkit::files::secrets_with(extra),
         9,
         6,
         "duplicate pin key id `k1`",
@@ -462,7 +462,7 @@ fn two_doors_on_the_same_serial_and_index_are_refused() {
     let fx = Fixture::new();
     fx.write_hub(
         &(testkit::files::hub_toml()
-            + "\n[[serial]]\nname = \"board-b\"\nport = \"/dev/ttyUSB0\"\nbaud = 9600\n"
+            + "\n[[serial]]\nname = \"board-b\"\nport = \"/dev/ttyUSB0\"\nbaud = 9600\ninsecure_plaintext = true\n"
             + &edit(
                 SECOND_DOOR,
                 &[("index = 1", "index = 0"), ("board-a", "board-b")],
@@ -529,7 +529,7 @@ fn unknown_keys_are_refused_by_name() {
     fx.write_hub(&(testkit::files::hub_toml() + "\n[polcy]\nheld_open_s = 3\n"));
     only_error(&fx, &fx.hub(), 27, 2, "unknown key `polcy`");
     secrets_error(
-        &(SECRETS_TOML.to_owned() + "note = \"x\"\n"),
+        &testkit::files::secrets_with("note = \"x\"\n"),
         7,
         1,
         "unknown key `note`",
@@ -598,13 +598,19 @@ fn missing_required_keys_and_tables_are_refused() {
         "missing table [secrets]",
     );
     secrets_error(
-        "[hub_key]\nsecret = \"qTouxiikSj0xOqGF1EY1r3wDRaCaaT-XQQUqNoXtCgU\"\n",
+        &format!(
+            "[hub_key]\nsecret = \"qTouxiikSj0xOqGF1EY1r3wDRaCaaT-XQQUqNoXtCgU\"\n{}",
+            testkit::files::board_key_toml("board-a", &testkit::files::board_key_for("board-a"))
+        ),
         1,
         1,
         "[[pin_key]]",
     );
     secrets_error(
-        "pin_key = []\n[hub_key]\nsecret = \"qTouxiikSj0xOqGF1EY1r3wDRaCaaT-XQQUqNoXtCgU\"\n",
+        &format!(
+            "pin_key = []\n[hub_key]\nsecret = \"qTouxiikSj0xOqGF1EY1r3wDRaCaaT-XQQUqNoXtCgU\"\n{}",
+            testkit::files::board_key_toml("board-a", &testkit::files::board_key_for("board-a"))
+        ),
         1,
         11,
         "no [[pin_key]]: the hub needs at least one PIN key",
@@ -1106,9 +1112,9 @@ fn a_wrong_secret_value_never_appears_in_output() {
                 &format!("{wrong}!!"),
             )],
         ),
-        SECRETS_TOML.to_owned() + &format!("{wrong} = 1\n"),
-        SECRETS_TOML.to_owned() + &format!("{wrong}\n"),
-        SECRETS_TOML.to_owned() + &format!("secret = \"{wrong}\"\n"),
+        testkit::files::secrets_with(&format!("{wrong} = 1\n")),
+        testkit::files::secrets_with(&format!("{wrong}\n")),
+        testkit::files::secrets_with(&format!("secret = \"{wrong}\"\n")),
         edit(
             &SECRETS_TOML,
             &[("[hub_key]\n", &format!("[hub_key]\nsecret = \"{wrong}\"\n"))],
@@ -1148,9 +1154,9 @@ fn a_wrong_secret_value_never_appears_in_output() {
 fn a_reader_key_pasted_as_a_key_name_never_appears_in_output() {
     let scbk = "AAECAwQFBgcICQoLDA0ODw";
     for secrets in [
-        SECRETS_TOML.to_owned() + &format!("\n[[reader_key]]\nreader = \"r-1\"\n{scbk} = 1\n"),
-        SECRETS_TOML.to_owned() + &format!("{scbk} = 1\n"),
-        SECRETS_TOML.to_owned() + &format!("{scbk} = 1\n{scbk} = 2\n"),
+        testkit::files::secrets_with(&format!("\n[[reader_key]]\nreader = \"r-1\"\n{scbk} = 1\n")),
+        testkit::files::secrets_with(&format!("{scbk} = 1\n")),
+        testkit::files::secrets_with(&format!("{scbk} = 1\n{scbk} = 2\n")),
     ] {
         let fx = Fixture::new();
         fx.write_secrets(&secrets);
@@ -1337,4 +1343,112 @@ fn a_serial_device_absent_now_is_a_warning_at_its_line_and_the_config_is_still_v
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+// ---------------------------------------------------------------------------
+// Lock boards' link keys (docs/protocol/serial.md, "Sealed link")
+// ---------------------------------------------------------------------------
+
+/// The 1-based line of `needle`'s first occurrence in `text`.
+fn line_of(text: &str, needle: &str) -> usize {
+    let at = text.find(needle).unwrap_or_else(|| panic!("{needle:?}"));
+    text[..at].lines().count() + usize::from(text[..at].ends_with('\n'))
+}
+
+#[test]
+fn a_serial_is_keyed_or_insecure_plaintext_never_neither_nor_both() {
+    // Neither: the vector's secrets have no [[board_key]].
+    let fx = Fixture::new();
+    fx.write_secrets(&testkit::files::read_secrets_vector());
+    only_error(
+        &fx,
+        &fx.hub(),
+        17,
+        8,
+        "serial `board-a` has no [[board_key]] in the secrets file",
+    );
+    // Insecure alone is accepted, and says so.
+    let fx = Fixture::with_hub_edits(&[(
+        "baud = 115200\n",
+        "baud = 115200\ninsecure_plaintext = true\n",
+    )]);
+    fx.write_secrets(&testkit::files::read_secrets_vector());
+    let c = load(&fx).unwrap_or_else(|e| panic!("{e}"));
+    assert!(c.serials[0].insecure_plaintext);
+    assert!(c.board_key("board-a").is_none());
+    // Both.
+    let fx = Fixture::with_hub_edits(&[(
+        "baud = 115200\n",
+        "baud = 115200\ninsecure_plaintext = true\n",
+    )]);
+    only_error(
+        &fx,
+        &fx.hub(),
+        17,
+        8,
+        "has `insecure_plaintext = true` and a [[board_key]]",
+    );
+    // The key alone: loaded, and never shown.
+    let c = load(&Fixture::new()).unwrap();
+    assert!(!c.serials[0].insecure_plaintext);
+    let key = testkit::files::board_key_for("board-a");
+    assert_eq!(c.board_key("board-a").unwrap().key, key);
+    let shown = format!("{c:?}");
+    assert!(
+        !shown.contains(&crypto::b64u_encode(&key))
+            && !shown.contains(&format!("{:?}", key[0..4].to_vec()))
+    );
+}
+
+#[test]
+fn a_board_key_that_is_short_zero_shared_or_for_no_serial_is_refused() {
+    let b64 = crypto::b64u_encode;
+    let table = |serial: &str, key: &str| {
+        format!("\n[[board_key]]\nserial = \"{serial}\"\nkey = \"{key}\"\n")
+    };
+    let vector = testkit::files::read_secrets_vector();
+    let first = vector.lines().count() + 4; // the `key` line of the first table
+
+    let short = vector.clone() + &table("board-a", &b64(&[7u8; 31]));
+    secrets_error(&short, first, 7, "`key` must be 32 bytes");
+    let zero = vector.clone() + &table("board-a", &b64(&[0u8; 32]));
+    secrets_error(&zero, first, 7, "all zero");
+    let junk = vector.clone() + &table("board-a", "not base64!");
+    secrets_error(&junk, first, 7, "not base64url");
+
+    // Two boards with one key: the second is refused, naming the first.
+    let fx = Fixture::new();
+    fx.write_hub(
+        &(testkit::files::hub_toml()
+            + "\n[[serial]]\nname = \"board-b\"\nport = \"/dev/ttyUSB0\"\n"),
+    );
+    let same = b64(&testkit::files::board_key_for("board-a"));
+    let text = vector.clone() + &table("board-a", &same) + &table("board-b", &same);
+    fx.write_secrets(&text);
+    let second = line_of(&text, "serial = \"board-b\"") + 1;
+    only_error(
+        &fx,
+        &fx.secrets(),
+        second,
+        7,
+        &format!("the same as serial `board-a`'s (line {first})"),
+    );
+
+    // A key for a serial the config does not have.
+    let text = testkit::files::SECRETS_TOML.clone()
+        + &table("board-z", &b64(&testkit::files::board_key_for("board-z")));
+    let at = line_of(&text, "serial = \"board-z\"");
+    secrets_error(
+        &text,
+        at,
+        10,
+        "board_key serial `board-z` is not configured",
+    );
+
+    // Twice for one serial.
+    let text = testkit::files::SECRETS_TOML.clone()
+        + &table("board-a", &b64(&testkit::files::board_key_for("board-z")));
+    let dup_at = text.rfind("serial = \"board-a\"").unwrap();
+    let dup_line = text[..dup_at].lines().count() + 1;
+    secrets_error(&text, dup_line, 10, "duplicate board_key serial `board-a`");
 }

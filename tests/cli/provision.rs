@@ -262,6 +262,34 @@ fn a_bundle_with_doors_and_pin_keys_round_trips_and_json_output_is_public() {
     let hub = std::fs::read_to_string(&p.config).unwrap();
     assert!(hub.contains("[[door]]") && hub.contains("name = \"lobby\""));
     assert!(hub.contains("baud = 115200") && hub.contains("baud = 57600"));
+    // The boards are sealed, and their keys come from pairing: until then
+    // check-config refuses them, and only them.
+    assert_eq!(
+        v["boards_to_pair"],
+        serde_json::json!(["board-a", "board-b"])
+    );
+    let check = check_config(&p.config);
+    let said = String::from_utf8_lossy(&check.stderr);
+    assert_eq!(check.status.code(), Some(2), "{said}");
+    let problems: Vec<&str> = said.lines().filter(|l| !l.contains("warning:")).collect();
+    assert_eq!(problems.len(), 2, "{said}");
+    assert!(
+        said.contains("serial `board-a` has no [[board_key]]"),
+        "{said}"
+    );
+    assert!(
+        said.contains("serial `board-b` has no [[board_key]]"),
+        "{said}"
+    );
+    // Paired (here: the keys typed in): the round trip is whole.
+    let mut secrets = std::fs::read_to_string(&p.secrets).unwrap();
+    for b in ["board-a", "board-b"] {
+        secrets.push_str(&testkit::files::board_key_toml(
+            b,
+            &testkit::files::board_key_for(b),
+        ));
+    }
+    testkit::files::write_private(&p.secrets, &secrets).unwrap();
     let check = check_config(&p.config);
     assert!(
         check.status.success(),

@@ -108,6 +108,35 @@ fn populate(dir: &Path, secs: i64) -> Store {
             links::set_state(c, "board-old", LinkState::Down, t)?;
             links::set_bad_frames(c, "board-a", 7, t)?;
             links::set_bad_frames(c, "board-b", 0, t)?;
+            let seal = |serial: &str, sealed, since| links::SealRow {
+                serial: serial.into(),
+                sealed,
+                session_since: since,
+                bad_tag: 0,
+                replayed: 0,
+                plain: 0,
+                bad_handshake: 0,
+                forged_hello: 0,
+                other: 0,
+            };
+            links::set_seal(
+                c,
+                &links::SealRow {
+                    bad_tag: 2,
+                    replayed: 1,
+                    ..seal("board-a", true, Some(t.saturating_add_secs(-90)))
+                },
+                t,
+            )?;
+            links::set_seal(
+                c,
+                &links::SealRow {
+                    bad_handshake: 4,
+                    ..seal("board-b", true, None)
+                },
+                t,
+            )?;
+            links::set_seal(c, &seal("board-old", false, None), t)?;
             Ok(())
         })
         .unwrap();
@@ -142,6 +171,10 @@ fn status_shows_every_part_in_text_and_json() {
         "clock    trusted",
         "zone     UTC: ",
         "link     board-a: 7 bad frames dropped",
+        "link     board-a: sealed, session for ",
+        "s, dropped: bad_tag 2, replayed 1",
+        "link     board-b: sealed, NO SESSION, dropped: bad_handshake 4",
+        "link     board-old: PLAIN (insecure_plaintext: not sealed)",
     ] {
         assert!(text.contains(needle), "missing {needle:?} in\n{text}");
     }
@@ -181,6 +214,18 @@ fn status_shows_every_part_in_text_and_json() {
     assert_eq!(links[0]["board_id"], 3);
     assert_eq!(links[0]["firmware"], "1.4");
     assert_eq!(links[0]["bad_frames"], 7);
+    assert_eq!(links[0]["seal"]["sealed"], true);
+    assert_eq!(
+        links[0]["seal"]["session_since"],
+        Timestamp::from_secs(t - 90).to_rfc3339()
+    );
+    assert!(links[0]["seal"]["session_age_s"].as_i64().unwrap() >= 90);
+    assert_eq!(
+        links[0]["seal"]["dropped"],
+        serde_json::json!({"bad_tag": 2, "replayed": 1})
+    );
+    assert_eq!(links[1]["seal"]["session_since"], serde_json::Value::Null);
+    assert_eq!(links[2]["seal"]["sealed"], false);
     assert_eq!(links[1]["state"], "absent");
     assert_eq!(links[1]["bad_frames"], 0);
     assert_eq!(links[2]["configured"], false);

@@ -11,6 +11,8 @@ mod osdp_keys;
 mod osdp_wire;
 mod schedules;
 mod serial_doors;
+mod serial_pairing;
 mod serial_ports;
+mod serial_sealed;
 mod serial_sim_cli;
 mod uses_kill;

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use firmware_bridge::{DenyReason, Downlink, Pin, Uplink, to_frame};
+use firmware_bridge::{DenyReason, Downlink, Pin, Uplink};
 use lockhub::config::Policy;
 use lockhub::sim::board::SimEvent;
 use testkit::board::pty::Pty;
@@ -115,7 +115,8 @@ async fn an_unknown_door_and_a_malformed_pin_are_acked_denied_and_audited() {
         door: 1,
         pin: Pin::from_wire_bytes(&[b'9'; 60]).unwrap(),
     };
-    sim.write_raw(&to_frame(&longest).unwrap()).await.unwrap();
+    let longest = sim.frame_msg(&longest);
+    sim.write_raw(&longest).await.unwrap();
     assert!(until_db(&mut sim, &db, |db| db.audit().len() == 4).await);
     let mut audit = db.audit();
     audit.sort();
@@ -199,8 +200,10 @@ async fn three_copies_of_one_keypad_are_acked_thrice_decided_once_and_counted_on
         door: 0,
         pin: Pin::from_digits("999999").unwrap(),
     };
-    let frame = to_frame(&keypad).unwrap();
     for _ in 0..3 {
+        // Each copy a frame of its own, as a resend is (on a sealed link,
+        // with a new counter; the seq inside makes it the same message).
+        let frame = sim.frame_msg(&keypad);
         sim.write_raw(&frame).await.unwrap();
         sim.run_for(Duration::from_millis(30)).await.unwrap();
     }
@@ -299,12 +302,12 @@ async fn an_unlock_the_board_never_acks_is_recorded_unconfirmed() {
 async fn garbage_truncated_and_corrupted_frames_between_valid_ones_change_nothing() {
     let (db, hub, mut sim, _keep) = one_board(Policy::default()).await;
     db.add_key("k-1", "482913", &["101"]).await;
-    let valid = to_frame(&Uplink::Keypad {
+    let keypad = Uplink::Keypad {
         seq: 50_000,
         door: 0,
         pin: Pin::from_digits("482913").unwrap(),
-    })
-    .unwrap();
+    };
+    let valid = sim.frame_msg(&keypad);
     let mut corrupted = valid.to_vec();
     corrupted[3] ^= 0x40;
     let truncated = &valid[..valid.len() / 2];
@@ -323,6 +326,8 @@ async fn garbage_truncated_and_corrupted_frames_between_valid_ones_change_nothin
             .unwrap()
     );
     sim.write_raw(&corrupted).await.unwrap();
+    // Framed now: on a sealed link an older frame would be a replay.
+    let valid = sim.frame_msg(&keypad);
     sim.write_raw(&valid).await.unwrap();
     assert!(until_db(&mut sim, &db, |db| db.audit().len() == 4).await);
     sim.run_for(Duration::from_millis(300)).await.unwrap();
@@ -551,12 +556,11 @@ async fn a_board_without_a_configured_door_raises_board_mismatch_and_never_confi
     // keypad): decided, granted, and the board acks the Unlock as it acks
     // every command; that Ack confirms nothing.
     let pin = Pin::from_digits("482913").unwrap();
-    let frame = to_frame(&Uplink::Keypad {
+    let frame = sim.frame_msg(&Uplink::Keypad {
         seq: 900,
         door: 1,
         pin,
-    })
-    .unwrap();
+    });
     sim.write_raw(&frame).await.unwrap();
     assert!(until_db(&mut sim, &db, |db| db.audit().len() == 2).await);
     assert_eq!(
@@ -571,7 +575,11 @@ async fn a_board_without_a_configured_door_raises_board_mismatch_and_never_confi
 
     // The board is replaced by one with three doors: its Hello covers 102.
     let io = sim.into_inner();
-    let mut sim = lockhub::sim::board::SimBoard::new(io, firmware_bridge::BoardConfig::new(2, 3));
+    let mut sim = lockhub::sim::board::SimBoard::new_sealed(
+        io,
+        firmware_bridge::BoardConfig::new(2, 3),
+        testkit::files::board_key_for("board-a"),
+    );
     assert!(until_db(&mut sim, &db, |db| !db.raised("board_mismatch", "102")).await);
     hub.shutdown().await;
 }
@@ -623,7 +631,7 @@ async fn a_flood_of_ten_thousand_keypads_writes_a_few_rows_and_the_right_pin_els
             }
             let door = if sent.is_multiple_of(2) { 0 } else { 9 };
             let pin = Pin::from_digits("111111").unwrap();
-            chunk.extend_from_slice(&to_frame(&Uplink::Keypad { seq, door, pin }).unwrap());
+            chunk.extend_from_slice(&sim.frame_msg(&Uplink::Keypad { seq, door, pin }));
             seq = seq.wrapping_add(1).max(1);
             sent += 1;
         }

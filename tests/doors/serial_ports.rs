@@ -63,12 +63,7 @@ async fn after_a_hub_restart_the_next_pin_still_unlocks() {
     // The hub goes away and comes back; the board never restarts.
     hub.shutdown().await;
     let hub = start(&db, s);
-    let hellos = |s: &Sim| {
-        count(s, |e| {
-            matches!(e, SimEvent::Received(Downlink::Hello { .. }))
-        })
-    };
-    assert!(sim.run_until(WAIT, |s| hellos(s) == 2).await.unwrap());
+    assert!(sim.run_until(WAIT, |s| hub_hellos(s) == 2).await.unwrap());
     sim.run_for(Duration::from_millis(200)).await.unwrap();
     sim.enter_pin(0, "482913");
     assert!(
@@ -160,7 +155,7 @@ async fn when_one_of_two_ports_dies_the_other_keeps_deciding() {
     s.link = quick_link();
     let hub = start(&db, s);
     let (mut a, keep_a) = board(pa, 1);
-    let (mut b, _keep_b) = board(pb, 1);
+    let (mut b, _keep_b) = board_named(pb, 1, "board-b");
     // Both boards live at once: step them in turn.
     let end = Instant::now() + WAIT;
     while Instant::now() < end && !(a.board().link_up(a.now_ms()) && b.board().link_up(b.now_ms()))
@@ -275,12 +270,7 @@ async fn a_forced_door_is_remembered_across_hub_restarts_and_its_alert_ends_when
     // after the new Hello, which is the same opening, not a new one.
     hub.shutdown().await;
     let hub = start(&db, s.clone());
-    let hellos = |s: &Sim| {
-        count(s, |e| {
-            matches!(e, SimEvent::Received(Downlink::Hello { .. }))
-        })
-    };
-    assert!(sim.run_until(WAIT, |s| hellos(s) == 2).await.unwrap());
+    assert!(sim.run_until(WAIT, |s| hub_hellos(s) == 2).await.unwrap());
     sim.run_for(Duration::from_millis(500)).await.unwrap();
     assert_eq!(db.audit(), ["door.forced@101"]);
     assert!(db.raised("door_forced", "101"));

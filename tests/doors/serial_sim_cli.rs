@@ -140,3 +140,128 @@ async fn sim_board_sends_typed_entries_and_prints_relay_and_deny_feedback_but_ne
         "a PIN was printed: {lines:?}"
     );
 }
+
+/// Runs `lockhub` with `args`; its stdout lines arrive on the channel.
+fn spawn_lines(args: &[&std::ffi::OsStr]) -> (std::process::Child, mpsc::Receiver<String>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lockhub"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run lockhub");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    (child, rx)
+}
+
+/// Waits for a line that `f` accepts, collecting every line into `seen`.
+fn line_where(
+    rx: &mpsc::Receiver<String>,
+    seen: &mut Vec<String>,
+    f: impl Fn(&str) -> bool,
+) -> Option<String> {
+    let end = std::time::Instant::now() + Duration::from_secs(30);
+    while std::time::Instant::now() < end {
+        if let Ok(l) = rx.recv_timeout(Duration::from_millis(50)) {
+            seen.push(l.clone());
+            if f(&l) {
+                return Some(l);
+            }
+        }
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn board_pair_and_sim_board_in_pairing_mode_agree_a_key_typed_as_a_code_and_prove_it_in_a_sealed_session()
+ {
+    use std::ffi::OsStr;
+    // `lockhub board pair` and `lockhub sim-board --pair` on the two ends
+    // of a relay (each opens a tty path, as on a real machine).
+    let (relay, board_path, _keep) = testkit::board::relay::Relay::start_for_path();
+    let dir = tempfile::tempdir().unwrap();
+    let link = dir.path().join("board-a");
+    pty::point(&link, &relay.hub_path);
+    let fx = testkit::files::Fixture::new();
+    fx.write_hub(
+        &testkit::files::HubToml {
+            serial: vec![("board-a".into(), link.display().to_string())],
+            ..testkit::files::HubToml::vectors()
+        }
+        .render(),
+    );
+    fx.write_secrets(&testkit::files::read_secrets_vector());
+    let key_file = dir.path().join("board-a.key");
+
+    let (mut board, board_lines) = spawn_lines(&[
+        OsStr::new("sim-board"),
+        OsStr::new("--port"),
+        board_path.as_os_str(),
+        OsStr::new("--pair"),
+        OsStr::new("--key-file"),
+        key_file.as_os_str(),
+    ]);
+    let (mut pair, pair_lines) = spawn_lines(&[
+        OsStr::new("board"),
+        OsStr::new("pair"),
+        OsStr::new("--config"),
+        fx.hub().as_os_str(),
+        OsStr::new("--serial"),
+        OsStr::new("board-a"),
+    ]);
+    let mut said = Vec::new();
+    let code = line_where(&pair_lines, &mut said, |l| l.starts_with("pairing code: "))
+        .unwrap_or_else(|| panic!("no code: {said:?}"))
+        .trim_start_matches("pairing code: ")
+        .to_owned();
+    assert_eq!(code.len(), 6, "{code}");
+    let mut stdin = board.stdin.take().unwrap();
+    writeln!(stdin, "0 {code}#").unwrap();
+    stdin.flush().unwrap();
+    let mut board_said = Vec::new();
+    assert!(
+        line_where(&board_lines, &mut board_said, |l| l
+            .starts_with("paired: link key stored"))
+        .is_some(),
+        "{board_said:?}"
+    );
+    let status = tokio::task::spawn_blocking(move || pair.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    said.extend(pair_lines.try_iter());
+    assert!(status.success(), "{said:?}");
+    assert!(
+        said.iter()
+            .any(|l| l.contains("a sealed session under the new link key verified")),
+        "{said:?}"
+    );
+    // The board's key file and the hub's secrets hold the same key, and the
+    // key is printed nowhere.
+    let stored = lockhub::sim::board::read_key_file(&key_file).unwrap();
+    let config = lockhub::config::load(&fx.hub()).expect("the config loads, keyed");
+    assert_eq!(config.board_key("board-a").unwrap().key, stored);
+    let b64 = lockhub_proto::crypto::b64u_encode(&stored);
+    assert!(
+        said.iter().chain(&board_said).all(|l| !l.contains(&b64)),
+        "a key was printed"
+    );
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&key_file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    drop(stdin);
+    let _ = board.kill();
+    let _ = board.wait();
+    drop(relay);
+}

@@ -2,7 +2,8 @@
 //! speaking `serial.md` with the lock board on it.
 //!
 //! - [`port`]: open and reopen the port with backoff; the read/write loop
-//!   around a fresh [`firmware_bridge::HubLink`] per opening.
+//!   around a fresh [`firmware_bridge::HubLink`] per opening (and per
+//!   sealed session: `port::sealing` runs the hub's end of the sealed link).
 //! - [`doors`]: a decided keypad entry -> `Unlock`/`Deny`. Which entry is
 //!   decided when, and deciding it, are [`crate::door::entry`]'s, shared with the
 //!   OSDP driver. The door sensor (forced, held open, kept durably) and
@@ -63,6 +64,25 @@ pub struct DoorSettings {
     pub unlock_ms: u16,
 }
 
+/// How a port talks to its board (docs/protocol/serial.md, "Sealed link").
+#[derive(Clone, PartialEq, Eq)]
+pub enum LinkMode {
+    /// Sealed sessions under the board's link key (`[[board_key]]`).
+    Sealed([u8; 32]),
+    /// `insecure_plaintext = true`: the plain messages, and `link_insecure`
+    /// raised while the port is in use.
+    Plain,
+}
+
+impl std::fmt::Debug for LinkMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LinkMode::Sealed(_) => f.write_str("Sealed(<redacted>)"),
+            LinkMode::Plain => f.write_str("Plain"),
+        }
+    }
+}
+
 /// One `[[serial]]` port and its doors.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PortSettings {
@@ -70,6 +90,7 @@ pub struct PortSettings {
     pub path: PathBuf,
     pub baud: u32,
     pub doors: Vec<DoorSettings>,
+    pub link_mode: LinkMode,
 }
 
 /// Everything the serial driver needs from the config.
@@ -106,6 +127,12 @@ impl SerialSettings {
                         unlock_ms: d.unlock_ms,
                     })
                     .collect(),
+                // A loaded config has a key for every serial that is not
+                // `insecure_plaintext` (config::doors::check_board_keys).
+                link_mode: match config.board_key(&s.name) {
+                    Some(k) => LinkMode::Sealed(k.key),
+                    None => LinkMode::Plain,
+                },
             })
             .collect();
         SerialSettings {

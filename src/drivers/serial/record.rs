@@ -53,6 +53,16 @@ pub(crate) enum Record {
         count: u64,
         at: Timestamp,
     },
+    /// The link's sealing: sealed or plain, since when the current sealed
+    /// session holds, the drops by cause since the daemon started (sent on
+    /// a session change, else like `BadFrames`).
+    Seal {
+        serial: String,
+        sealed: bool,
+        session_since: Option<Timestamp>,
+        drops: super::port::sealing::SealDrops,
+        at: Timestamp,
+    },
 }
 
 impl From<DoorRecord> for Record {
@@ -95,6 +105,30 @@ impl Recordable for Record {
             Record::BadFrames { serial, count, at } => {
                 links::set_bad_frames(conn, serial, *count, *at)
             }
+            Record::Seal {
+                serial,
+                sealed,
+                session_since,
+                drops,
+                at,
+            } => {
+                let c = drops.causes;
+                let seal = links::SealRow {
+                    serial: serial.clone(),
+                    sealed: *sealed,
+                    session_since: *session_since,
+                    bad_tag: c.bad_tag,
+                    replayed: c.replay,
+                    plain: c.plain,
+                    bad_handshake: c.bad_handshake,
+                    forged_hello: drops.forged_hello,
+                    other: c
+                        .short
+                        .saturating_add(c.not_a_message)
+                        .saturating_add(c.no_session),
+                };
+                links::set_seal(conn, &seal, *at)
+            }
         }
     }
 
@@ -124,6 +158,7 @@ impl Recordable for Record {
             Record::Hello { serial, .. } => format!("board hello on {serial}"),
             Record::FrameSeen { serial, .. } => format!("frame seen on {serial}"),
             Record::BadFrames { serial, count, .. } => format!("{count} bad frames on {serial}"),
+            Record::Seal { serial, .. } => format!("link sealing of {serial}"),
         }
     }
 
@@ -138,6 +173,7 @@ impl Recordable for Record {
             } | Record::Hello { .. }
                 | Record::FrameSeen { .. }
                 | Record::BadFrames { .. }
+                | Record::Seal { .. }
         )
     }
 }

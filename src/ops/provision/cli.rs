@@ -67,6 +67,15 @@ pub fn summary(p: &Provisioned) -> String {
             p.config.display()
         ));
     }
+    if !p.boards_to_pair.is_empty() {
+        s.push_str(&format!(
+            "Lock boards to pair (their link keys come from the boards): {}; with the daemon \
+             stopped and each board in pairing mode, run `lockhub board pair --config {} \
+             --serial NAME` for each (the daemon refuses a board with no key)\n",
+            p.boards_to_pair.join(", "),
+            p.config.display()
+        ));
+    }
     s.push_str("Register this hub public key with the cloud:\n");
     s.push_str(&format!("hub_public_key = {}\n", p.hub_public_key));
     s

@@ -217,6 +217,10 @@ pub struct Provisioned {
     pub pin_keys_generated: Vec<String>,
     /// The readers given a fresh Secure Channel key (install each one).
     pub reader_keys_generated: Vec<String>,
+    /// The boards to pair before the daemon runs (`lockhub board pair`):
+    /// every serial that is not `insecure_plaintext` (a board's link key
+    /// comes from the board, by pairing, never from here).
+    pub boards_to_pair: Vec<String>,
 }
 
 /// 16 bytes from the OS RNG: a reader's Secure Channel Base Key.
@@ -462,7 +466,9 @@ pub fn provision(mut req: Request, target: &Target) -> Result<Provisioned, Provi
     // the request's field (the bundle's, and its flag), not as a line of
     // that file.
     let staged_text = render_config(&secrets_tmp)?;
-    crate::config::load(&check_tmp).map_err(|errors| {
+    // Every rule, except that the keyed serials have no key yet: pairing
+    // writes each one (serial.md, "Pairing").
+    crate::config::load_unkeyed(&check_tmp, &crate::config::Unkeyed::All).map_err(|errors| {
         let said: Vec<String> = errors
             .errors
             .iter()
@@ -513,6 +519,12 @@ pub fn provision(mut req: Request, target: &Target) -> Result<Provisioned, Provi
             .map(|(id, _, _)| id.clone())
             .collect(),
         reader_keys_generated,
+        boards_to_pair: req
+            .serials
+            .iter()
+            .filter(|s| !s.insecure_plaintext)
+            .map(|s| s.name.clone())
+            .collect(),
     })
 }
 
@@ -585,6 +597,7 @@ mod tests {
                     name: "board-a".into(),
                     port: "/dev/ttyAMA0".into(),
                     baud: DEFAULT_SERIAL_BAUD,
+                    insecure_plaintext: true,
                 });
                 r.doors.push(DoorSpec {
                     name: "101".into(),
@@ -639,6 +652,7 @@ mod tests {
                 name: name.into(),
                 port: "/dev/ttyAMA0".into(),
                 baud: DEFAULT_SERIAL_BAUD,
+                    insecure_plaintext: true,
             });
             r.doors.push(DoorSpec {
                 name: name.into(),

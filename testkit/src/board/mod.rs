@@ -3,6 +3,7 @@
 //! pseudo-terminal ([`pty`]).
 
 pub mod pty;
+pub mod relay;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -10,7 +11,9 @@ use std::time::Duration;
 
 use firmware_bridge::BoardConfig;
 use lockhub::config::Policy;
-use lockhub::drivers::serial::{DoorSettings, PortSettings, SerialHandle, SerialSettings};
+use lockhub::drivers::serial::{
+    DoorSettings, LinkMode, PortSettings, SerialHandle, SerialSettings,
+};
 use lockhub::sim::board::{SimBoard, SimEvent};
 use lockhub_proto::time::Timestamp;
 
@@ -28,12 +31,25 @@ pub fn door(name: &str, index: u8) -> DoorSettings {
     }
 }
 
+/// A sealed port under the test key of `name`
+/// ([`crate::files::board_key_for`]), as a board made by [`board`] (for
+/// `board-a`) or [`board_named`] holds it.
 pub fn port(name: &str, path: PathBuf, doors: Vec<DoorSettings>) -> PortSettings {
     PortSettings {
         name: name.into(),
         path,
         baud: 115_200,
         doors,
+        link_mode: LinkMode::Sealed(crate::files::board_key_for(name)),
+    }
+}
+
+/// A plain port (`insecure_plaintext = true`), for a board made by
+/// [`plain_board`].
+pub fn plain_port(name: &str, path: PathBuf, doors: Vec<DoorSettings>) -> PortSettings {
+    PortSettings {
+        link_mode: LinkMode::Plain,
+        ..port(name, path, doors)
     }
 }
 
@@ -85,8 +101,31 @@ pub fn start_with_clock(
 
 pub type Sim = SimBoard<Master>;
 
-/// A board with `doors` doors on the pty's master.
+/// A sealed board with `doors` doors on the pty's master, holding the
+/// test key of `board-a` (the serial [`port`] names it for).
 pub fn board(pty: Pty, doors: u8) -> (Sim, PtyKeep) {
+    board_named(pty, doors, "board-a")
+}
+
+/// [`board`] holding the test key of serial `name`.
+pub fn board_named(pty: Pty, doors: u8, name: &str) -> (Sim, PtyKeep) {
+    board_keyed(pty, doors, crate::files::board_key_for(name))
+}
+
+/// [`board`] holding link key `key`.
+pub fn board_keyed(pty: Pty, doors: u8, key: [u8; 32]) -> (Sim, PtyKeep) {
+    let (master, slave, path) = pty.into_parts();
+    (
+        SimBoard::new_sealed(master, BoardConfig::new(1, doors), key),
+        PtyKeep {
+            _slave: slave,
+            path,
+        },
+    )
+}
+
+/// A plain board (no link key), for a [`plain_port`].
+pub fn plain_board(pty: Pty, doors: u8) -> (Sim, PtyKeep) {
     let (master, slave, path) = pty.into_parts();
     (
         SimBoard::new(master, BoardConfig::new(1, doors)),
@@ -97,22 +136,46 @@ pub fn board(pty: Pty, doors: u8) -> (Sim, PtyKeep) {
     )
 }
 
+/// How many times the hub started a session, as the board saw it: each
+/// plain `Hello` of a plain port, each `SealHello` nonce of a sealed one
+/// (a resent `SealHello` carries the same nonce: the same start).
+pub fn hub_hellos(sim: &Sim) -> usize {
+    use firmware_bridge::Downlink;
+    let mut nonces = Vec::new();
+    let mut plain = 0;
+    for e in sim.events() {
+        match e {
+            SimEvent::Received(Downlink::Hello { .. }) => plain += 1,
+            SimEvent::Received(Downlink::SealHello { hub_nonce })
+                if !nonces.contains(hub_nonce) =>
+            {
+                nonces.push(*hub_nonce);
+            }
+            _ => {}
+        }
+    }
+    plain + nonces.len()
+}
+
 /// Keeps the slave side open while the board lives (see [`Pty`]).
 pub struct PtyKeep {
     _slave: std::os::fd::OwnedFd,
     pub path: PathBuf,
 }
 
-/// Steps `sim` until the hub answered its Hello (the link is up both ways).
+/// Steps `sim` until the hub answered its Hello (the link is up both
+/// ways; on a sealed board, in a confirmed session).
 pub async fn until_linked(sim: &mut Sim) {
     let ok = sim
         .run_until(WAIT, |s| {
-            s.events().any(|e| {
-                matches!(
-                    e,
-                    SimEvent::Received(firmware_bridge::Downlink::Hello { .. })
-                )
-            }) && s.board().link_up(s.now_ms())
+            let started = s.board().has_session()
+                || s.events().any(|e| {
+                    matches!(
+                        e,
+                        SimEvent::Received(firmware_bridge::Downlink::Hello { .. })
+                    )
+                });
+            started && s.board().link_up(s.now_ms())
         })
         .await
         .unwrap();

@@ -31,24 +31,14 @@ impl Pty {
     /// A raw (no echo, no line editing) pseudo-terminal. Raw from the start,
     /// so bytes the board writes before the hub opens the port are not
     /// echoed back or cooked.
-    // The workspace denies unsafe code; this one block is reviewed below.
-    #[allow(unsafe_code)]
     pub fn open() -> Pty {
         let pty = openpty(None, None).expect("openpty");
         let mut t = tcgetattr(&pty.slave).expect("tcgetattr");
         cfmakeraw(&mut t);
         tcsetattr(&pty.slave, SetArg::TCSANOW, &t).expect("tcsetattr");
         let path = nix::unistd::ttyname(pty.slave.as_fd()).expect("ttyname");
-        let flags = fcntl(&pty.master, FcntlArg::F_GETFL).expect("F_GETFL");
-        let flags = OFlag::from_bits_truncate(flags) | OFlag::O_NONBLOCK;
-        fcntl(&pty.master, FcntlArg::F_SETFL(flags)).expect("F_SETFL");
         Pty {
-            master: Master {
-                // SAFETY: an OwnedFd is open until dropped, and the AsyncFd
-                // owns it, so the descriptor stays the same file for the
-                // AsyncFd's whole life.
-                fd: unsafe { AsyncFd::register(pty.master) }.expect("AsyncFd"),
-            },
+            master: Master::wrap(pty.master),
             slave: pty.slave,
             path,
         }
@@ -78,8 +68,6 @@ impl Master {
     /// Another program's terminal (`path`, e.g. the OSDP peer's pty), opened
     /// raw and non-blocking as the same kind of async byte stream: for a
     /// test that sits on a wire between two parties.
-    // The workspace denies unsafe code; this one block is reviewed below.
-    #[allow(unsafe_code)]
     pub fn open_tty(path: &Path) -> Master {
         let fd = nix::fcntl::open(
             path,
@@ -90,9 +78,21 @@ impl Master {
         let mut t = tcgetattr(&fd).expect("tcgetattr");
         cfmakeraw(&mut t);
         tcsetattr(&fd, SetArg::TCSANOW, &t).expect("tcsetattr");
+        Master::wrap(fd)
+    }
+
+    /// Any pty descriptor (a master, or a slave a relay plays the far end
+    /// of) as an async byte stream; made non-blocking here.
+    // The workspace denies unsafe code; this one block is reviewed below.
+    #[allow(unsafe_code)]
+    pub fn wrap(fd: OwnedFd) -> Master {
+        let flags = fcntl(&fd, FcntlArg::F_GETFL).expect("F_GETFL");
+        let flags = OFlag::from_bits_truncate(flags) | OFlag::O_NONBLOCK;
+        fcntl(&fd, FcntlArg::F_SETFL(flags)).expect("F_SETFL");
         Master {
-            // SAFETY: as in `Pty::open`: the AsyncFd owns the OwnedFd, so
-            // the descriptor stays the same file for the AsyncFd's life.
+            // SAFETY: an OwnedFd is open until dropped, and the AsyncFd
+            // owns it, so the descriptor stays the same file for the
+            // AsyncFd's whole life.
             fd: unsafe { AsyncFd::register(fd) }.expect("AsyncFd"),
         }
     }

@@ -35,7 +35,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use firmware_bridge::link::PENDING_MAX;
-use firmware_bridge::{Downlink, FrameDecoder, HubLink, LinkError, LinkEvent, Uplink, to_frame};
+use firmware_bridge::seal::DropCause;
+use firmware_bridge::{
+    Downlink, FrameDecoder, HubLink, LinkError, LinkEvent, LinkKey, PayloadDecoder, Uplink,
+    to_frame,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
@@ -44,15 +48,19 @@ use tokio_serial::SerialStream;
 
 use super::doors::Reply;
 use super::record::Record;
-use super::{DoorSettings, PortShared, SerialError};
+use super::{DoorSettings, LinkMode, PortShared, SerialError};
 use crate::door::entry::{DecisionQueue, Queued};
 use crate::door::sensor::{Admit, DoorWatch, FloodLimit};
 use crate::store::alerts::Change;
 use crate::store::door::DoorEvent;
 use crate::store::links::{CounterWrites, LinkState};
 use lockhub_proto::outputs::Condition;
+use lockhub_proto::time::Timestamp;
 
 mod keypad;
+pub(crate) mod sealing;
+
+use sealing::{FaultAlert, SealDrops, SealEnd, SealRx};
 
 /// How often the loop advances timers when the line is quiet. Well under
 /// the link's 250 ms resend period, so resends go out on time.
@@ -90,6 +98,10 @@ struct Presence {
     /// and counted"), and when `link_counters` is due to be written.
     bad_frames: u64,
     bad_frames_recorded: CounterWrites<u64>,
+    /// The sealed link's drops in openings that ended (each opening counts
+    /// its own), and when `link_seal` is due to be written.
+    seal_drops_before: SealDrops,
+    seal_recorded: CounterWrites<(Option<Timestamp>, SealDrops)>,
 }
 
 impl Presence {
@@ -100,6 +112,30 @@ impl Presence {
             last_frame_recorded: None,
             bad_frames: 0,
             bad_frames_recorded: CounterWrites::default(),
+            seal_drops_before: SealDrops::default(),
+            seal_recorded: CounterWrites::default(),
+        }
+    }
+
+    /// Writes the link's sealing for `lockhub status` when due (`force`:
+    /// the session changed, or at stop). `since`: when the current sealed
+    /// session started; `now_drops`: the current opening's drops.
+    fn write_seal(
+        &mut self,
+        shared: &PortShared,
+        since: Option<Timestamp>,
+        now_drops: SealDrops,
+        force: bool,
+    ) {
+        let drops = self.seal_drops_before.plus(now_drops);
+        if self.seal_recorded.due((since, drops), force) {
+            shared.record(Record::Seal {
+                serial: shared.port.name.clone(),
+                sealed: matches!(shared.port.link_mode, LinkMode::Sealed(_)),
+                session_since: since,
+                drops,
+                at: shared.now(),
+            });
         }
     }
 
@@ -146,6 +182,19 @@ pub(crate) async fn run_port(
     let mut backoff = Backoff::new(shared.backoff_initial, shared.backoff_max);
     let mut presence = Presence::new();
     presence.write_bad_frames(&shared, false);
+    presence.write_seal(&shared, None, SealDrops::default(), true);
+    if shared.port.link_mode == LinkMode::Plain {
+        // serial.md, "Sealed link": a plain board raises `link_insecure`
+        // while it is in use (housekeeping ends it once the config keys
+        // the serial or drops it).
+        tracing::warn!(serial = %serial, "insecure_plaintext: this board's link is not sealed");
+        shared.record(Record::Alert {
+            change: Change::Raise,
+            condition: Condition::LinkInsecure,
+            subject: serial.clone(),
+            at: shared.now(),
+        });
+    }
     let mut reported_absent = false;
     let mut doors = Some(PortDoors::load(&shared).await);
     // Sessions still finishing their decisions (see `Session::finish`).
@@ -166,6 +215,10 @@ pub(crate) async fn run_port(
                 if session.heard_board {
                     backoff.reset();
                 }
+                if let Some(seal) = &session.seal {
+                    presence.seal_drops_before = presence.seal_drops_before.plus(seal.drops());
+                }
+                presence.write_seal(&shared, None, SealDrops::default(), true);
                 let (carried, rest) = session.finish();
                 doors = Some(carried);
                 finishing.retain(|t| !t.is_finished());
@@ -218,6 +271,7 @@ pub(crate) async fn run_port(
         }
     }
     presence.write_bad_frames(&shared, true);
+    presence.write_seal(&shared, None, SealDrops::default(), true);
     for task in finishing {
         let _ = task.await;
     }
@@ -311,7 +365,13 @@ pub(crate) struct Decided {
 struct Session {
     shared: Arc<PortShared>,
     link: HubLink,
-    decoder: FrameDecoder<Uplink>,
+    decoder: Decoder,
+    /// The hub's end of the sealed link; `None` on a plain port.
+    seal: Option<SealEnd>,
+    /// When the current sealed session was confirmed.
+    session_at: Option<Timestamp>,
+    /// This opening logged a failed handshake already.
+    said_bad_handshake: bool,
     /// Encoded frames to write, moved out of the link after every message
     /// so a burst of frames never overflows the link's outbox.
     out: Vec<u8>,
@@ -333,22 +393,43 @@ struct Session {
     heard_board: bool,
 }
 
+/// The port's frame decoder: messages on a plain port, payloads (sealed
+/// or the plain handshake) on a sealed one.
+enum Decoder {
+    Plain(FrameDecoder<Uplink>),
+    Sealed(PayloadDecoder),
+}
+
 impl Session {
     fn new(shared: Arc<PortShared>, doors: PortDoors) -> Self {
         let now = doors.now_ms();
         let mut link = HubLink::new(shared.link, now);
-        // A fresh session id per opening: the board forgets our old seqs.
-        link.open_session(
-            Downlink::Hello {
-                session: rand::random::<u32>(),
-            },
-            now,
-        );
+        let (decoder, seal) = match &shared.port.link_mode {
+            LinkMode::Plain => {
+                // A fresh session id per opening: the board forgets our old seqs.
+                link.open_session(
+                    Downlink::Hello {
+                        session: rand::random::<u32>(),
+                    },
+                    now,
+                );
+                (Decoder::Plain(FrameDecoder::new()), None)
+            }
+            // The SealHello replaces the plain Hello; the link is not
+            // ready (no Unlock) until the board's sealed Hello.
+            LinkMode::Sealed(key) => (
+                Decoder::Sealed(PayloadDecoder::new()),
+                Some(SealEnd::new(LinkKey::from_bytes(*key), now)),
+            ),
+        };
         let (decided_tx, decided_rx) = mpsc::channel(DECIDED_QUEUE);
         Self {
             shared,
             link,
-            decoder: FrameDecoder::new(),
+            decoder,
+            seal,
+            session_at: None,
+            said_bad_handshake: false,
             out: Vec::new(),
             queue: DecisionQueue::new(),
             inflight: HashMap::new(),
@@ -399,8 +480,27 @@ impl Session {
         }
     }
 
-    /// Encodes what the link queued into `out`.
+    /// Encodes what the link queued into `out`: plain, or sealed in the
+    /// current session after the handshake's own frames. Without a session
+    /// nothing of the link goes out (serial.md: an Unlock is never sent
+    /// outside a confirmed session; the link resends what needs it).
     fn take_tx(&mut self) {
+        let now = self.now_ms();
+        if let Some(seal) = &mut self.seal {
+            while let Some(f) = seal.pop_out() {
+                self.out.extend_from_slice(&f);
+            }
+            while let Some(msg) = self.link.pop_tx() {
+                if let Some(f) = seal.seal(&msg, now) {
+                    self.out.extend_from_slice(&f);
+                }
+            }
+            // Sealing may have asked for a new session (counter exhausted).
+            while let Some(f) = seal.pop_out() {
+                self.out.extend_from_slice(&f);
+            }
+            return;
+        }
         while let Some(msg) = self.link.pop_tx() {
             match to_frame(&msg) {
                 Ok(f) => self.out.extend_from_slice(&f),
@@ -428,12 +528,39 @@ impl Session {
     fn on_bytes(&mut self, bytes: &[u8], presence: &mut Presence) {
         let now = self.now_ms();
         let mut msgs = Vec::new();
-        for r in self.decoder.feed(bytes) {
-            match r {
-                Ok(m) => msgs.push(m),
-                Err(e) => {
-                    presence.bad_frames += 1;
-                    tracing::debug!(serial = %self.shared.port.name, reason = e.as_str(), "bad frame dropped")
+        match &mut self.decoder {
+            Decoder::Plain(decoder) => {
+                for r in decoder.feed(bytes) {
+                    match r {
+                        Ok(m) => msgs.push(m),
+                        Err(e) => {
+                            presence.bad_frames += 1;
+                            tracing::debug!(serial = %self.shared.port.name, reason = e.as_str(), "bad frame dropped")
+                        }
+                    }
+                }
+            }
+            Decoder::Sealed(decoder) => {
+                let Some(seal) = &mut self.seal else {
+                    return;
+                };
+                let mut got = Vec::new();
+                for &b in bytes {
+                    match decoder.push(b) {
+                        None => {}
+                        Some(Ok(payload)) => got.push(seal.on_payload(payload, now)),
+                        Some(Err(e)) => {
+                            seal.frame_error(e);
+                            presence.bad_frames += 1;
+                            tracing::debug!(serial = %self.shared.port.name, reason = e.as_str(), "bad frame dropped")
+                        }
+                    }
+                }
+                for (rx, alert) in got {
+                    if let Some(m) = self.on_sealed(rx, presence) {
+                        msgs.push(m);
+                    }
+                    self.fault_alert(alert);
                 }
             }
         }
@@ -445,6 +572,68 @@ impl Session {
             }
             self.take_tx();
         }
+        self.take_tx();
+    }
+
+    /// What the sealed end made of a payload; a verified message is
+    /// returned for supervision and the link (only those count).
+    fn on_sealed(&mut self, rx: SealRx, presence: &mut Presence) -> Option<Uplink> {
+        match rx {
+            SealRx::Message(m) => Some(m),
+            SealRx::Quiet => None,
+            SealRx::SessionStarted { board_id } => {
+                tracing::info!(serial = %self.serial(), board_id, "sealed session confirmed");
+                self.new_link();
+                self.session_at = Some(self.shared.now());
+                let drops = self.seal.as_ref().map(SealEnd::drops).unwrap_or_default();
+                presence.write_seal(&self.shared, self.session_at, drops, true);
+                None
+            }
+            SealRx::Dropped { cause, fault } => {
+                // Once per opening at error level (a board with another
+                // key retries every few seconds); each drop at debug, as
+                // a flood of frames must not flood the log: the counts
+                // are in `lockhub status` and the alert says it happens.
+                if cause == DropCause::BadHandshake && !self.said_bad_handshake {
+                    self.said_bad_handshake = true;
+                    tracing::error!(serial = %self.serial(), "the board's handshake does not verify: it holds another link key than this serial's [[board_key]] (or something on the wire answers for it); no session, no Unlock");
+                } else {
+                    tracing::debug!(serial = %self.serial(), cause = cause.as_str(), fault, "sealed link: frame dropped");
+                }
+                None
+            }
+        }
+    }
+
+    /// A new sealed session: the link starts afresh (seqs from 1, not
+    /// ready until the board's sealed Hello); an Unlock the old session
+    /// never saw acked is recorded unconfirmed (serial.md, "Session").
+    fn new_link(&mut self) {
+        let pending: Vec<_> = self.unlocks.drain().map(|(_, v)| v).collect();
+        for (_, door, key_id) in pending {
+            self.give_up(Some((door, key_id)));
+        }
+        self.link = HubLink::new(self.shared.link, self.now_ms());
+        self.board_doors = None;
+    }
+
+    fn fault_alert(&mut self, alert: Option<FaultAlert>) {
+        let Some(alert) = alert else {
+            return;
+        };
+        let change = match alert {
+            FaultAlert::Raise => {
+                tracing::warn!(serial = %self.serial(), "board_link_fault raised");
+                Change::Raise
+            }
+            FaultAlert::Clear => Change::Clear,
+        };
+        self.shared.record(Record::Alert {
+            change,
+            condition: Condition::BoardLinkFault,
+            subject: self.serial().to_owned(),
+            at: self.shared.now(),
+        });
     }
 
     /// One message the link delivered (each seq once).
@@ -476,9 +665,9 @@ impl Session {
                 });
             }
             Uplink::Heartbeat { .. } | Uplink::Pong { .. } | Uplink::Ack { .. } => {}
-            // The sealed link's handshake, pairing and rekey messages
-            // (docs/protocol/serial.md, "Sealed link"): this port speaks the
-            // plain link only, so they are ignored here.
+            // The handshake is the sealed end's (`sealing`), before the
+            // link; pairing and rekey are `lockhub board`'s, with the
+            // daemon stopped. Sealed inside a session they mean nothing.
             Uplink::SealHello { .. }
             | Uplink::PairReply { .. }
             | Uplink::PairDone { .. }
@@ -550,7 +739,12 @@ impl Session {
         received: std::time::Instant,
     ) {
         let now = self.now_ms();
-        match self.link.send(msg.clone(), now) {
+        let sent = if self.seal.as_ref().is_some_and(|s| !s.has_session()) {
+            Err(LinkError::NotReady)
+        } else {
+            self.link.send(msg.clone(), now)
+        };
+        match sent {
             Ok(seq) => self.sent(msg, seq, unlock, now),
             Err(e @ (LinkError::NotReady | LinkError::PendingFull | LinkError::OutboxFull)) => {
                 if self.deferred.len() >= DEFER_QUEUE_MAX {
@@ -624,7 +818,12 @@ impl Session {
                 self.give_up(d.unlock);
                 continue;
             }
-            match self.link.send(d.msg.clone(), now) {
+            let sent = if self.seal.as_ref().is_some_and(|s| !s.has_session()) {
+                Err(LinkError::NotReady)
+            } else {
+                self.link.send(d.msg.clone(), now)
+            };
+            match sent {
                 Ok(seq) => self.sent(d.msg, seq, d.unlock, now),
                 Err(_) => {
                     self.deferred.push_back(d);
@@ -636,6 +835,15 @@ impl Session {
         self.link.poll(now);
         while let Some(ev) = self.link.pop_event() {
             self.on_link_event(ev, presence);
+        }
+        if let Some(seal) = &mut self.seal {
+            let alert = seal.poll(now);
+            let drops = seal.drops();
+            if !seal.has_session() {
+                self.session_at = None;
+            }
+            self.fault_alert(alert);
+            presence.write_seal(&self.shared, self.session_at, drops, false);
         }
 
         let held_ms = u64::from(self.shared.policy.held_open_s).saturating_mul(1000);
