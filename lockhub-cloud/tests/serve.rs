@@ -337,3 +337,353 @@ async fn serve_killed_while_publishing_and_restarted_sends_only_the_stored_event
         heard.len()
     );
 }
+
+/// The test hub's mirror: keys as its proof lines say them.
+fn mirror_key(key_id: &str, version: u64) -> lockhub_proto::mirror::MirrorKey {
+    lockhub_proto::mirror::MirrorKey {
+        key_id: key_id.into(),
+        version,
+        granted: lockhub_proto::event::GrantState::Active,
+        valid_until: Timestamp::parse_rfc3339(UNTIL).unwrap(),
+    }
+}
+
+fn result_body(seq: i64, event_id: &str) -> Vec<u8> {
+    format!(
+        r#"{{"event_id":"{event_id}","seq":{seq},"outcome":"applied","reason":null,"duplicate":false,"clamped":false,"at":"2026-12-04T10:00:0{seq}Z"}}"#
+    )
+    .into_bytes()
+}
+
+/// The proof the test hub signs for a claim, from what it holds.
+fn proof_body(
+    head_seq: u64,
+    as_of: &str,
+    held: &[lockhub_proto::mirror::MirrorKey],
+    claim: &serde_json::Value,
+) -> Vec<u8> {
+    let m = lockhub_proto::mirror::MirrorDigest::of_live(held);
+    let digest = b64u_encode(&m.digest);
+    let matches = claim["digest"] == digest.as_str() && claim["count"] == m.count;
+    let mut p = serde_json::json!({
+        "head_seq": head_seq, "as_of": as_of, "hub_time": as_of,
+        "count": m.count, "digest": digest, "match": matches,
+    });
+    if !matches {
+        p["buckets"] = m.buckets.iter().map(|b| b64u_encode(&b.0)).collect();
+    }
+    serde_json::to_vec(&p).unwrap()
+}
+
+/// A bucket answer from what the test hub holds.
+fn bucket_body(
+    head_seq: u64,
+    as_of: &str,
+    bucket: u8,
+    held: &[lockhub_proto::mirror::MirrorKey],
+) -> Vec<u8> {
+    let keys: Vec<serde_json::Value> = held
+        .iter()
+        .filter(|k| k.bucket() == bucket)
+        .map(|k| {
+            serde_json::json!({"key_id": k.key_id, "version": k.version, "state": "active",
+                "valid_until": lockhub_proto::mirror::unix_seconds(k.valid_until)})
+        })
+        .collect();
+    serde_json::to_vec(&serde_json::json!({
+        "head_seq": head_seq, "as_of": as_of, "bucket": bucket, "keys": keys,
+    }))
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_claims_the_live_set_once_results_are_in_and_repairs_the_buckets_a_differing_proof_shows()
+ {
+    let broker = Mosquitto::start();
+    let cloud = Cloud::new();
+    let public = b64u_encode(hub_key().verifying_key().as_bytes());
+    cloud.ok(&["hub", "set-key", &hub_ref("hub-1"), &public]);
+    let mut key_ids = Vec::new();
+    for n in 1..=2 {
+        let pin = cloud.pin_file(&format!("48291{n}"));
+        let args = cloud.issue_args(&format!("c-{n}"), &pin, &[]);
+        let issued = json(&cloud.ok(&args.iter().map(String::as_str).collect::<Vec<_>>()));
+        key_ids.push(issued["key_id"].as_str().unwrap().to_owned());
+    }
+    let mut hub = Hub::connect(broker.port).await;
+    let url = broker.url();
+    let _serve = KillOnDrop(
+        cloud
+            .command(&[
+                "serve",
+                "--broker",
+                &url,
+                "--checkpoint-every-s",
+                "3600",
+                "--poll-ms",
+                "100",
+            ])
+            .spawn()
+            .expect("start serve"),
+    );
+    for _ in 0..2 {
+        hub.next().await;
+    }
+    let online =
+        br#"{"state":"online","hub_id":"hub-1","version":"0.1.0","at":"2026-12-04T00:00:00Z"}"#;
+    // Before the results: a checkpoint without a claim.
+    hub.send("status", online.to_vec()).await;
+    let cp = verified_body(&cloud, &hub.next().await);
+    assert_eq!(cp["type"], "checkpoint");
+    assert!(
+        cp.get("mirror").is_none(),
+        "no claim while results are missing: {cp}"
+    );
+    for e in cloud.events() {
+        hub.send(
+            "results",
+            hub_envelope("hub-1", &hub_key(), &result_body(e.0, &e.1)),
+        )
+        .await;
+    }
+    hub.send("status", online.to_vec()).await;
+    let cp = verified_body(&cloud, &hub.next().await);
+    let claim = cp["mirror"].clone();
+    assert_eq!(claim["count"], 2, "{cp}");
+    let as_of = claim["as_of"].as_str().unwrap().to_owned();
+    assert!(!as_of.contains('.'), "as_of in whole seconds: {as_of}");
+    let expected = lockhub_proto::mirror::MirrorDigest::of_live(&[
+        mirror_key(&key_ids[0], 1),
+        mirror_key(&key_ids[1], 1),
+    ]);
+    assert_eq!(claim["digest"], b64u_encode(&expected.digest));
+
+    // A proof signed by another key is refused and reported.
+    let held_ok = [mirror_key(&key_ids[0], 1), mirror_key(&key_ids[1], 1)];
+    let forger = SigningKey::from_bytes(&[7; 32]);
+    hub.send(
+        "proof",
+        hub_envelope("hub-1", &forger, &proof_body(2, &as_of, &held_ok, &claim)),
+    )
+    .await;
+    wait_for("the forged proof refused", || {
+        cloud.sql::<i64>("SELECT count(*) FROM refused WHERE topic = 'proof'") == 1
+    });
+    assert_eq!(
+        cloud.sql::<i64>("SELECT count(*) FROM outputs WHERE topic = 'proof'"),
+        0
+    );
+
+    // The hub lacks the second key and holds one the cloud never issued.
+    let drifted = [mirror_key(&key_ids[0], 1), mirror_key("k-extra", 3)];
+    hub.send(
+        "proof",
+        hub_envelope(
+            "hub-1",
+            &hub_key(),
+            &proof_body(2, &as_of, &drifted, &claim),
+        ),
+    )
+    .await;
+    let mut want: Vec<u8> = vec![
+        lockhub_proto::mirror::bucket_of(&key_ids[1]),
+        lockhub_proto::mirror::bucket_of("k-extra"),
+    ];
+    want.sort_unstable();
+    want.dedup();
+    let req = verified_body(&cloud, &hub.next().await);
+    assert_eq!(req["type"], "mirror.request");
+    assert!(req.get("seq").is_none());
+    assert_eq!(
+        req["as_of"]
+            .as_str()
+            .map(|s| Timestamp::parse_rfc3339(s).unwrap()),
+        Some(Timestamp::parse_rfc3339(&as_of).unwrap())
+    );
+    let mut asked: Vec<u8> = serde_json::from_value(req["buckets"].clone()).unwrap();
+    asked.sort_unstable();
+    assert_eq!(asked, want, "exactly the buckets that differ");
+
+    // The hub answers; the cloud repairs with ordinary signed events.
+    let answers: Vec<Vec<u8>> = want
+        .iter()
+        .map(|b| hub_envelope("hub-1", &hub_key(), &bucket_body(2, &as_of, *b, &drifted)))
+        .collect();
+    for a in &answers {
+        hub.send("proof", a.clone()).await;
+    }
+    let mut repairs = Vec::new();
+    for _ in 0..2 {
+        repairs.push(verified_body(&cloud, &hub.next().await));
+    }
+    repairs.sort_by_key(|r| r["seq"].as_u64());
+    assert_eq!(
+        repairs[0]["type"], "key.revoked",
+        "revokes first: {repairs:?}"
+    );
+    assert_eq!(repairs[0]["key_id"], "k-extra");
+    assert_eq!(repairs[0]["version"], 3);
+    assert_eq!(repairs[0]["reason"], "reconcile");
+    assert_eq!(repairs[1]["type"], "key.issued");
+    assert_eq!(repairs[1]["key"]["key_id"], key_ids[1].as_str());
+    assert_eq!(repairs[1]["key"]["version"], 1);
+    let original = cloud.events()[1].2.clone();
+    let original = verified_body(&cloud, &original);
+    assert_eq!(
+        repairs[1]["key"]["pin_tag"], original["key"]["pin_tag"],
+        "the grant as first signed"
+    );
+    assert_eq!(
+        repairs.iter().map(|r| r["seq"].clone()).collect::<Vec<_>>(),
+        [3, 4]
+    );
+
+    // The same answers again, and a stale proof, change nothing: they were
+    // made against head 2 and the head is now 4.
+    for a in &answers {
+        hub.send("proof", a.clone()).await;
+    }
+    hub.send(
+        "proof",
+        hub_envelope(
+            "hub-1",
+            &hub_key(),
+            &proof_body(2, &as_of, &drifted, &claim),
+        ),
+    )
+    .await;
+    let sync = br#"{"from_seq": 5, "reason": "gap"}"#;
+    hub.send("sync", hub_envelope("hub-1", &hub_key(), sync))
+        .await;
+    let cp = verified_body(&cloud, &hub.next().await);
+    assert_eq!(
+        cp["type"], "checkpoint",
+        "no request, no repair before it: {cp}"
+    );
+    assert_eq!(cp["head_seq"], 4);
+    assert_eq!(cloud.events().len(), 4);
+
+    // Once the repairs' results are in, a checkpoint follows by itself, and
+    // its claim is what the repaired hub holds.
+    for e in &cloud.events()[2..] {
+        hub.send(
+            "results",
+            hub_envelope("hub-1", &hub_key(), &result_body(e.0, &e.1)),
+        )
+        .await;
+    }
+    let cp = verified_body(&cloud, &hub.next().await);
+    assert_eq!(cp["type"], "checkpoint");
+    assert_eq!(cp["head_seq"], 4);
+    let claim = cp["mirror"].clone();
+    let as_of = claim["as_of"].as_str().unwrap().to_owned();
+    let proof = proof_body(4, &as_of, &held_ok, &claim);
+    assert!(json(std::str::from_utf8(&proof).unwrap())["match"] == true);
+    hub.send("proof", hub_envelope("hub-1", &hub_key(), &proof))
+        .await;
+    wait_for("the matching proof in `hubs`", || {
+        json(&cloud.ok(&["--json", "hubs"]))["last_proof"]["match"] == true
+    });
+    let line = cloud.ok(&["hubs"]);
+    assert!(
+        line.contains(&format!("proof=match@4 as_of={as_of}")),
+        "{line}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoke_wait_proof_prints_the_result_then_the_matching_proof_that_covers_it() {
+    let broker = Mosquitto::start();
+    let cloud = Cloud::new();
+    let public = b64u_encode(hub_key().verifying_key().as_bytes());
+    cloud.ok(&["hub", "set-key", &hub_ref("hub-1"), &public]);
+    let pin = cloud.pin_file("482911");
+    let args = cloud.issue_args("c-1", &pin, &[]);
+    let issued = json(&cloud.ok(&args.iter().map(String::as_str).collect::<Vec<_>>()));
+    let key_id = issued["key_id"].as_str().unwrap().to_owned();
+
+    // No serve, no hub: nothing comes, and the exit code says so.
+    let out = cloud.run(&[
+        "revoke",
+        &hub_ref("hub-1"),
+        "k-nobody",
+        "--wait-proof",
+        "--timeout",
+        "1",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("no result from the hub for seq 2 within 1 s")
+    );
+
+    let mut hub = Hub::connect(broker.port).await;
+    let url = broker.url();
+    let _serve = KillOnDrop(
+        cloud
+            .command(&[
+                "serve",
+                "--broker",
+                &url,
+                "--checkpoint-every-s",
+                "3600",
+                "--poll-ms",
+                "100",
+            ])
+            .spawn()
+            .expect("start serve"),
+    );
+    for _ in 0..2 {
+        hub.next().await;
+    }
+    let revoke = cloud
+        .command(&[
+            "revoke",
+            &hub_ref("hub-1"),
+            &key_id,
+            "--wait-proof",
+            "--timeout",
+            "20",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let revoke_body = verified_body(&cloud, &hub.next().await);
+    assert_eq!(revoke_body["type"], "key.revoked");
+    assert_eq!(revoke_body["seq"], 3);
+    for e in cloud.events() {
+        hub.send(
+            "results",
+            hub_envelope("hub-1", &hub_key(), &result_body(e.0, &e.1)),
+        )
+        .await;
+    }
+    // The revoke's result brings a checkpoint; the claim holds no key.
+    let cp = verified_body(&cloud, &hub.next().await);
+    let claim = cp["mirror"].clone();
+    assert_eq!(claim["count"], 0, "{cp}");
+    let as_of = claim["as_of"].as_str().unwrap().to_owned();
+    hub.send(
+        "proof",
+        hub_envelope("hub-1", &hub_key(), &proof_body(3, &as_of, &[], &claim)),
+    )
+    .await;
+    let out = revoke.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[0].starts_with(&format!("revoked on {}: seq 3", hub_ref("hub-1"))),
+        "{text}"
+    );
+    assert_eq!(lines[1], "result: applied at 2026-12-04T10:00:03Z (seq 3)");
+    assert_eq!(
+        lines[2],
+        format!("revoked at 2026-12-04T10:00:03Z, proven absent at {as_of} (proof at seq 3)")
+    );
+}
