@@ -14,7 +14,9 @@
 //! - Checkpoints go to every hub every `checkpoint_every` (5 minutes), and
 //!   to a hub as soon as its status says it is online: a hub back from a
 //!   long absence learns at once that its broker queue dropped events, and
-//!   asks for them.
+//!   asks for them. Before each round's checkpoint, published events whose
+//!   result never came are sent again (at most 100 per hub): the hub
+//!   answers a repeat with its first result.
 //! - **The mirror proof** (mqtt.md 'Mirror proof'): a checkpoint carries
 //!   the cloud's claim once every result is in; results keep the cloud's
 //!   key records (clamps, refusals); a revoke's result brings a prompt
@@ -562,6 +564,7 @@ pub async fn serve(
             next_checkpoint = now + settings.checkpoint_every;
             if publisher_up {
                 for hub in hubs.keys.keys() {
+                    resend_without_result(store, &prefix, hub, &mut out)?;
                     queue_checkpoint(store, active, &prefix, hub, &mut out)?;
                     counters.checkpoints += 1;
                 }
@@ -620,6 +623,37 @@ fn queue_checkpoint(
         track: None,
         ends_answer: None,
     });
+    Ok(())
+}
+
+/// The most result-less events sent again to one hub per checkpoint round.
+pub const MAX_RESEND: u32 = 100;
+
+/// Sends again the published events whose result never reached the cloud
+/// (a broker queue may drop a hub's outputs on their way): the hub answers
+/// a repeat with its first result, and a claim waits for every result. The
+/// stored envelopes, byte for byte, like a sync answer.
+fn resend_without_result(
+    store: &dyn Store,
+    prefix: &str,
+    hub: &HubRef,
+    out: &mut Outbox,
+) -> Result<(), CloudError> {
+    if out.queue.len() + MAX_RESEND as usize > MAX_QUEUE {
+        return Ok(());
+    }
+    let events = store.without_result(hub, MAX_RESEND)?;
+    if !events.is_empty() {
+        tracing::info!(hub = %hub, events = events.len(), from_seq = events[0].seq, "sending again events whose result has not come");
+    }
+    for ev in events {
+        out.queue.push_back(Out {
+            topic: events_topic(prefix, hub),
+            payload: ev.envelope,
+            track: None,
+            ends_answer: None,
+        });
+    }
     Ok(())
 }
 

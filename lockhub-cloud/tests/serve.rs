@@ -687,3 +687,71 @@ async fn revoke_wait_proof_prints_the_result_then_the_matching_proof_that_covers
         format!("revoked at 2026-12-04T10:00:03Z, proven absent at {as_of} (proof at seq 3)")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_whose_result_never_came_is_sent_again_and_the_claim_waits_for_its_result() {
+    let broker = Mosquitto::start();
+    let cloud = Cloud::new();
+    let public = b64u_encode(hub_key().verifying_key().as_bytes());
+    cloud.ok(&["hub", "set-key", &hub_ref("hub-1"), &public]);
+    for n in 1..=2 {
+        let pin = cloud.pin_file(&format!("58291{n}"));
+        let args = cloud.issue_args(&format!("c-{n}"), &pin, &[]);
+        cloud.ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    }
+    let stored = cloud.events();
+    let mut hub = Hub::connect(broker.port).await;
+    let url = broker.url();
+    let _serve = KillOnDrop(
+        cloud
+            .command(&[
+                "serve",
+                "--broker",
+                &url,
+                "--checkpoint-every-s",
+                "1",
+                "--poll-ms",
+                "100",
+            ])
+            .spawn()
+            .expect("start serve"),
+    );
+    for _ in 0..2 {
+        hub.next().await;
+    }
+    // Only seq 1's result reaches the cloud.
+    hub.send(
+        "results",
+        hub_envelope("hub-1", &hub_key(), &result_body(1, &stored[0].1)),
+    )
+    .await;
+    wait_for("the result of seq 1 recorded", || {
+        cloud.sql::<i64>("SELECT count(*) FROM events WHERE result_outcome IS NOT NULL") == 1
+    });
+    // The next round: seq 2 again, as stored, then a checkpoint without a claim.
+    let mut heard = hub.next().await;
+    while heard != stored[1].2 {
+        assert_ne!(heard, stored[0].2, "seq 1 has its result: not sent again");
+        let body = verified_body(&cloud, &heard);
+        assert!(body.get("mirror").is_none(), "no claim yet: {body}");
+        heard = hub.next().await;
+    }
+    let cp = verified_body(&cloud, &hub.next().await);
+    assert_eq!(cp["type"], "checkpoint");
+    assert!(
+        cp.get("mirror").is_none(),
+        "no claim while seq 2's result is missing"
+    );
+    hub.send(
+        "results",
+        hub_envelope("hub-1", &hub_key(), &result_body(2, &stored[1].1)),
+    )
+    .await;
+    let claim = loop {
+        let body = verified_body(&cloud, &hub.next().await);
+        if let Some(m) = body.get("mirror") {
+            break m.clone();
+        }
+    };
+    assert_eq!(claim["count"], 2);
+}

@@ -379,6 +379,10 @@ pub trait Store {
     /// How many stored events of the hub have no result yet. A mirror claim
     /// waits until this is 0.
     fn results_pending(&self, hub: &HubRef) -> Result<u64, StoreError>;
+    /// Published events of the hub with no result yet, oldest first, at
+    /// most `limit` (sent again: the hub answers a repeat with its first
+    /// result).
+    fn without_result(&self, hub: &HubRef, limit: u32) -> Result<Vec<StoredEvent>, StoreError>;
     /// The keys the hub should hold unless their window ended: not revoked,
     /// and not refused by the hub, with `valid_until` after the hub's clamp.
     fn claim_keys(&self, hub: &HubRef) -> Result<Vec<KeyRecord>, StoreError>;

@@ -779,6 +779,22 @@ impl Store for SqliteStore {
         })
     }
 
+    fn without_result(&self, hub: &HubRef, limit: u32) -> Result<Vec<StoredEvent>, StoreError> {
+        self.with(|c| {
+            let mut st = c.prepare_cached(
+                "SELECT seq, event_id, type, envelope, published_at FROM events \
+                 WHERE site_id = ?1 AND hub_id = ?2 AND result_outcome IS NULL \
+                   AND published_at IS NOT NULL ORDER BY seq LIMIT ?3",
+            )?;
+            let rows = st
+                .query_map(params![hub.site_id, hub.hub_id, i64::from(limit)], |r| {
+                    event_row(hub, r)
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(rows)
+        })
+    }
+
     fn claim_keys(&self, hub: &HubRef) -> Result<Vec<KeyRecord>, StoreError> {
         self.with(|c| {
             let mut st = c.prepare_cached(
