@@ -643,16 +643,10 @@ fn receipt(
         what: what.to_owned(),
     };
     let body =
-        |r: &OutputRow| serde_json::from_str::<serde_json::Value>(&r.body).unwrap_or_default();
-    let result = loop {
-        if let Some(r) = store.result_for(hub, seq)? {
-            break body(&r);
-        }
-        if std::time::Instant::now() >= deadline {
-            return Err(waited("result from the hub"));
-        }
-        std::thread::sleep(RECEIPT_POLL);
-    };
+        |r: OutputRow| serde_json::from_str::<serde_json::Value>(&r.body).unwrap_or_default();
+    let result = poll_until(deadline, || store.result_for(hub, seq))?
+        .map(body)
+        .ok_or_else(|| waited("result from the hub"))?;
     let s = |v: &serde_json::Value, k: &str| match &v[k] {
         serde_json::Value::String(t) => t.clone(),
         serde_json::Value::Null => "-".into(),
@@ -672,15 +666,9 @@ fn receipt(
         ),
         serde_json::json!({"result": result}),
     )?;
-    let proof = loop {
-        if let Some(p) = store.first_matching_proof(hub, seq)? {
-            break body(&p);
-        }
-        if std::time::Instant::now() >= deadline {
-            return Err(waited("matching proof"));
-        }
-        std::thread::sleep(RECEIPT_POLL);
-    };
+    let proof = poll_until(deadline, || store.first_matching_proof(hub, seq))?
+        .map(body)
+        .ok_or_else(|| waited("matching proof"))?;
     emit(
         out,
         json,
@@ -696,6 +684,23 @@ fn receipt(
             "count": proof["count"], "digest": proof["digest"],
         }),
     )
+}
+
+/// Looks every [`RECEIPT_POLL`] until `look` finds something or `deadline`
+/// passes (`None`).
+fn poll_until<T>(
+    deadline: std::time::Instant,
+    mut look: impl FnMut() -> Result<Option<T>, crate::store::StoreError>,
+) -> Result<Option<T>, CloudError> {
+    loop {
+        if let Some(found) = look()? {
+            return Ok(Some(found));
+        }
+        if std::time::Instant::now() >= deadline {
+            return Ok(None);
+        }
+        std::thread::sleep(RECEIPT_POLL);
+    }
 }
 
 fn proof_text(p: Option<&ProofSummary>) -> String {

@@ -445,6 +445,21 @@ async fn settle(b: &mut Building) {
     .await;
 }
 
+/// A building whose hub holds three keys (PINs `pin_base` 1..=3), once a
+/// proof of them matched.
+async fn proven_building(pin_base: &str) -> (Building, Vec<String>) {
+    let mut b = building(BrokerOptions::default()).await;
+    let keys: Vec<String> = (1..=3)
+        .map(|n| key_id(&issue(&b, &format!("c-{n}"), &format!("{pin_base}{n}"))))
+        .collect();
+    settle(&mut b).await;
+    until_cloud(&mut b.sim, &b.cloud, "a first matching proof", |c| {
+        proven(c, 3, 0)
+    })
+    .await;
+    (b, keys)
+}
+
 /// Types `pin` at door 101; whether the relay opened (else the hub denied).
 async fn opens(sim: &mut Sim, pin: &str) -> bool {
     sim.take_events();
@@ -459,42 +474,30 @@ async fn opens(sim: &mut Sim, pin: &str) -> bool {
     count(sim, relay_opened(0)) == 1
 }
 
+/// `issue` or `checkin` on the lobby hub for door 101 until `UNTIL`, with
+/// `ids` (`--reservation R`, `--check-in C`) and the PIN in a file.
+fn grant(b: &Building, command: &str, ids: &[&str], pin: &str) -> serde_json::Value {
+    let pin = b.cloud.pin_file(pin);
+    let mut args = vec!["--json", command, &b.hub];
+    args.extend_from_slice(ids);
+    args.extend_from_slice(&["--door", "101", "--pin-file", pin.to_str().unwrap()]);
+    args.extend_from_slice(&["--valid-until", UNTIL]);
+    json(&b.cloud.ok(&args))
+}
+
 /// A pre-issued key for a reservation.
 fn reserve(b: &Building, reservation: &str, pin: &str) -> serde_json::Value {
-    let pin = b.cloud.pin_file(pin);
-    json(&b.cloud.ok(&[
-        "--json",
-        "issue",
-        &b.hub,
-        "--reservation",
-        reservation,
-        "--door",
-        "101",
-        "--pin-file",
-        pin.to_str().unwrap(),
-        "--valid-until",
-        UNTIL,
-    ]))
+    grant(b, "issue", &["--reservation", reservation], pin)
 }
 
 /// The check-in of a reservation: its pre-issued keys give way.
 fn check_in(b: &Building, reservation: &str, check_in: &str, pin: &str) -> serde_json::Value {
-    let pin = b.cloud.pin_file(pin);
-    json(&b.cloud.ok(&[
-        "--json",
+    grant(
+        b,
         "checkin",
-        &b.hub,
-        "--reservation",
-        reservation,
-        "--check-in",
-        check_in,
-        "--door",
-        "101",
-        "--pin-file",
-        pin.to_str().unwrap(),
-        "--valid-until",
-        UNTIL,
-    ]))
+        &["--reservation", reservation, "--check-in", check_in],
+        pin,
+    )
 }
 
 /// A consistent copy of a live SQLite file (what a backup tool takes).
@@ -684,15 +687,7 @@ async fn a_cloud_restored_from_a_backup_20_events_old_moves_its_counter_past_the
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_row_deleted_or_changed_by_hand_on_the_hub_is_found_by_the_next_proof_and_repaired() {
-    let mut b = building(BrokerOptions::default()).await;
-    let keys: Vec<String> = (1..=3)
-        .map(|n| key_id(&issue(&b, &format!("c-{n}"), &format!("80000{n}"))))
-        .collect();
-    settle(&mut b).await;
-    until_cloud(&mut b.sim, &b.cloud, "a first matching proof", |c| {
-        proven(c, 3, 0)
-    })
-    .await;
+    let (mut b, keys) = proven_building("80000").await;
 
     // Deleted: the cloud issues it again, as first signed.
     let before = mark(&b.cloud);
@@ -784,15 +779,7 @@ async fn publish_events(b: &Building, payloads: Vec<Vec<u8>>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mirror_request_repeated_or_reordered_changes_nothing() {
-    let mut b = building(BrokerOptions::default()).await;
-    let keys: Vec<String> = (1..=3)
-        .map(|n| key_id(&issue(&b, &format!("c-{n}"), &format!("90000{n}"))))
-        .collect();
-    settle(&mut b).await;
-    until_cloud(&mut b.sim, &b.cloud, "a first matching proof", |c| {
-        proven(c, 3, 0)
-    })
-    .await;
+    let (mut b, keys) = proven_building("90000").await;
     let as_of: String = b.cloud.sql(
         "SELECT json_extract(body, '$.as_of') FROM outputs WHERE topic = 'proof' \
          AND json_type(body, '$.match') = 'true' ORDER BY id DESC LIMIT 1",
