@@ -675,7 +675,7 @@ fn receipt(
         &format!(
             "revoked at {}, proven absent at {} (proof at seq {})",
             s(&result, "at"),
-            s(&proof, "as_of"),
+            whole_seconds(&s(&proof, "as_of")),
             s(&proof, "head_seq")
         ),
         serde_json::json!({
@@ -703,6 +703,13 @@ fn poll_until<T>(
     }
 }
 
+/// An instant in whole seconds without its zero fraction (a proof's
+/// `as_of` is one), for people.
+fn whole_seconds(t: &str) -> String {
+    t.strip_suffix(".000000Z")
+        .map_or_else(|| t.to_owned(), |w| format!("{w}Z"))
+}
+
 fn proof_text(p: Option<&ProofSummary>) -> String {
     match p {
         None => "-".into(),
@@ -711,7 +718,7 @@ fn proof_text(p: Option<&ProofSummary>) -> String {
                 "{}@{} as_of={}",
                 if m { "match" } else { "differs" },
                 p.head_seq,
-                p.as_of.as_deref().unwrap_or("-")
+                p.as_of.as_deref().map_or_else(|| "-".into(), whole_seconds)
             ),
             (None, w) => format!("ahead@{} watermark={}", p.head_seq, opt(w)),
         },
