@@ -902,6 +902,12 @@ fn summary(topic: &str, b: &serde_json::Value) -> String {
         ),
         "sync" => format!("from_seq={} reason={}", s("from_seq"), s("reason")),
         "status" => format!("{} version={}", s("state"), s("version")),
+        "proof" if b.get("bucket").is_some() => format!(
+            "bucket={} keys={} head_seq={}",
+            s("bucket"),
+            b["keys"].as_array().map_or(0, Vec::len),
+            s("head_seq")
+        ),
         "proof" => format!("head_seq={} match={}", s("head_seq"), s("match")),
         _ => String::new(),
     }

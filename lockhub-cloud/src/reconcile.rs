@@ -58,6 +58,18 @@ pub fn differing_buckets(cloud: &MirrorDigest, hub_buckets: &[String]) -> Vec<u8
         .collect()
 }
 
+/// The live keys of each of `buckets` (every one of them present, empty
+/// when the cloud holds none there).
+pub fn by_bucket(live: Vec<MirrorKey>, buckets: &[u8]) -> BTreeMap<u8, Vec<MirrorKey>> {
+    let mut out: BTreeMap<u8, Vec<MirrorKey>> = buckets.iter().map(|b| (*b, Vec::new())).collect();
+    for k in live {
+        if let Some(keys) = out.get_mut(&k.bucket()) {
+            keys.push(k);
+        }
+    }
+    out
+}
+
 /// The `mirror.request`s for `buckets`: at most 16 buckets each.
 pub fn requests(buckets: &[u8]) -> Vec<Vec<u8>> {
     buckets
@@ -198,6 +210,9 @@ mod tests {
             .collect();
         let differ = differing_buckets(&MirrorDigest::of_live(&cloud), &hub_buckets);
         assert_eq!(differ, [bucket_of("k-b")]);
+        let kept = by_bucket(cloud.clone(), &differ);
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[&bucket_of("k-b")][0].key_id, "k-b");
         assert!(differing_buckets(&MirrorDigest::of_live(&hub), &hub_buckets).is_empty());
         let all: Vec<u8> = (0..=255).collect();
         let reqs = requests(&all);

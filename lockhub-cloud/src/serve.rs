@@ -31,10 +31,11 @@ use crate::signer::ActiveSigner;
 use crate::store::{HubRef, OutputRecord, Store};
 use lockhub_proto::crypto::{open_hub_envelope, parse_public_key};
 use lockhub_proto::event::EventResult;
+use lockhub_proto::mirror::MirrorKey;
 use lockhub_proto::outputs;
 use lockhub_proto::time::Timestamp;
 use lockhub_proto::topics::{Leaf, parse_topic, topic};
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::Duration;
 use tokio::time::{Instant, sleep_until};
 
@@ -687,7 +688,9 @@ struct Mirror {
 struct Round {
     head: u64,
     expected_head: u64,
-    buckets: BTreeSet<u8>,
+    /// The buckets still to be answered, with the cloud's live keys in
+    /// each, read once when the round began.
+    buckets: BTreeMap<u8, Vec<MirrorKey>>,
 }
 
 impl Mirror {
@@ -780,7 +783,7 @@ impl Mirror {
             tracing::debug!(hub = %hub, head_seq = p.head_seq, "a differing proof for another head: the next checkpoint's is compared");
             return Ok(0);
         }
-        let (_, cloud) = ops::mirror_digest(store, hub, p.as_of)?;
+        let (live, cloud) = ops::mirror_digest(store, hub, p.as_of)?;
         let buckets = reconcile::differing_buckets(&cloud, p.buckets.as_deref().unwrap_or(&[]));
         tracing::warn!(
             hub = %hub, head_seq = p.head_seq, hub_count = p.count, cloud_count = cloud.count,
@@ -793,7 +796,7 @@ impl Mirror {
             Round {
                 head: p.head_seq,
                 expected_head: p.head_seq,
-                buckets: buckets.iter().copied().collect(),
+                buckets: reconcile::by_bucket(live, &buckets),
             },
         );
         let mut n = 0;
@@ -824,15 +827,17 @@ impl Mirror {
         let Some(round) = self.rounds.get_mut(hub) else {
             return Ok(0);
         };
-        if b.head_seq != round.head || !round.buckets.remove(&b.bucket) {
+        if b.head_seq != round.head {
             return Ok(0);
         }
+        let Some(live) = round.buckets.remove(&b.bucket) else {
+            return Ok(0);
+        };
         if store.head_seq(hub)? != round.expected_head {
             tracing::debug!(hub = %hub, "events signed since the differing proof: the next checkpoint's proof is compared");
             self.rounds.remove(hub);
             return Ok(0);
         }
-        let (live, _) = ops::mirror_digest(store, hub, b.as_of)?;
         let mut n = 0;
         for r in reconcile::repairs(b.bucket, &live, &b.keys) {
             match ops::repair(store, active, hub, &r, Timestamp::now_system()) {

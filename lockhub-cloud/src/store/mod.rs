@@ -407,7 +407,8 @@ pub trait Store {
     fn outputs(&self, filter: &OutputFilter) -> Result<Vec<OutputRow>, StoreError>;
     /// The raised alerts whose latest message is not `cleared`, oldest first.
     fn open_alerts(&self, hub: Option<&HubRef>) -> Result<Vec<OutputRow>, StoreError>;
-    /// The latest recorded result for the hub's `seq`.
+    /// The latest recorded result for the stored event at the hub's `seq`
+    /// (its event_id, not only its seq).
     fn result_for(&self, hub: &HubRef, seq: u64) -> Result<Option<OutputRow>, StoreError>;
     /// The first recorded proof that matches and covers `seq` (its
     /// `head_seq` at or above it).

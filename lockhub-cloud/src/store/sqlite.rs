@@ -931,9 +931,12 @@ impl Store for SqliteStore {
     fn result_for(&self, hub: &HubRef, seq: u64) -> Result<Option<OutputRow>, StoreError> {
         self.with(|c| {
             Ok(c.query_row(
-                "SELECT id, site_id, hub_id, topic, body, received_at FROM outputs \
-                 WHERE site_id = ?1 AND hub_id = ?2 AND topic = 'results' \
-                   AND json_extract(body, '$.seq') = ?3 ORDER BY id DESC LIMIT 1",
+                "SELECT o.id, o.site_id, o.hub_id, o.topic, o.body, o.received_at FROM outputs o \
+                 JOIN events e ON e.site_id = o.site_id AND e.hub_id = o.hub_id AND e.seq = ?3 \
+                 WHERE o.site_id = ?1 AND o.hub_id = ?2 AND o.topic = 'results' \
+                   AND json_extract(o.body, '$.seq') = ?3 \
+                   AND json_extract(o.body, '$.event_id') = e.event_id \
+                 ORDER BY o.id DESC LIMIT 1",
                 params![hub.site_id, hub.hub_id, i(seq)],
                 output_row,
             )
