@@ -13,7 +13,9 @@ use crate::ops::{self, BatchItem, CloudError, NewHub, Revoked};
 use crate::request::{GrantCommand, GrantRequest, InputError, Pin, parse_hub_ref};
 use crate::serve::{self, ServeSettings};
 use crate::signer;
-use crate::store::{HubRef, Minted, OutputFilter, OutputRow, PinKey, SqliteStore, Store};
+use crate::store::{
+    HubRef, Minted, OutputFilter, OutputRow, PinKey, ProofSummary, SqliteStore, Store,
+};
 use clap::{Args, Parser, Subcommand};
 use lockhub_proto::time::Timestamp;
 use std::io::Write;
@@ -74,6 +76,14 @@ pub enum Command {
         /// The reason the hub records (1..=64 of [A-Za-z0-9._-]).
         #[arg(long, default_value = "revoked_by_operator")]
         reason: String,
+        /// Then wait for the hub's result and for the first matching mirror
+        /// proof that covers the revoke (recorded by `serve`), and print the
+        /// receipt. Exit 3 when none comes within --timeout.
+        #[arg(long)]
+        wait_proof: bool,
+        /// Seconds --wait-proof waits.
+        #[arg(long, default_value_t = 120, requires = "wait_proof")]
+        timeout: u64,
         #[command(flatten)]
         broker: BrokerArgs,
     },
@@ -415,24 +425,34 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CloudError> {
             hub,
             key_id,
             reason,
+            wait_proof,
+            timeout,
             broker,
         } => {
             let store = open(db)?;
             let hub = hub_arg(&hub)?;
             let active = signer::load_active(&store, db)?;
-            match ops::revoke(&store, &active, &hub, &key_id, &reason, now)? {
+            let seq = match ops::revoke(&store, &active, &hub, &key_id, &reason, now)? {
                 Revoked::Minted(m) => {
                     fault_point("after_commit");
                     let published = publish(&store, &broker, &hub)?;
-                    report(out, json, "revoked", &hub, &m, published)
+                    report(out, json, "revoked", &hub, &m, published)?;
+                    m.seq
                 }
-                Revoked::AlreadyRevoked { seq } => emit(
-                    out,
-                    json,
-                    &format!("key {key_id} was already revoked (seq {seq}); nothing signed"),
-                    serde_json::json!({"key_id": key_id, "already_revoked": true, "seq": seq}),
-                ),
+                Revoked::AlreadyRevoked { seq } => {
+                    emit(
+                        out,
+                        json,
+                        &format!("key {key_id} was already revoked (seq {seq}); nothing signed"),
+                        serde_json::json!({"key_id": key_id, "already_revoked": true, "seq": seq}),
+                    )?;
+                    seq
+                }
+            };
+            if wait_proof {
+                receipt(&store, &hub, seq, Duration::from_secs(timeout), json, out)?;
             }
+            Ok(())
         }
         Command::Erase {
             hub,
@@ -539,7 +559,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CloudError> {
             let store = open(db)?;
             for h in store.hub_summaries()? {
                 let text = format!(
-                    "{} {} head={} unpublished={} results_up_to={} last_sync_from={} open_alerts={} last_audit={} refused={}{}",
+                    "{} {} head={} unpublished={} results_up_to={} last_sync_from={} open_alerts={} last_audit={} refused={} proof={}{}",
                     h.hub,
                     h.state.as_deref().unwrap_or("unknown"),
                     h.head_seq,
@@ -549,6 +569,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CloudError> {
                     h.open_alerts,
                     h.last_audit_at.as_deref().unwrap_or("-"),
                     h.refused,
+                    proof_text(h.last_proof.as_ref()),
                     if h.registered {
                         ""
                     } else {
@@ -561,6 +582,10 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CloudError> {
                     "last_result_seq": h.last_result_seq, "last_sync_from": h.last_sync_from,
                     "open_alerts": h.open_alerts, "last_audit_at": h.last_audit_at,
                     "refused": h.refused, "registered": h.registered,
+                    "last_proof": h.last_proof.as_ref().map(|p| serde_json::json!({
+                        "head_seq": p.head_seq, "as_of": p.as_of, "match": p.matches,
+                        "watermark": p.watermark, "received_at": p.received_at,
+                    })),
                 });
                 emit(out, json, &text, v)?;
             }
@@ -593,6 +618,110 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CloudError> {
             };
             rows.iter().try_for_each(|r| print_output(out, json, r))
         }
+    }
+}
+
+/// How often `revoke --wait-proof` looks at what `serve` recorded.
+const RECEIPT_POLL: Duration = Duration::from_millis(200);
+
+/// `revoke --wait-proof`: the hub's result for `seq`, then the first
+/// matching proof covering it. The proof is the hub's signed statement that
+/// its live set as of `as_of`, with every event up to its `head_seq`
+/// applied, is the one the cloud claimed, which holds no revoked key.
+fn receipt(
+    store: &dyn Store,
+    hub: &HubRef,
+    seq: u64,
+    timeout: Duration,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<(), CloudError> {
+    let deadline = std::time::Instant::now() + timeout;
+    let waited = |what: &str| CloudError::Unproven {
+        seq,
+        waited_s: timeout.as_secs(),
+        what: what.to_owned(),
+    };
+    let body =
+        |r: OutputRow| serde_json::from_str::<serde_json::Value>(&r.body).unwrap_or_default();
+    let result = poll_until(deadline, || store.result_for(hub, seq))?
+        .map(body)
+        .ok_or_else(|| waited("result from the hub"))?;
+    let s = |v: &serde_json::Value, k: &str| match &v[k] {
+        serde_json::Value::String(t) => t.clone(),
+        serde_json::Value::Null => "-".into(),
+        other => other.to_string(),
+    };
+    emit(
+        out,
+        json,
+        &format!(
+            "result: {} at {} (seq {seq}{})",
+            s(&result, "outcome"),
+            s(&result, "at"),
+            match &result["reason"] {
+                serde_json::Value::String(r) => format!(", reason {r}"),
+                _ => String::new(),
+            }
+        ),
+        serde_json::json!({"result": result}),
+    )?;
+    let proof = poll_until(deadline, || store.first_matching_proof(hub, seq))?
+        .map(body)
+        .ok_or_else(|| waited("matching proof"))?;
+    emit(
+        out,
+        json,
+        &format!(
+            "revoked at {}, proven absent at {} (proof at seq {})",
+            s(&result, "at"),
+            whole_seconds(&s(&proof, "as_of")),
+            s(&proof, "head_seq")
+        ),
+        serde_json::json!({
+            "revoked_at": result["at"], "proven_absent_at": proof["as_of"],
+            "proof_head_seq": proof["head_seq"], "hub_time": proof["hub_time"],
+            "count": proof["count"], "digest": proof["digest"],
+        }),
+    )
+}
+
+/// Looks every [`RECEIPT_POLL`] until `look` finds something or `deadline`
+/// passes (`None`).
+fn poll_until<T>(
+    deadline: std::time::Instant,
+    mut look: impl FnMut() -> Result<Option<T>, crate::store::StoreError>,
+) -> Result<Option<T>, CloudError> {
+    loop {
+        if let Some(found) = look()? {
+            return Ok(Some(found));
+        }
+        if std::time::Instant::now() >= deadline {
+            return Ok(None);
+        }
+        std::thread::sleep(RECEIPT_POLL);
+    }
+}
+
+/// An instant in whole seconds without its zero fraction (a proof's
+/// `as_of` is one), for people.
+fn whole_seconds(t: &str) -> String {
+    t.strip_suffix(".000000Z")
+        .map_or_else(|| t.to_owned(), |w| format!("{w}Z"))
+}
+
+fn proof_text(p: Option<&ProofSummary>) -> String {
+    match p {
+        None => "-".into(),
+        Some(p) => match (p.matches, p.watermark) {
+            (Some(m), _) => format!(
+                "{}@{} as_of={}",
+                if m { "match" } else { "differs" },
+                p.head_seq,
+                p.as_of.as_deref().map_or_else(|| "-".into(), whole_seconds)
+            ),
+            (None, w) => format!("ahead@{} watermark={}", p.head_seq, opt(w)),
+        },
     }
 }
 
@@ -773,6 +902,12 @@ fn summary(topic: &str, b: &serde_json::Value) -> String {
         ),
         "sync" => format!("from_seq={} reason={}", s("from_seq"), s("reason")),
         "status" => format!("{} version={}", s("state"), s("version")),
+        "proof" if b.get("bucket").is_some() => format!(
+            "bucket={} keys={} head_seq={}",
+            s("bucket"),
+            b["keys"].as_array().map_or(0, Vec::len),
+            s("head_seq")
+        ),
         "proof" => format!("head_seq={} match={}", s("head_seq"), s("match")),
         _ => String::new(),
     }

@@ -14,6 +14,7 @@
 pub mod cli;
 pub mod mqtt;
 pub mod ops;
+pub mod reconcile;
 pub mod request;
 pub mod serve;
 pub mod signer;

@@ -1,5 +1,6 @@
 //! `lockhub-cloud`: parse, run, map the outcome to an exit code
-//! (0 done, 2 the caller's input, 1 anything else). Everything else is the
+//! (0 done, 2 the caller's input, 3 no proof within `--wait-proof`'s
+//! timeout, 1 anything else). Everything else is the
 //! library's (`cli::run`).
 
 use clap::Parser;
@@ -19,7 +20,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("lockhub-cloud: {e}");
-            ExitCode::from(if e.is_input_problem() { 2 } else { 1 })
+            ExitCode::from(e.exit_code())
         }
     }
 }

@@ -3,6 +3,7 @@
 //! checked first, then signed and stored with its seq in one transaction.
 //! Publishing is the caller's (`serve`, or a command given a broker).
 
+use crate::reconcile::{self, Repair};
 use crate::request::{Grant, GrantCommand, GrantRequest, InputError, check_grant, check_id};
 use crate::signer::{self, ActiveSigner, SignerError};
 use crate::store::{
@@ -12,6 +13,7 @@ use crate::store::{
 use lockhub_proto::bundle::{BUNDLE_VERSION, Bundle, MqttSpec, PinKeySpec, TrustSpec};
 use lockhub_proto::crypto::sha256;
 use lockhub_proto::event::{SchemaContext, parse_body};
+use lockhub_proto::mirror::{Claim, MirrorDigest, unix_seconds};
 use lockhub_proto::sign::{EventSigner, GrantSpec, fields};
 use lockhub_proto::time::Timestamp;
 use serde_json::{Value, json};
@@ -38,9 +40,27 @@ pub enum CloudError {
     },
     #[error("already initialised (signer {0} is active); use `signer rotate` for a new key")]
     AlreadyInitialised(String),
+    #[error("no {what} for seq {seq} within {waited_s} s (is `serve` running and the hub online?)")]
+    Unproven {
+        seq: u64,
+        waited_s: u64,
+        what: String,
+    },
 }
 
 impl CloudError {
+    /// The process's exit code: 2 for the caller's input, 3 when
+    /// `--wait-proof` saw no proof in time, 1 for anything else.
+    pub fn exit_code(&self) -> u8 {
+        if self.is_input_problem() {
+            2
+        } else if matches!(self, CloudError::Unproven { .. }) {
+            3
+        } else {
+            1
+        }
+    }
+
     /// Whether the caller's input is at fault: exit 2 rather than 1.
     pub fn is_input_problem(&self) -> bool {
         match self {
@@ -567,19 +587,126 @@ pub fn batch(
     mint(store, active, &hub, draft, now)
 }
 
-/// A `checkpoint` at the hub's head (no seq of its own; never stored).
+/// The cloud's live set as of `as_of` for `hub`, and its mirror digest
+/// (lockhub_proto::mirror's arithmetic).
+pub fn mirror_digest(
+    store: &dyn Store,
+    hub: &HubRef,
+    as_of: Timestamp,
+) -> Result<(Vec<lockhub_proto::mirror::MirrorKey>, MirrorDigest), CloudError> {
+    let live = reconcile::live_set(&store.claim_keys(hub)?, as_of);
+    let digest = MirrorDigest::of_live(&live);
+    Ok((live, digest))
+}
+
+/// The claim a checkpoint at `head` carries (mqtt.md 'Mirror proof'):
+/// the live set as of `now` (whole seconds) after events 1..=`head` as
+/// their results said. `None` while a result is missing, or when an event
+/// was stored while the claim was read (the next checkpoint claims it).
+pub fn claim(
+    store: &dyn Store,
+    hub: &HubRef,
+    head: u64,
+    now: Timestamp,
+) -> Result<Option<Claim>, CloudError> {
+    if store.results_pending(hub)? > 0 {
+        return Ok(None);
+    }
+    let as_of = Timestamp::from_secs(unix_seconds(now));
+    let (_, digest) = mirror_digest(store, hub, as_of)?;
+    if store.head_seq(hub)? != head || store.results_pending(hub)? > 0 {
+        return Ok(None);
+    }
+    Ok(Some(Claim::of(&digest, as_of)))
+}
+
+/// A `checkpoint` at the hub's head (no seq of its own; never stored),
+/// with the cloud's claim once every result is in. Returns the claim too.
 pub fn checkpoint(
     store: &dyn Store,
     active: &ActiveSigner,
     hub: &HubRef,
-) -> Result<Signed, CloudError> {
+) -> Result<(Signed, Option<Claim>), CloudError> {
     let head = store.head_seq(hub)?;
+    let now = Timestamp::now_system();
+    let claim = claim(store, hub, head, now)?;
+    let fields = match &claim {
+        Some(c) => fields::checkpoint_with_claim(head, c),
+        None => fields::checkpoint(head),
+    };
+    let ev = event_signer(active, hub).sign(uuid::Uuid::new_v4(), now, "checkpoint", None, fields);
+    Ok((signed(ev, "checkpoint"), claim))
+}
+
+/// A `mirror.request` for up to 16 buckets as of a proof's `as_of` (no
+/// seq of its own; never stored).
+pub fn mirror_request(
+    active: &ActiveSigner,
+    hub: &HubRef,
+    as_of: Timestamp,
+    buckets: &[u8],
+) -> Signed {
     let ev = event_signer(active, hub).sign(
         uuid::Uuid::new_v4(),
         Timestamp::now_system(),
-        "checkpoint",
+        "mirror.request",
         None,
-        fields::checkpoint(head),
+        fields::mirror_request(as_of, buckets),
     );
-    Ok(signed(ev, "checkpoint"))
+    signed(ev, "mirror.request")
+}
+
+/// The key object of `key_id` in a stored grant body (`key.issued`,
+/// `checkin.completed`, or a batch item).
+fn grant_key(body: &[u8], key_id: &str) -> Option<Value> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    let is_it = |k: &Value| k["key_id"] == key_id;
+    if is_it(&v["key"]) {
+        return Some(v["key"].clone());
+    }
+    v["items"]
+        .as_array()?
+        .iter()
+        .map(|it| &it["key"])
+        .find(|k| is_it(k))
+        .cloned()
+}
+
+/// Signs and stores one repair (mqtt.md 'Mirror proof'). `None` when the
+/// key's grant is no longer stored (nothing to sign again).
+pub fn repair(
+    store: &dyn Store,
+    active: &ActiveSigner,
+    hub_ref: &HubRef,
+    r: &Repair,
+    now: Timestamp,
+) -> Result<Option<Minted>, CloudError> {
+    let hub = hub(store, hub_ref)?;
+    let draft = match r {
+        Repair::Revoke { key_id, version } => Draft::new(
+            "key.revoked",
+            fields::key_revoked(key_id, *version, reconcile::RECONCILE),
+            KeyChange::Revoke {
+                key_id: key_id.clone(),
+            },
+        ),
+        Repair::Issue { key_id, version } => {
+            let Some(mut key) = store
+                .grant_body(hub_ref, key_id)?
+                .and_then(|b| grant_key(&b, key_id))
+            else {
+                return Ok(None);
+            };
+            key["version"] = json!(version);
+            Draft::new(
+                "key.issued",
+                json!({ "key": key }),
+                KeyChange::Reissue {
+                    key_id: key_id.clone(),
+                    version: *version,
+                },
+            )
+        }
+    };
+    mint(store, active, &hub, draft, now).map(Some)
 }

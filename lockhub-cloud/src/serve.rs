@@ -14,18 +14,28 @@
 //! - Checkpoints go to every hub every `checkpoint_every` (5 minutes), and
 //!   to a hub as soon as its status says it is online: a hub back from a
 //!   long absence learns at once that its broker queue dropped events, and
-//!   asks for them.
+//!   asks for them. Before each round's checkpoint, published events whose
+//!   result never came are sent again (at most 100 per hub): the hub
+//!   answers a repeat with its first result.
+//! - **The mirror proof** (mqtt.md 'Mirror proof'): a checkpoint carries
+//!   the cloud's claim once every result is in; results keep the cloud's
+//!   key records (clamps, refusals); a revoke's result brings a prompt
+//!   checkpoint, so its proof follows in seconds; a proof that differs is
+//!   answered with `mirror.request` for the buckets that differ, and the
+//!   hub's bucket answers with repairs (`reconcile`), ordinary events.
 
 use crate::mqtt::{Backoff, BrokerSettings, Link, LinkEvent, Role, WINDOW, options};
 use crate::ops::{self, CloudError};
+use crate::reconcile;
 use crate::signer::ActiveSigner;
 use crate::store::{HubRef, OutputRecord, Store};
 use lockhub_proto::crypto::{open_hub_envelope, parse_public_key};
 use lockhub_proto::event::EventResult;
+use lockhub_proto::mirror::MirrorKey;
 use lockhub_proto::outputs;
 use lockhub_proto::time::Timestamp;
 use lockhub_proto::topics::{Leaf, parse_topic, topic};
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::Duration;
 use tokio::time::{Instant, sleep_until};
 
@@ -57,6 +67,10 @@ pub struct Counters {
     pub refused: u64,
     pub sync_answers: u64,
     pub checkpoints: u64,
+    /// `mirror.request`s sent for diverged proofs.
+    pub mirror_requests: u64,
+    /// Repair events signed from the hubs' bucket answers.
+    pub repairs: u64,
 }
 
 type Tracked = (HubRef, u64);
@@ -246,9 +260,9 @@ fn filters(prefix: &str, sites: &BTreeSet<String>) -> Vec<String> {
 
 const UNKNOWN_HUB: &str = "unknown hub";
 
-/// What a recorded output asks of the publisher.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SyncNeed {
+/// What a recorded output asks of `serve`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Follow {
     /// A sync request: the events from this seq, then a checkpoint.
     From(u64),
     /// A checkpoint only.
@@ -256,11 +270,19 @@ enum SyncNeed {
     /// The hub has seen up to this seq: move the counter past it (mqtt.md
     /// 'Mirror proof': a cloud restored from a backup).
     Past(u64),
+    /// A result: the cloud's records follow it (the claim uses them).
+    Result(Box<EventResult>),
+    /// A proof that differs: ask for the buckets that differ.
+    Diverged(Box<outputs::Proof>),
+    /// A proof that matches.
+    Matched,
+    /// A bucket the hub answered with: repair what differs.
+    Bucket(Box<outputs::ProofBucket>),
 }
 
 /// Why a hub message was refused (the reason recorded and logged).
 enum Verdict {
-    Record(OutputRecord, Option<SyncNeed>),
+    Record(OutputRecord, Option<Follow>),
     Refuse(Option<HubRef>, String, String),
 }
 
@@ -269,9 +291,12 @@ enum Output {
     Audit(outputs::AuditBody),
     Sync(outputs::SyncRequest),
     Status(outputs::Status),
+    Result(Box<EventResult>),
     /// The proof of a hub ahead of this cloud.
     Ahead(outputs::ProofAhead),
-    /// Results, alerts and other proofs: checked, recorded as they came.
+    Proof(Box<outputs::Proof>),
+    Bucket(Box<outputs::ProofBucket>),
+    /// Alerts: checked, recorded as they came.
     Other,
 }
 
@@ -280,18 +305,17 @@ fn read_output(leaf: Leaf, body: &[u8]) -> Option<Output> {
         serde_json::from_slice(body).ok()
     }
     Some(match leaf {
-        Leaf::Results => ok::<EventResult>(body).map(|_| Output::Other)?,
+        Leaf::Results => Output::Result(Box::new(ok(body)?)),
         Leaf::Audit => Output::Audit(ok(body)?),
         Leaf::Alerts => ok::<outputs::AlertBody>(body).map(|_| Output::Other)?,
         Leaf::Sync => Output::Sync(ok(body)?),
         Leaf::Status => Output::Status(ok(body)?),
         Leaf::Proof => match ok::<outputs::ProofAhead>(body) {
             Some(ahead) => Output::Ahead(ahead),
-            None => {
-                let known = ok::<outputs::Proof>(body).is_some()
-                    || ok::<outputs::ProofBucket>(body).is_some();
-                known.then_some(Output::Other)?
-            }
+            None => match ok::<outputs::Proof>(body) {
+                Some(p) => Output::Proof(Box::new(p)),
+                None => Output::Bucket(Box::new(ok(body)?)),
+            },
         },
         Leaf::Events => return None,
     })
@@ -344,10 +368,14 @@ fn judge(hubs: &Hubs, prefix: &str, topic_name: &str, payload: &[u8]) -> Verdict
     // A sync request is answered; a hub that says it is online gets a
     // checkpoint at once, so it learns of events its broker queue dropped
     // without waiting for the next round.
-    let need = match &parsed_body {
-        Output::Sync(r) => Some(SyncNeed::From(r.from_seq)),
-        Output::Status(st) if st.state == outputs::HubState::Online => Some(SyncNeed::Checkpoint),
-        Output::Ahead(a) => Some(SyncNeed::Past(a.watermark)),
+    let need = match parsed_body {
+        Output::Sync(r) => Some(Follow::From(r.from_seq)),
+        Output::Status(st) if st.state == outputs::HubState::Online => Some(Follow::Checkpoint),
+        Output::Ahead(a) => Some(Follow::Past(a.watermark)),
+        Output::Result(r) => Some(Follow::Result(r)),
+        Output::Proof(p) if p.matches => Some(Follow::Matched),
+        Output::Proof(p) => Some(Follow::Diverged(p)),
+        Output::Bucket(b) => Some(Follow::Bucket(b)),
         _ => None,
     };
     Verdict::Record(
@@ -387,6 +415,7 @@ pub async fn serve(
     let mut next_poll = Instant::now();
     let mut next_checkpoint = Instant::now() + settings.checkpoint_every;
     let mut next_prune = Instant::now();
+    let mut mirror = Mirror::default();
     tokio::pin!(shutdown);
     tracing::info!(hubs = hubs.keys.len(), "serve started");
     loop {
@@ -409,6 +438,7 @@ pub async fn serve(
         }
         let wake = [next_poll, next_checkpoint, next_prune, pub_retry, sub_retry]
             .into_iter()
+            .chain(mirror.next_prompt())
             .filter(|t| *t > now)
             .min()
             .unwrap_or(now + settings.poll_every);
@@ -454,21 +484,39 @@ pub async fn serve(
                             store.record_output(&rec)?;
                             counters.recorded += 1;
                             match need {
-                                Some(SyncNeed::From(from)) => {
+                                Some(Follow::From(from)) => {
                                     answer_sync(store, active, &prefix, &rec.hub, from, &mut out)?;
                                     counters.sync_answers += 1;
                                 }
-                                Some(SyncNeed::Checkpoint) => {
+                                Some(Follow::Checkpoint) => {
                                     queue_checkpoint(store, active, &prefix, &rec.hub, &mut out)?;
                                     counters.checkpoints += 1;
                                 }
-                                Some(SyncNeed::Past(watermark)) => {
+                                Some(Follow::Result(r)) => {
+                                    mirror.result(store, &rec.hub, &r)?;
+                                }
+                                Some(Follow::Matched) => mirror.matched(&rec.hub),
+                                Some(Follow::Diverged(p)) => {
+                                    counters.mirror_requests +=
+                                        mirror.diverged(store, active, &prefix, &rec.hub, &p, &mut out)?;
+                                }
+                                Some(Follow::Bucket(b)) => {
+                                    let n = mirror.bucket(store, active, &rec.hub, &b)?;
+                                    counters.repairs += n;
+                                    if n > 0 && publisher_up {
+                                        out.load_unpublished(store, &prefix, Some(&rec.hub))?;
+                                    }
+                                }
+                                Some(Follow::Past(watermark)) => {
                                     let moved = store.advance_seq(&rec.hub, watermark)?;
                                     if moved {
                                         tracing::warn!(
                                             hub = %rec.hub, watermark,
                                             "the hub has seen seqs this cloud does not hold (restored from a backup?): the counter moves past them"
                                         );
+                                        // Its mirror is compared at once:
+                                        // what the lost events did is repaired.
+                                        mirror.want_proof(&rec.hub);
                                     }
                                 }
                                 None => {}
@@ -510,10 +558,14 @@ pub async fn serve(
                 out.load_unpublished(store, &prefix, None)?;
             }
         }
+        if publisher_up {
+            counters.checkpoints += mirror.prompt_due(store, active, &prefix, now, &mut out)?;
+        }
         if now >= next_checkpoint {
             next_checkpoint = now + settings.checkpoint_every;
             if publisher_up {
                 for hub in hubs.keys.keys() {
+                    resend_without_result(store, &prefix, hub, &mut out)?;
                     queue_checkpoint(store, active, &prefix, hub, &mut out)?;
                     counters.checkpoints += 1;
                 }
@@ -564,7 +616,8 @@ fn queue_checkpoint(
     hub: &HubRef,
     out: &mut Outbox,
 ) -> Result<(), CloudError> {
-    let cp = ops::checkpoint(store, active, hub)?;
+    let (cp, claim) = ops::checkpoint(store, active, hub)?;
+    tracing::debug!(hub = %hub, claim = claim.is_some(), "checkpoint");
     out.queue.push_back(Out {
         topic: events_topic(prefix, hub),
         payload: cp.envelope,
@@ -572,6 +625,244 @@ fn queue_checkpoint(
         ends_answer: None,
     });
     Ok(())
+}
+
+/// The most result-less events sent again to one hub per checkpoint round.
+pub const MAX_RESEND: u32 = 100;
+
+/// Sends again the published events whose result never reached the cloud
+/// (a broker queue may drop a hub's outputs on their way): the hub answers
+/// a repeat with its first result, and a claim waits for every result. The
+/// stored envelopes, byte for byte, like a sync answer.
+fn resend_without_result(
+    store: &dyn Store,
+    prefix: &str,
+    hub: &HubRef,
+    out: &mut Outbox,
+) -> Result<(), CloudError> {
+    if out.queue.len() + MAX_RESEND as usize > MAX_QUEUE {
+        return Ok(());
+    }
+    let events = store.without_result(hub, MAX_RESEND)?;
+    if !events.is_empty() {
+        tracing::info!(hub = %hub, events = events.len(), from_seq = events[0].seq, "sending again events whose result has not come");
+    }
+    for ev in events {
+        out.queue.push_back(Out {
+            topic: events_topic(prefix, hub),
+            payload: ev.envelope,
+            track: None,
+            ends_answer: None,
+        });
+    }
+    Ok(())
+}
+
+/// How long after a revoke's (or a repair's) result the prompt checkpoint
+/// follows: results that arrive together share one.
+const PROMPT_AFTER: Duration = Duration::from_secs(1);
+/// A prompt checkpoint still waiting for results after this long is left
+/// to the regular round.
+const PROMPT_GIVE_UP: Duration = Duration::from_secs(60);
+
+/// `serve`'s side of the mirror proof (mqtt.md 'Mirror proof'): results
+/// kept in the cloud's records, a prompt checkpoint (with its claim) after
+/// a revoke so that its proof follows in seconds, and the repair of a
+/// diverged proof. One entry per hub at most in each map.
+#[derive(Default)]
+struct Mirror {
+    /// Hubs owed a checkpoint soon: when it is due, and when it was asked.
+    prompt: HashMap<HubRef, (Instant, Instant)>,
+    /// Hubs whose last proof differed and that are being repaired.
+    repairing: HashSet<HubRef>,
+    /// The buckets asked for after a hub's differing proof, still to be
+    /// answered.
+    rounds: HashMap<HubRef, Round>,
+}
+
+/// One repair round: a differing proof at `head`, the buckets asked for,
+/// and the head once this round's own repairs are stored. A bucket's
+/// repairs touch only that bucket's keys, so each answer is compared with
+/// the cloud's records as long as nothing but this round's repairs was
+/// signed since; a bucket is repaired once, however often it is answered.
+struct Round {
+    head: u64,
+    expected_head: u64,
+    /// The buckets still to be answered, with the cloud's live keys in
+    /// each, read once when the round began.
+    buckets: BTreeMap<u8, Vec<MirrorKey>>,
+}
+
+impl Mirror {
+    fn next_prompt(&self) -> Option<Instant> {
+        self.prompt.values().map(|(due, _)| *due).min()
+    }
+
+    fn matched(&mut self, hub: &HubRef) {
+        self.rounds.remove(hub);
+        if self.repairing.remove(hub) {
+            tracing::info!(hub = %hub, "the hub's proof matches again: repaired");
+        }
+    }
+
+    fn want_proof(&mut self, hub: &HubRef) {
+        let now = Instant::now();
+        self.prompt
+            .entry(hub.clone())
+            .or_insert((now + PROMPT_AFTER, now));
+    }
+
+    /// A verified result: the cloud's key records follow it.
+    fn result(
+        &mut self,
+        store: &dyn Store,
+        hub: &HubRef,
+        r: &EventResult,
+    ) -> Result<(), CloudError> {
+        let Some(applied) = store.record_result(hub, r)? else {
+            return Ok(());
+        };
+        for key_id in &applied.revoked {
+            tracing::info!(hub = %hub, key_id, "the hub refuses this key (a tombstone, or final there): recorded as revoked");
+        }
+        if applied.kind == "key.revoked" || self.repairing.contains(hub) {
+            self.want_proof(hub);
+        }
+        Ok(())
+    }
+
+    /// Queues the checkpoints that are due and whose claim can be made.
+    fn prompt_due(
+        &mut self,
+        store: &dyn Store,
+        active: &ActiveSigner,
+        prefix: &str,
+        now: Instant,
+        out: &mut Outbox,
+    ) -> Result<u64, CloudError> {
+        let due: Vec<HubRef> = self
+            .prompt
+            .iter()
+            .filter(|(_, (at, _))| *at <= now)
+            .map(|(h, _)| h.clone())
+            .collect();
+        let mut n = 0;
+        for hub in due {
+            let asked = self.prompt.get(&hub).map_or(now, |(_, asked)| *asked);
+            if store.results_pending(&hub)? == 0 {
+                queue_checkpoint(store, active, prefix, &hub, out)?;
+                n += 1;
+                self.prompt.remove(&hub);
+            } else if now.duration_since(asked) > PROMPT_GIVE_UP {
+                self.prompt.remove(&hub);
+            } else {
+                self.prompt.insert(hub, (now + PROMPT_AFTER, asked));
+            }
+        }
+        Ok(n)
+    }
+
+    /// Whether the cloud's records are those the hub's answer was made
+    /// against: the same head, and every result in.
+    fn comparable(store: &dyn Store, hub: &HubRef, head_seq: u64) -> Result<bool, CloudError> {
+        Ok(store.head_seq(hub)? == head_seq && store.results_pending(hub)? == 0)
+    }
+
+    /// A proof that differs: asks for the buckets that differ from the
+    /// cloud's, as of the proof's `as_of`. Returns how many requests.
+    fn diverged(
+        &mut self,
+        store: &dyn Store,
+        active: &ActiveSigner,
+        prefix: &str,
+        hub: &HubRef,
+        p: &outputs::Proof,
+        out: &mut Outbox,
+    ) -> Result<u64, CloudError> {
+        if !Self::comparable(store, hub, p.head_seq)? {
+            tracing::debug!(hub = %hub, head_seq = p.head_seq, "a differing proof for another head: the next checkpoint's is compared");
+            return Ok(0);
+        }
+        let (live, cloud) = ops::mirror_digest(store, hub, p.as_of)?;
+        let buckets = reconcile::differing_buckets(&cloud, p.buckets.as_deref().unwrap_or(&[]));
+        tracing::warn!(
+            hub = %hub, head_seq = p.head_seq, hub_count = p.count, cloud_count = cloud.count,
+            buckets = buckets.len(),
+            "the hub's mirror differs from the cloud's: asking for the buckets that differ"
+        );
+        self.repairing.insert(hub.clone());
+        self.rounds.insert(
+            hub.clone(),
+            Round {
+                head: p.head_seq,
+                expected_head: p.head_seq,
+                buckets: reconcile::by_bucket(live, &buckets),
+            },
+        );
+        let mut n = 0;
+        for ask in reconcile::requests(&buckets) {
+            let req = ops::mirror_request(active, hub, p.as_of, &ask);
+            out.queue.push_back(Out {
+                topic: events_topic(prefix, hub),
+                payload: req.envelope,
+                track: None,
+                ends_answer: None,
+            });
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// A bucket the hub answered with: signs the repairs. Returns how many.
+    fn bucket(
+        &mut self,
+        store: &dyn Store,
+        active: &ActiveSigner,
+        hub: &HubRef,
+        b: &outputs::ProofBucket,
+    ) -> Result<u64, CloudError> {
+        // An answer to no open round, for a bucket already repaired (a
+        // repeated one), made against another head (a late one), or after
+        // other events were signed repairs nothing.
+        let Some(round) = self.rounds.get_mut(hub) else {
+            return Ok(0);
+        };
+        if b.head_seq != round.head {
+            return Ok(0);
+        }
+        let Some(live) = round.buckets.remove(&b.bucket) else {
+            return Ok(0);
+        };
+        if store.head_seq(hub)? != round.expected_head {
+            tracing::debug!(hub = %hub, "events signed since the differing proof: the next checkpoint's proof is compared");
+            self.rounds.remove(hub);
+            return Ok(0);
+        }
+        let mut n = 0;
+        for r in reconcile::repairs(b.bucket, &live, &b.keys) {
+            match ops::repair(store, active, hub, &r, Timestamp::now_system()) {
+                Ok(Some(m)) => {
+                    tracing::warn!(hub = %hub, bucket = b.bucket, repair = ?r, seq = m.seq, "mirror repair signed");
+                    n += 1;
+                }
+                Ok(None) => {
+                    tracing::warn!(hub = %hub, repair = ?r, "no stored grant to sign again for this key");
+                }
+                Err(e) if e.is_input_problem() => {
+                    tracing::warn!(hub = %hub, repair = ?r, error = %e, "a repair the hub would refuse: skipped");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let head = store.head_seq(hub)?;
+        if let Some(round) = self.rounds.get_mut(hub) {
+            round.expected_head = head;
+            if round.buckets.is_empty() {
+                self.rounds.remove(hub);
+            }
+        }
+        Ok(n)
+    }
 }
 
 /// Re-sends the stored events from `from_seq` (original envelopes), then a

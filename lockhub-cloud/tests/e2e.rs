@@ -80,8 +80,39 @@ struct Building {
     sim: Sim,
     _keep: testkit::board::PtyKeep,
     daemon: Daemon,
-    _serve: KillOnDrop,
+    serve: KillOnDrop,
     hub: String,
+}
+
+impl Building {
+    /// `serve` as the building runs it. Checkpoints every 2 s stand for the
+    /// 5-minute round: what a small broker queue drops even from a sync
+    /// answer, the next checkpoint's head shows the hub, and it asks again;
+    /// and each checkpoint's claim gets its proof within seconds.
+    fn start_serve(cloud: &Cloud, url: &str) -> KillOnDrop {
+        KillOnDrop(
+            cloud
+                .command(&[
+                    "serve",
+                    "--broker",
+                    url,
+                    "--poll-ms",
+                    "100",
+                    "--checkpoint-every-s",
+                    "2",
+                ])
+                .spawn()
+                .unwrap(),
+        )
+    }
+
+    /// Stops `serve` (SIGKILL: what a crash leaves) and starts it again.
+    fn restart_serve(&mut self, between: impl FnOnce(&Cloud)) {
+        let _ = self.serve.0.kill();
+        let _ = self.serve.0.wait();
+        between(&self.cloud);
+        self.serve = Building::start_serve(&self.cloud, &self.broker.url());
+    }
 }
 
 async fn building(opts: BrokerOptions) -> Building {
@@ -138,24 +169,7 @@ async fn building(opts: BrokerOptions) -> Building {
     let mut daemon = Daemon::at(hub_dir);
     daemon.spawn();
     until_linked(&mut sim).await;
-    let url = broker.url();
-    let serve = KillOnDrop(
-        cloud
-            // Checkpoints every 2 s stand for the 5-minute round: what
-            // a small broker queue drops even from a sync answer, the next
-            // checkpoint's head shows the hub, and it asks again.
-            .command(&[
-                "serve",
-                "--broker",
-                &url,
-                "--poll-ms",
-                "100",
-                "--checkpoint-every-s",
-                "2",
-            ])
-            .spawn()
-            .unwrap(),
-    );
+    let serve = Building::start_serve(&cloud, &broker.url());
 
     Building {
         broker,
@@ -163,7 +177,7 @@ async fn building(opts: BrokerOptions) -> Building {
         sim,
         _keep: keep,
         daemon,
-        _serve: serve,
+        serve,
         hub,
     }
 }
@@ -389,4 +403,442 @@ async fn a_one_time_code_issued_with_uses_1_opens_once_and_the_hub_reports_it_us
     );
     assert_eq!(count(sim, relay_opened(0)), 0);
     daemon.sigterm();
+}
+
+// The drift cases (docs/protocol/mqtt.md 'Mirror proof'): a hub restored
+// from an old copy, a cloud restored from an old backup, a key row changed
+// by hand, and mirror requests repeated or reordered. `serve`'s checkpoints
+// every 2 s carry its claim, so each case converges in seconds.
+
+/// The newest recorded output's id: what is recorded later is above it.
+fn mark(cloud: &Cloud) -> i64 {
+    cloud.sql("SELECT coalesce(max(id), 0) FROM outputs")
+}
+
+/// The last seq the cloud signed for the lobby hub.
+fn head(cloud: &Cloud) -> i64 {
+    cloud.sql("SELECT next_seq - 1 FROM hubs WHERE hub_id = 'lobby'")
+}
+
+/// Whether a matching proof covering `head` was recorded after `after`.
+fn proven(cloud: &Cloud, head: i64, after: i64) -> bool {
+    cloud.sql::<i64>(&format!(
+        "SELECT count(*) FROM outputs WHERE id > {after} AND topic = 'proof' \
+         AND json_type(body, '$.match') = 'true' AND json_extract(body, '$.head_seq') >= {head}"
+    )) > 0
+}
+
+/// Whether the hub's `mirror_diverged` alert was recorded in `state` after `after`.
+fn diverged(cloud: &Cloud, state: &str, after: i64) -> bool {
+    cloud.sql::<i64>(&format!(
+        "SELECT count(*) FROM outputs WHERE id > {after} AND topic = 'alerts' \
+         AND json_extract(body, '$.condition') = 'mirror_diverged' \
+         AND json_extract(body, '$.state') = '{state}'"
+    )) > 0
+}
+
+/// Waits until every stored event has the hub's result.
+async fn settle(b: &mut Building) {
+    until_cloud(&mut b.sim, &b.cloud, "every result in", |c| {
+        c.sql::<i64>("SELECT count(*) FROM events WHERE result_outcome IS NULL") == 0
+    })
+    .await;
+}
+
+/// A building whose hub holds three keys (PINs `pin_base` 1..=3), once a
+/// proof of them matched.
+async fn proven_building(pin_base: &str) -> (Building, Vec<String>) {
+    let mut b = building(BrokerOptions::default()).await;
+    let keys: Vec<String> = (1..=3)
+        .map(|n| key_id(&issue(&b, &format!("c-{n}"), &format!("{pin_base}{n}"))))
+        .collect();
+    settle(&mut b).await;
+    until_cloud(&mut b.sim, &b.cloud, "a first matching proof", |c| {
+        proven(c, 3, 0)
+    })
+    .await;
+    (b, keys)
+}
+
+/// Types `pin` at door 101; whether the relay opened (else the hub denied).
+async fn opens(sim: &mut Sim, pin: &str) -> bool {
+    sim.take_events();
+    sim.enter_pin(0, pin);
+    let answered = sim
+        .run_until(WAIT, |s| {
+            count(s, relay_opened(0)) == 1 || count(s, denied(0)) == 1
+        })
+        .await
+        .unwrap();
+    assert!(answered, "the hub answers the keypad");
+    count(sim, relay_opened(0)) == 1
+}
+
+/// `issue` or `checkin` on the lobby hub for door 101 until `UNTIL`, with
+/// `ids` (`--reservation R`, `--check-in C`) and the PIN in a file.
+fn grant(b: &Building, command: &str, ids: &[&str], pin: &str) -> serde_json::Value {
+    let pin = b.cloud.pin_file(pin);
+    let mut args = vec!["--json", command, &b.hub];
+    args.extend_from_slice(ids);
+    args.extend_from_slice(&["--door", "101", "--pin-file", pin.to_str().unwrap()]);
+    args.extend_from_slice(&["--valid-until", UNTIL]);
+    json(&b.cloud.ok(&args))
+}
+
+/// A pre-issued key for a reservation.
+fn reserve(b: &Building, reservation: &str, pin: &str) -> serde_json::Value {
+    grant(b, "issue", &["--reservation", reservation], pin)
+}
+
+/// The check-in of a reservation: its pre-issued keys give way.
+fn check_in(b: &Building, reservation: &str, check_in: &str, pin: &str) -> serde_json::Value {
+    grant(
+        b,
+        "checkin",
+        &["--reservation", reservation, "--check-in", check_in],
+        pin,
+    )
+}
+
+/// A consistent copy of a live SQLite file (what a backup tool takes).
+fn snapshot(db: &std::path::Path, to: &std::path::Path) {
+    let c = rusqlite::Connection::open(db).unwrap();
+    c.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+    c.execute("VACUUM INTO ?1", [to.to_str().unwrap()]).unwrap();
+}
+
+/// Puts `copy` where the database `db` was (its WAL and shared memory gone).
+fn restore(db: &std::path::Path, copy: &std::path::Path) {
+    for ext in ["", "-wal", "-shm"] {
+        let mut p = db.as_os_str().to_owned();
+        p.push(ext);
+        let _ = std::fs::remove_file(p);
+    }
+    std::fs::copy(copy, db).unwrap();
+}
+
+/// The state of a key in the hub's database, with its revoke reason.
+fn hub_key_state(daemon: &Daemon, key_id: &str) -> (String, Option<String>) {
+    daemon
+        .db()
+        .query_row(
+            "SELECT state, revoke_reason FROM keys WHERE key_id = ?1",
+            [key_id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap()
+}
+
+fn key_id(v: &serde_json::Value) -> String {
+    v["key_id"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hub_restored_from_a_copy_20_events_old_asks_for_sync_converges_and_its_proof_matches() {
+    let mut b = building(BrokerOptions::default()).await;
+    let a = issue(&b, "c-a", "600001");
+    let pre = reserve(&b, "r-1", "600002");
+    settle(&mut b).await;
+    let copy = b.cloud.dir.path().join("hub-copy.db");
+    snapshot(&b.daemon.db_path(), &copy);
+
+    // 20 events after the copy: a revoke, a check-in, 18 new keys.
+    b.cloud.ok(&["revoke", &b.hub, &key_id(&a)]);
+    let checked_in = check_in(&b, "r-1", "c-r1", "600003");
+    for n in 0..18 {
+        issue(&b, &format!("c-{n}"), &format!("61{n:04}"));
+    }
+    settle(&mut b).await;
+    assert_eq!(head(&b.cloud), 22);
+    assert_eq!(b.daemon.watermark(), 22);
+
+    // The hub's disk is replaced by the copy: it has seen seqs 1..=2 only.
+    assert!(b.daemon.sigterm(), "the hub stops cleanly");
+    restore(&b.daemon.db_path(), &copy);
+    assert_eq!(b.daemon.watermark(), 2, "the copy's watermark");
+    let before = mark(&b.cloud);
+    b.daemon.spawn();
+    until_cloud(&mut b.sim, &b.cloud, "a matching proof at head 22", |c| {
+        proven(c, 22, before)
+    })
+    .await;
+    assert_eq!(b.daemon.watermark(), 22, "converged");
+    assert!(
+        b.cloud.sql::<i64>(&format!(
+            "SELECT count(*) FROM outputs WHERE id > {before} AND topic = 'sync'"
+        )) > 0,
+        "the hub asked for what its copy lacked"
+    );
+    assert_eq!(head(&b.cloud), 22, "nothing needed repairing");
+    assert_eq!(hub_key_state(&b.daemon, &key_id(&a)).0, "revoked");
+    assert_eq!(hub_key_state(&b.daemon, &key_id(&pre)).0, "revoked");
+    assert_eq!(hub_key_state(&b.daemon, &key_id(&checked_in)).0, "active");
+    assert!(
+        !opens(&mut b.sim, "600001").await,
+        "the revoked key stays denied"
+    );
+    assert!(
+        opens(&mut b.sim, "600003").await,
+        "the check-in's key opens"
+    );
+    b.daemon.sigterm();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cloud_restored_from_a_backup_20_events_old_moves_its_counter_past_the_hub_and_repairs_until_the_proof_matches()
+ {
+    let mut b = building(BrokerOptions::default()).await;
+    let a = issue(&b, "c-a", "700001");
+    let pre = reserve(&b, "r-1", "700002");
+    settle(&mut b).await;
+    let backup = b.cloud.dir.path().join("cloud-backup.db");
+    snapshot(&b.cloud.db(), &backup);
+
+    // 20 events the backup does not hold: a revoke, a check-in, 18 keys.
+    b.cloud.ok(&["revoke", &b.hub, &key_id(&a)]);
+    let checked_in = check_in(&b, "r-1", "c-r1", "700003");
+    let mut later = Vec::new();
+    for n in 0..18 {
+        later.push(key_id(&issue(&b, &format!("c-{n}"), &format!("71{n:04}"))));
+    }
+    settle(&mut b).await;
+    assert_eq!(b.daemon.watermark(), 22);
+    assert!(
+        !opens(&mut b.sim, "700001").await,
+        "revoked before the restore"
+    );
+
+    // The cloud's database comes back from the backup: it believes seq 2 is
+    // its head, and that the revoked key and the pre-issued one are live.
+    let mut before = 0;
+    b.restart_serve(|c| {
+        restore(&c.db(), &backup);
+        assert_eq!(head(c), 2);
+        before = mark(c);
+    });
+    assert!(
+        !opens(&mut b.sim, "700001").await,
+        "still denied after the restore"
+    );
+    until_cloud(&mut b.sim, &b.cloud, "a matching proof past head 22", |c| {
+        proven(c, 23, before)
+    })
+    .await;
+
+    // The hub said it was ahead (once per checkpoint at the old head it
+    // got); the counter moved past its watermark.
+    assert!(
+        b.cloud.sql::<i64>(&format!(
+            "SELECT count(*) FROM outputs WHERE id > {before} AND topic = 'proof' \
+             AND json_type(body, '$.match') = 'null' AND json_extract(body, '$.watermark') = 22"
+        )) >= 1
+    );
+    let c = rusqlite::Connection::open(b.cloud.db()).unwrap();
+    let seqs: Vec<(i64, String)> = c
+        .prepare("SELECT seq, type FROM events WHERE seq > 2 ORDER BY seq")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(
+        seqs[0].0, 23,
+        "the first new seq is past the hub's watermark"
+    );
+    assert_eq!(
+        b.cloud.sql::<i64>(&format!(
+            "SELECT count(*) FROM outputs WHERE id > {before} AND topic = 'results' \
+             AND json_extract(body, '$.reason') = 'stale_seq'"
+        )),
+        0,
+        "no seq the hub had seen was signed again"
+    );
+    // The repairs: the keys the backup never knew are revoked (reconcile);
+    // the revoked and the superseded key were offered again, refused by
+    // the hub, and are recorded as revoked here.
+    for k in later.iter().chain([&key_id(&checked_in)]) {
+        assert_eq!(
+            hub_key_state(&b.daemon, k),
+            ("revoked".into(), Some("reconcile".into())),
+            "{k}"
+        );
+    }
+    for k in [key_id(&a), key_id(&pre)] {
+        let state: String = c
+            .query_row("SELECT state FROM keys WHERE key_id = ?1", [&k], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(state, "revoked", "the cloud records {k} revoked");
+        assert_eq!(hub_key_state(&b.daemon, &k).0, "revoked");
+    }
+    assert!(diverged(&b.cloud, "raised", before));
+    until_cloud(&mut b.sim, &b.cloud, "mirror_diverged cleared", |c| {
+        diverged(c, "cleared", before)
+    })
+    .await;
+    assert!(
+        !opens(&mut b.sim, "700001").await,
+        "the revoked key never opened"
+    );
+    assert!(!opens(&mut b.sim, "700002").await, "nor the superseded one");
+    b.daemon.sigterm();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_row_deleted_or_changed_by_hand_on_the_hub_is_found_by_the_next_proof_and_repaired() {
+    let (mut b, keys) = proven_building("80000").await;
+
+    // Deleted: the cloud issues it again, as first signed.
+    let before = mark(&b.cloud);
+    testkit::db::delete_key_by_hand(&b.daemon.db_path(), &keys[1]);
+    until_cloud(&mut b.sim, &b.cloud, "the repair proven", |c| {
+        proven(c, 4, before)
+    })
+    .await;
+    assert!(
+        diverged(&b.cloud, "raised", before),
+        "mirror_diverged raised"
+    );
+    until_cloud(&mut b.sim, &b.cloud, "mirror_diverged cleared", |c| {
+        diverged(c, "cleared", before)
+    })
+    .await;
+    let repair: (String, Vec<u8>) = rusqlite::Connection::open(b.cloud.db())
+        .unwrap()
+        .query_row("SELECT type, body FROM events WHERE seq = 4", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    assert_eq!(repair.0, "key.issued");
+    let body: serde_json::Value = serde_json::from_slice(&repair.1).unwrap();
+    assert_eq!(body["key"]["key_id"], keys[1].as_str());
+    assert_eq!(body["key"]["version"], 1);
+    assert!(opens(&mut b.sim, "800002").await, "the key is back");
+
+    // Changed: a window stretched by a day (the schema wants a higher
+    // version for that, so the hand edit raises it too). The cloud's terms
+    // come back at a version above both.
+    let before = mark(&b.cloud);
+    let w = rusqlite::Connection::open(b.daemon.db_path()).unwrap();
+    w.busy_timeout(std::time::Duration::from_secs(5)).unwrap();
+    w.execute(
+        "UPDATE keys SET valid_until = valid_until + 86400000000, version = version + 1 \
+         WHERE key_id = ?1",
+        [&keys[2]],
+    )
+    .unwrap();
+    drop(w);
+    until_cloud(&mut b.sim, &b.cloud, "the second repair proven", |c| {
+        proven(c, 5, before)
+    })
+    .await;
+    let version: i64 = b
+        .daemon
+        .db()
+        .query_row(
+            "SELECT version FROM keys WHERE key_id = ?1",
+            [&keys[2]],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(version, 3);
+    assert!(diverged(&b.cloud, "raised", before));
+    until_cloud(&mut b.sim, &b.cloud, "mirror_diverged cleared again", |c| {
+        diverged(c, "cleared", before)
+    })
+    .await;
+    b.daemon.sigterm();
+}
+
+/// Publishes `payloads` on the lobby hub's events topic, as the cloud
+/// would, and waits for each PUBACK.
+async fn publish_events(b: &Building, payloads: Vec<Vec<u8>>) {
+    use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+    let mut o = MqttOptions::new("test-replayer", "127.0.0.1", b.broker.port);
+    o.set_max_packet_size(1 << 21, 1 << 21);
+    let (client, mut eventloop) = AsyncClient::new(o, 16);
+    let topic = format!("lockhub/v1/{}/events", b.hub);
+    let n = payloads.len();
+    for p in payloads {
+        client
+            .publish(&topic, QoS::AtLeastOnce, false, p)
+            .await
+            .unwrap();
+    }
+    let mut acked = 0;
+    while acked < n {
+        match tokio::time::timeout(WAIT, eventloop.poll()).await {
+            Ok(Ok(Event::Incoming(Packet::PubAck(_)))) => acked += 1,
+            Ok(Ok(_)) => {}
+            other => panic!("publishing the replayed requests: {other:?}"),
+        }
+    }
+    client.disconnect().await.ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_request_repeated_or_reordered_changes_nothing() {
+    let (mut b, keys) = proven_building("90000").await;
+    let as_of: String = b.cloud.sql(
+        "SELECT json_extract(body, '$.as_of') FROM outputs WHERE topic = 'proof' \
+         AND json_type(body, '$.match') = 'true' ORDER BY id DESC LIMIT 1",
+    );
+    let as_of = lockhub_proto::time::Timestamp::parse_rfc3339(&as_of).unwrap();
+    let hub_keys = |d: &Daemon| -> Vec<(String, i64, String, i64)> {
+        d.db()
+            .prepare("SELECT key_id, version, state, valid_until FROM keys ORDER BY key_id")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    let keys_before = hub_keys(&b.daemon);
+
+    // Two requests signed by the cloud's signer, the later one sent first,
+    // and the first one sent twice.
+    let store = lockhub_cloud::store::SqliteStore::open(&b.cloud.db(), false).unwrap();
+    let active = lockhub_cloud::signer::load_active(&store, &b.cloud.db()).unwrap();
+    let hub = lockhub_cloud::request::parse_hub_ref(&b.hub).unwrap();
+    let b1 = lockhub_proto::mirror::bucket_of(&keys[0]);
+    let b2 = lockhub_proto::mirror::bucket_of(&keys[1]);
+    let first = lockhub_cloud::ops::mirror_request(&active, &hub, as_of, &[b1]);
+    let second =
+        lockhub_cloud::ops::mirror_request(&active, &hub, as_of, &[b2, b2.wrapping_add(1)]);
+    let before = mark(&b.cloud);
+    let head_before = head(&b.cloud);
+    publish_events(
+        &b,
+        vec![second.envelope, first.envelope.clone(), first.envelope],
+    )
+    .await;
+    let answers = |c: &Cloud| -> i64 {
+        c.sql(&format!(
+            "SELECT count(*) FROM outputs WHERE id > {before} AND topic = 'proof' \
+             AND json_extract(body, '$.bucket') IS NOT NULL"
+        ))
+    };
+    until_cloud(&mut b.sim, &b.cloud, "the hub's bucket answers", |c| {
+        answers(c) >= 3
+    })
+    .await;
+    let after_answers = mark(&b.cloud);
+    until_cloud(&mut b.sim, &b.cloud, "the next matching proof", |c| {
+        proven(c, head_before, after_answers)
+    })
+    .await;
+    assert_eq!(
+        answers(&b.cloud),
+        3,
+        "one answer per bucket asked for, none for the repeat"
+    );
+    assert_eq!(head(&b.cloud), head_before, "no repair signed");
+    assert_eq!(
+        hub_keys(&b.daemon),
+        keys_before,
+        "the hub's keys are as they were"
+    );
+    assert!(!diverged(&b.cloud, "raised", before));
+    b.daemon.sigterm();
 }

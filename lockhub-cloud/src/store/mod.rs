@@ -145,6 +145,9 @@ pub enum KeyChange {
     /// The key is revoked (an unknown key_id changes nothing here: the hub
     /// keeps the tombstone).
     Revoke { key_id: String },
+    /// A repair (mqtt.md 'Mirror proof'): the key's grant is signed again
+    /// at `version`, so its terms now come from this event's result.
+    Reissue { key_id: String, version: u64 },
     /// `checkin.completed`: the reservation's pre-issued keys are revoked,
     /// then the active key inserted.
     CheckIn {
@@ -193,6 +196,28 @@ pub struct OutputRecord {
     pub received_at: String,
 }
 
+/// What a recorded result did to the cloud's records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResultApplied {
+    /// The stored event's type.
+    pub kind: String,
+    /// Keys the hub holds a tombstone (or a final row) for, now recorded as
+    /// revoked here.
+    pub revoked: Vec<String>,
+}
+
+/// A hub's last proof for a checkpoint (not a bucket answer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProofSummary {
+    pub head_seq: u64,
+    /// `None` for a hub that said it is ahead.
+    pub as_of: Option<String>,
+    /// `None` for a hub that said it is ahead.
+    pub matches: Option<bool>,
+    pub watermark: Option<u64>,
+    pub received_at: String,
+}
+
 /// A recorded output.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutputRow {
@@ -233,6 +258,7 @@ pub struct HubSummary {
     pub open_alerts: u64,
     pub last_audit_at: Option<String>,
     pub refused: u64,
+    pub last_proof: Option<ProofSummary>,
 }
 
 /// The store boundary's errors. None of them carries a secret or a body.
@@ -336,6 +362,33 @@ pub trait Store {
     fn advance_seq(&self, hub: &HubRef, watermark: u64) -> Result<bool, StoreError>;
     /// The last seq signed for the hub (0 before the first event).
     fn head_seq(&self, hub: &HubRef) -> Result<u64, StoreError>;
+
+    /// Applies a hub's verified result to the cloud's records: the event's
+    /// outcome, and for grants whether the hub took the key and where its
+    /// window ends after the clamp (mqtt.md 'Mirror proof'). A grant the hub
+    /// refused because it holds a tombstone, or a repair's grant for a key
+    /// it holds final, records the key as revoked. `None` when the result is
+    /// not for a stored event (another event_id at that seq: a cloud
+    /// restored from a backup). A `stale_seq` replay or a `conflict` says
+    /// nothing about the key and only counts as the result being in.
+    fn record_result(
+        &self,
+        hub: &HubRef,
+        result: &lockhub_proto::event::EventResult,
+    ) -> Result<Option<ResultApplied>, StoreError>;
+    /// How many stored events of the hub have no result yet. A mirror claim
+    /// waits until this is 0.
+    fn results_pending(&self, hub: &HubRef) -> Result<u64, StoreError>;
+    /// Published events of the hub with no result yet, oldest first, at
+    /// most `limit` (sent again: the hub answers a repeat with its first
+    /// result).
+    fn without_result(&self, hub: &HubRef, limit: u32) -> Result<Vec<StoredEvent>, StoreError>;
+    /// The keys the hub should hold unless their window ended: not revoked,
+    /// and not refused by the hub, with `valid_until` after the hub's clamp.
+    fn claim_keys(&self, hub: &HubRef) -> Result<Vec<KeyRecord>, StoreError>;
+    /// The signed body of the event that made the key's current terms
+    /// (what a repair signs again).
+    fn grant_body(&self, hub: &HubRef, key_id: &str) -> Result<Option<Vec<u8>>, StoreError>;
     /// Deletes idempotency records created before `before_unix` whose event
     /// is published; returns how many.
     fn prune_idempotency(&self, before_unix: i64) -> Result<usize, StoreError>;
@@ -354,5 +407,12 @@ pub trait Store {
     fn outputs(&self, filter: &OutputFilter) -> Result<Vec<OutputRow>, StoreError>;
     /// The raised alerts whose latest message is not `cleared`, oldest first.
     fn open_alerts(&self, hub: Option<&HubRef>) -> Result<Vec<OutputRow>, StoreError>;
+    /// The latest recorded result for the stored event at the hub's `seq`
+    /// (its event_id, not only its seq).
+    fn result_for(&self, hub: &HubRef, seq: u64) -> Result<Option<OutputRow>, StoreError>;
+    /// The first recorded proof that matches and covers `seq` (its
+    /// `head_seq` at or above it).
+    fn first_matching_proof(&self, hub: &HubRef, seq: u64)
+    -> Result<Option<OutputRow>, StoreError>;
     fn hub_summaries(&self) -> Result<Vec<HubSummary>, StoreError>;
 }

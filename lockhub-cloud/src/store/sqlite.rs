@@ -12,8 +12,13 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 /// Every migration, in order. Append only: a released step is never edited.
-const MIGRATIONS: &[(&str, &str)] =
-    &[("0001_init", include_str!("../../migrations/0001_init.sql"))];
+const MIGRATIONS: &[(&str, &str)] = &[
+    ("0001_init", include_str!("../../migrations/0001_init.sql")),
+    (
+        "0002_mirror_claim",
+        include_str!("../../migrations/0002_mirror_claim.sql"),
+    ),
+];
 
 /// How long a writer waits for another process's transaction (a hundred
 /// concurrent `issue` runs queue here).
@@ -192,12 +197,18 @@ fn key_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<KeyRecord> {
     })
 }
 
-fn insert_key(tx: &Connection, hub: &HubRef, key: &KeyRecord, seq: u64) -> Result<(), StoreError> {
+fn insert_key(
+    tx: &Connection,
+    hub: &HubRef,
+    key: &KeyRecord,
+    seq: u64,
+    item: Option<usize>,
+) -> Result<(), StoreError> {
     let doors = serde_json::to_string(&key.doors).unwrap_or_else(|_| "[]".into());
     tx.execute(
         "INSERT INTO keys (site_id, hub_id, key_id, version, state, check_in_id, \
-         reservation_id, doors, valid_from, valid_until, holder_ref, seq) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+         reservation_id, doors, valid_from, valid_until, holder_ref, seq, grant_seq, grant_item) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?12, ?13)",
         params![
             hub.site_id,
             hub.hub_id,
@@ -210,7 +221,8 @@ fn insert_key(tx: &Connection, hub: &HubRef, key: &KeyRecord, seq: u64) -> Resul
             key.valid_from,
             key.valid_until,
             key.holder_ref,
-            i(seq)
+            i(seq),
+            item.map(|n| n as i64)
         ],
     )
     .map_err(|e| match constraint(&e) {
@@ -228,10 +240,28 @@ fn apply_change(
     hub: &HubRef,
     change: &KeyChange,
     seq: u64,
+    item: Option<usize>,
 ) -> Result<(), StoreError> {
     match change {
         KeyChange::None => {}
-        KeyChange::Insert(key) => insert_key(tx, hub, key, seq)?,
+        KeyChange::Insert(key) => insert_key(tx, hub, key, seq, item)?,
+        KeyChange::Reissue { key_id, version } => {
+            // Marked until its result comes: a repair's `noop` means the
+            // hub holds the key final (grant_outcome).
+            tx.execute(
+                "UPDATE keys SET version = ?4, seq = ?5, grant_seq = ?5, grant_item = ?6, \
+                 hub_outcome = 'reissued', hub_valid_until = NULL \
+                 WHERE site_id = ?1 AND hub_id = ?2 AND key_id = ?3 AND state <> 'revoked'",
+                params![
+                    hub.site_id,
+                    hub.hub_id,
+                    key_id,
+                    i(*version),
+                    i(seq),
+                    item.map(|n| n as i64)
+                ],
+            )?;
+        }
         KeyChange::Revoke { key_id } => {
             tx.execute(
                 "UPDATE keys SET state = 'revoked', seq = ?4 \
@@ -248,11 +278,11 @@ fn apply_change(
                  AND reservation_id = ?3 AND state = 'pre_issued'",
                 params![hub.site_id, hub.hub_id, reservation_id, i(seq)],
             )?;
-            insert_key(tx, hub, key, seq)?;
+            insert_key(tx, hub, key, seq, item)?;
         }
         KeyChange::Batch(items) => {
-            for item in items {
-                apply_change(tx, hub, item, seq)?;
+            for (n, change) in items.iter().enumerate() {
+                apply_change(tx, hub, change, seq, Some(n))?;
             }
         }
     }
@@ -281,6 +311,61 @@ fn output_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<OutputRow> {
         body: r.get(4)?,
         received_at: r.get(5)?,
     })
+}
+
+/// What one grant's outcome (an event's, or a batch item's) says about the
+/// keys it made.
+#[allow(clippy::too_many_arguments)]
+fn grant_outcome(
+    tx: &Connection,
+    hub: &HubRef,
+    seq: u64,
+    item: Option<usize>,
+    outcome: lockhub_proto::event::Outcome,
+    reason: Option<lockhub_proto::event::Reason>,
+    valid_until: Option<lockhub_proto::time::Timestamp>,
+    revoked: &mut Vec<String>,
+) -> Result<(), StoreError> {
+    use lockhub_proto::event::{Outcome, Reason};
+    let item = item.map(|n| n as i64);
+    let mut st = tx.prepare_cached(
+        "SELECT key_id, hub_outcome FROM keys WHERE site_id = ?1 AND hub_id = ?2 \
+         AND grant_seq = ?3 AND grant_item IS ?4 AND state <> 'revoked'",
+    )?;
+    let keys = st
+        .query_map(params![hub.site_id, hub.hub_id, i(seq), item], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?))
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    for (key_id, before) in keys {
+        // A tombstone refuses the grant; a repair's grant that comes back
+        // `noop` finds the key final on the hub (it was in no live bucket).
+        let gone = (outcome == Outcome::Rejected && reason == Some(Reason::Revoked))
+            || (outcome == Outcome::Noop && before.as_deref() == Some("reissued"));
+        let state_sql = if gone { "'revoked'" } else { "state" };
+        let took = match outcome {
+            Outcome::Applied => "applied",
+            Outcome::Noop => "noop",
+            _ => "rejected",
+        };
+        tx.execute(
+            &format!(
+                "UPDATE keys SET state = {state_sql}, hub_outcome = ?4, hub_valid_until = ?5 \
+                 WHERE site_id = ?1 AND hub_id = ?2 AND key_id = ?3"
+            ),
+            params![
+                hub.site_id,
+                hub.hub_id,
+                key_id,
+                took,
+                valid_until.map(|t| t.to_rfc3339())
+            ],
+        )?;
+        if gone {
+            revoked.push(key_id);
+        }
+    }
+    Ok(())
 }
 
 impl Store for SqliteStore {
@@ -460,7 +545,7 @@ impl Store for SqliteStore {
             let seq = u(seq);
             // The key change first: a refused change (a second active key
             // for the check-in) signs nothing.
-            apply_change(tx, h, &mint.change, seq)?;
+            apply_change(tx, h, &mint.change, seq, None)?;
             let signed = sign(seq);
             tx.execute(
                 "INSERT INTO events (site_id, hub_id, seq, event_id, type, body, envelope, created_at) \
@@ -598,6 +683,147 @@ impl Store for SqliteStore {
         })
     }
 
+    fn record_result(
+        &self,
+        hub: &HubRef,
+        result: &lockhub_proto::event::EventResult,
+    ) -> Result<Option<ResultApplied>, StoreError> {
+        use lockhub_proto::event::{Outcome, Reason};
+        let (Some(seq), Some(event_id)) = (result.seq, result.event_id) else {
+            return Ok(None);
+        };
+        self.write(|tx| {
+            let Some((kind, stored_id)) = tx
+                .query_row(
+                    "SELECT type, event_id FROM events WHERE site_id = ?1 AND hub_id = ?2 AND seq = ?3",
+                    params![hub.site_id, hub.hub_id, i(seq)],
+                    |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)),
+                )
+                .optional()?
+            else {
+                return Ok(None);
+            };
+            if !stored_id.eq_ignore_ascii_case(&event_id.to_string()) {
+                return Ok(None);
+            }
+            let mut applied = ResultApplied {
+                kind: kind.clone(),
+                revoked: Vec::new(),
+            };
+            // A replay's or a conflict's result says nothing about what the
+            // event did; the first result stands.
+            let says_nothing =
+                result.outcome == Outcome::Conflict || result.reason == Some(Reason::StaleSeq);
+            tx.execute(
+                "UPDATE events SET result_outcome = ?4 WHERE site_id = ?1 AND hub_id = ?2 AND seq = ?3 \
+                 AND (?5 = 0 OR result_outcome IS NULL)",
+                params![
+                    hub.site_id,
+                    hub.hub_id,
+                    i(seq),
+                    result.outcome.as_str(),
+                    b(says_nothing)
+                ],
+            )?;
+            if says_nothing {
+                return Ok(Some(applied));
+            }
+            match (kind.as_str(), &result.items) {
+                ("key.issued" | "checkin.completed", _) => grant_outcome(
+                    tx,
+                    hub,
+                    seq,
+                    None,
+                    result.outcome,
+                    result.reason,
+                    result.valid_until,
+                    &mut applied.revoked,
+                )?,
+                ("batch", Some(items)) => {
+                    for (n, it) in items.iter().enumerate() {
+                        grant_outcome(
+                            tx,
+                            hub,
+                            seq,
+                            Some(n),
+                            it.outcome,
+                            it.reason,
+                            it.valid_until,
+                            &mut applied.revoked,
+                        )?;
+                    }
+                }
+                // A batch rejected whole: none of its grants was taken.
+                ("batch", None) if result.outcome == Outcome::Rejected => {
+                    tx.execute(
+                        "UPDATE keys SET hub_outcome = 'rejected' \
+                         WHERE site_id = ?1 AND hub_id = ?2 AND grant_seq = ?3",
+                        params![hub.site_id, hub.hub_id, i(seq)],
+                    )?;
+                }
+                _ => {}
+            }
+            Ok(Some(applied))
+        })
+    }
+
+    fn results_pending(&self, hub: &HubRef) -> Result<u64, StoreError> {
+        self.with(|c| {
+            let n: i64 = c.query_row(
+                "SELECT count(*) FROM events \
+                 WHERE site_id = ?1 AND hub_id = ?2 AND result_outcome IS NULL",
+                params![hub.site_id, hub.hub_id],
+                |r| r.get(0),
+            )?;
+            Ok(u(n))
+        })
+    }
+
+    fn without_result(&self, hub: &HubRef, limit: u32) -> Result<Vec<StoredEvent>, StoreError> {
+        self.with(|c| {
+            let mut st = c.prepare_cached(
+                "SELECT seq, event_id, type, envelope, published_at FROM events \
+                 WHERE site_id = ?1 AND hub_id = ?2 AND result_outcome IS NULL \
+                   AND published_at IS NOT NULL ORDER BY seq LIMIT ?3",
+            )?;
+            let rows = st
+                .query_map(params![hub.site_id, hub.hub_id, i64::from(limit)], |r| {
+                    event_row(hub, r)
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(rows)
+        })
+    }
+
+    fn claim_keys(&self, hub: &HubRef) -> Result<Vec<KeyRecord>, StoreError> {
+        self.with(|c| {
+            let mut st = c.prepare_cached(
+                "SELECT key_id, version, state, check_in_id, reservation_id, doors, valid_from, \
+                 coalesce(hub_valid_until, valid_until), holder_ref, seq FROM keys \
+                 WHERE site_id = ?1 AND hub_id = ?2 AND state <> 'revoked' \
+                   AND (hub_outcome IS NULL OR hub_outcome IN ('applied', 'noop')) \
+                 ORDER BY key_id",
+            )?;
+            let rows = st
+                .query_map(params![hub.site_id, hub.hub_id], key_row)?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(rows)
+        })
+    }
+
+    fn grant_body(&self, hub: &HubRef, key_id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.with(|c| {
+            Ok(c.query_row(
+                "SELECT e.body FROM keys k JOIN events e ON e.site_id = k.site_id \
+                   AND e.hub_id = k.hub_id AND e.seq = coalesce(k.grant_seq, k.seq) \
+                 WHERE k.site_id = ?1 AND k.hub_id = ?2 AND k.key_id = ?3",
+                params![hub.site_id, hub.hub_id, key_id],
+                |r| r.get(0),
+            )
+            .optional()?)
+        })
+    }
+
     fn prune_idempotency(&self, before_unix: i64) -> Result<usize, StoreError> {
         self.write(|tx| {
             Ok(tx.execute(
@@ -702,6 +928,40 @@ impl Store for SqliteStore {
         })
     }
 
+    fn result_for(&self, hub: &HubRef, seq: u64) -> Result<Option<OutputRow>, StoreError> {
+        self.with(|c| {
+            Ok(c.query_row(
+                "SELECT o.id, o.site_id, o.hub_id, o.topic, o.body, o.received_at FROM outputs o \
+                 JOIN events e ON e.site_id = o.site_id AND e.hub_id = o.hub_id AND e.seq = ?3 \
+                 WHERE o.site_id = ?1 AND o.hub_id = ?2 AND o.topic = 'results' \
+                   AND json_extract(o.body, '$.seq') = ?3 \
+                   AND json_extract(o.body, '$.event_id') = e.event_id \
+                 ORDER BY o.id DESC LIMIT 1",
+                params![hub.site_id, hub.hub_id, i(seq)],
+                output_row,
+            )
+            .optional()?)
+        })
+    }
+
+    fn first_matching_proof(
+        &self,
+        hub: &HubRef,
+        seq: u64,
+    ) -> Result<Option<OutputRow>, StoreError> {
+        self.with(|c| {
+            Ok(c.query_row(
+                "SELECT id, site_id, hub_id, topic, body, received_at FROM outputs \
+                 WHERE site_id = ?1 AND hub_id = ?2 AND topic = 'proof' \
+                   AND json_type(body, '$.match') = 'true' \
+                   AND json_extract(body, '$.head_seq') >= ?3 ORDER BY id LIMIT 1",
+                params![hub.site_id, hub.hub_id, i(seq)],
+                output_row,
+            )
+            .optional()?)
+        })
+    }
+
     fn hub_summaries(&self) -> Result<Vec<HubSummary>, StoreError> {
         let hubs = self.hubs()?;
         let open = self.open_alerts(None)?;
@@ -756,6 +1016,27 @@ impl Store for SqliteStore {
                     p,
                     |row| row.get(0),
                 )?;
+                // A proof for a checkpoint has `match` (null when the hub
+                // is ahead); a bucket answer has none.
+                let last_proof = c
+                    .query_row(
+                        "SELECT json_extract(body, '$.head_seq'), json_extract(body, '$.as_of'), \
+                         json_extract(body, '$.match'), json_extract(body, '$.watermark'), received_at \
+                         FROM outputs WHERE site_id = ?1 AND hub_id = ?2 AND topic = 'proof' \
+                           AND json_type(body, '$.match') IS NOT NULL \
+                         ORDER BY id DESC LIMIT 1",
+                        p,
+                        |row| {
+                            Ok(ProofSummary {
+                                head_seq: u(row.get(0)?),
+                                as_of: row.get(1)?,
+                                matches: row.get::<_, Option<i64>>(2)?.map(|m| m == 1),
+                                watermark: row.get::<_, Option<i64>>(3)?.map(u),
+                                received_at: row.get(4)?,
+                            })
+                        },
+                    )
+                    .optional()?;
                 out.push(HubSummary {
                     registered: h.public_key.is_some(),
                     state: status.as_ref().map(|s| s.0.clone()),
@@ -767,6 +1048,7 @@ impl Store for SqliteStore {
                     open_alerts: open.iter().filter(|a| &a.hub == r).count() as u64,
                     last_audit_at,
                     refused: u(refused),
+                    last_proof,
                     hub: h.hub,
                 });
             }
