@@ -2,7 +2,9 @@
 //!
 //! - **The database is the queue.** An event is published only after the
 //!   transaction that stored it committed, and marked published only on the
-//!   broker's PUBACK. On start, after every reconnect and on every poll
+//!   broker's PUBACK. The PUBACKs already waiting are marked together, in
+//!   one commit (at most [`WINDOW`]), so the disk's `fsync` bounds commits,
+//!   not events. On start, after every reconnect and on every poll
 //!   tick, whatever is still unpublished goes out first, in seq order: a
 //!   crash between storing and publishing is followed by publishing the
 //!   stored event, never by signing a second one.
@@ -81,6 +83,10 @@ struct Outbox {
     /// request order on one connection).
     requested: VecDeque<Option<Tracked>>,
     inflight: HashMap<u16, Option<Tracked>>,
+    /// Stored events the broker acknowledged, to mark published in one
+    /// commit ([`Outbox::mark_acked`]); still in `tracked` until then, so
+    /// the poll does not queue them again.
+    acked: Vec<Tracked>,
     /// Hubs whose sync answer is still queued, with its first seq: a
     /// repeated request it already covers is not answered twice (a hub
     /// repeats with backoff; a flood of requests must not multiply sends).
@@ -88,12 +94,18 @@ struct Outbox {
 }
 
 impl Outbox {
+    /// Forgets the queue and what is in flight (the connection was
+    /// replaced). PUBACKs already received must be marked first.
     fn clear(&mut self) {
+        debug_assert!(self.acked.is_empty(), "mark_acked before clear");
         *self = Outbox::default();
     }
 
     fn is_idle(&self) -> bool {
-        self.queue.is_empty() && self.requested.is_empty() && self.inflight.is_empty()
+        self.queue.is_empty()
+            && self.requested.is_empty()
+            && self.inflight.is_empty()
+            && self.acked.is_empty()
     }
 
     /// Queues every unpublished event of `hub` (or all hubs) not yet queued.
@@ -148,16 +160,34 @@ impl Outbox {
         }
     }
 
-    /// The broker acked `pkid`: marks the stored event published.
-    fn acked(&mut self, store: &dyn Store, pkid: u16) -> Result<bool, CloudError> {
-        match self.inflight.remove(&pkid) {
-            Some(Some((hub, seq))) => {
-                store.mark_published(&hub, seq, &Timestamp::now_system().to_rfc3339())?;
-                self.tracked.remove(&(hub, seq));
-                Ok(true)
-            }
-            _ => Ok(false),
+    /// The broker acked `pkid`: its window slot is free at once; a stored
+    /// event is marked published by the next [`Outbox::mark_acked`].
+    fn acked(&mut self, pkid: u16) {
+        if let Some(Some(track)) = self.inflight.remove(&pkid) {
+            self.acked.push(track);
         }
+    }
+
+    /// Whether to mark now: nothing more is waiting on `link` (the PUBACKs
+    /// that arrived together are all in), the link is gone, or a window's
+    /// worth is waiting.
+    fn should_mark(&self, link: Option<&Link>) -> bool {
+        !self.acked.is_empty()
+            && (self.acked.len() >= WINDOW || link.is_none_or(|l| l.events.is_empty()))
+    }
+
+    /// Marks the acknowledged events published, in one transaction.
+    /// Returns how many.
+    fn mark_acked(&mut self, store: &dyn Store) -> Result<u64, CloudError> {
+        if self.acked.is_empty() {
+            return Ok(0);
+        }
+        store.mark_published(&self.acked, &Timestamp::now_system().to_rfc3339())?;
+        let n = self.acked.len() as u64;
+        for t in self.acked.drain(..) {
+            self.tracked.remove(&t);
+        }
+        Ok(n)
     }
 }
 
@@ -185,6 +215,7 @@ pub async fn publish_pending(
         let ev = tokio::select! {
             ev = link.events.recv() => ev,
             _ = sleep_until(deadline) => {
+                published += out.mark_acked(store)? as usize;
                 return Err(crate::mqtt::MqttError::Timeout(format!(
                     "{published} published, the rest stay stored for `serve` or a retry"
                 ))
@@ -197,12 +228,19 @@ pub async fn publish_pending(
                 out.load_unpublished(store, &broker.topic_prefix, hub)?;
             }
             Some(LinkEvent::Sent(pkid)) => out.sent(pkid),
-            Some(LinkEvent::Acked(pkid)) => published += usize::from(out.acked(store, pkid)?),
+            Some(LinkEvent::Acked(pkid)) => out.acked(pkid),
             Some(LinkEvent::Down(e)) => {
+                out.mark_acked(store)?;
                 return Err(crate::mqtt::MqttError::Connection(e).into());
             }
             Some(_) => {}
-            None => return Err(crate::mqtt::MqttError::Connection("closed".into()).into()),
+            None => {
+                out.mark_acked(store)?;
+                return Err(crate::mqtt::MqttError::Connection("closed".into()).into());
+            }
+        }
+        if out.should_mark(Some(&link)) {
+            published += out.mark_acked(store)? as usize;
         }
         out.pump(&link);
         if out.is_idle() && (published > 0 || store.unpublished(hub, 1)?.is_empty()) {
@@ -413,7 +451,10 @@ pub async fn serve(
             .min()
             .unwrap_or(now + settings.poll_every);
         tokio::select! {
-            _ = &mut shutdown => break,
+            _ = &mut shutdown => {
+                counters.published += out.mark_acked(store)?;
+                break;
+            }
             ev = recv(&mut publisher) => match ev {
                 LinkEvent::Up { .. } => {
                     pub_backoff.reset();
@@ -423,8 +464,9 @@ pub async fn serve(
                     out.load_unpublished(store, &prefix, None)?;
                 }
                 LinkEvent::Sent(pkid) => out.sent(pkid),
-                LinkEvent::Acked(pkid) => counters.published += u64::from(out.acked(store, pkid)?),
+                LinkEvent::Acked(pkid) => out.acked(pkid),
                 LinkEvent::Down(e) => {
+                    counters.published += out.mark_acked(store)?;
                     publisher = None;
                     publisher_up = false;
                     let d = pub_backoff.next_delay();
@@ -498,6 +540,9 @@ pub async fn serve(
                 _ => {}
             },
             _ = sleep_until(wake) => {}
+        }
+        if out.should_mark(publisher.as_ref()) {
+            counters.published += out.mark_acked(store)?;
         }
         let now = Instant::now();
         if now >= next_poll {
@@ -621,8 +666,8 @@ mod tests {
     use super::*;
     use crate::store::{HubRecord, KeyChange, Mint, PinKey, Signed, SqliteStore};
 
-    #[test]
-    fn a_repeated_sync_request_is_not_answered_twice_while_the_first_answer_is_queued() {
+    /// A store with one hub and `n` stored, unpublished events.
+    fn store_with_events(n: u64) -> (tempfile::TempDir, SqliteStore, HubRef) {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(&dir.path().join("c.db"), true).unwrap();
         let hub = HubRef {
@@ -640,7 +685,7 @@ mod tests {
             next_seq: 1,
         };
         store.add_hub(&record, "2026-12-01T00:00:00Z").unwrap();
-        for _ in 0..3 {
+        for _ in 0..n {
             let m = Mint {
                 hub: hub.clone(),
                 idempotency: None,
@@ -658,6 +703,12 @@ mod tests {
                 })
                 .unwrap();
         }
+        (dir, store, hub)
+    }
+
+    #[test]
+    fn a_repeated_sync_request_is_not_answered_twice_while_the_first_answer_is_queued() {
+        let (_dir, store, hub) = store_with_events(3);
         let active = ActiveSigner {
             id: "s".into(),
             key: ed25519_dalek::SigningKey::from_bytes(&[5; 32]),
@@ -669,5 +720,51 @@ mod tests {
         assert_eq!(out.queue.len(), 3, "covered by the queued answer");
         answer_sync(&store, &active, "p", &hub, 1, &mut out).unwrap();
         assert_eq!(out.queue.len(), 7, "an earlier start is answered");
+    }
+
+    #[test]
+    fn pubacks_are_marked_published_together_and_the_acked_events_are_not_queued_again_meanwhile() {
+        let (_dir, store, _hub) = store_with_events(3);
+        let mut out = Outbox::default();
+        assert_eq!(out.load_unpublished(&store, "p", None).unwrap(), 3);
+        // What `pump` and the link do: requested in order, then packet ids.
+        while let Some(o) = out.queue.pop_front() {
+            out.requested.push_back(o.track);
+        }
+        for pkid in 1..=3 {
+            out.sent(pkid);
+        }
+        out.acked(1);
+        out.acked(2);
+        let unpublished = |s: &SqliteStore| -> Vec<u64> {
+            s.unpublished(None, 10)
+                .unwrap()
+                .iter()
+                .map(|e| e.seq)
+                .collect()
+        };
+        assert_eq!(
+            unpublished(&store),
+            vec![1, 2, 3],
+            "not marked before mark_acked"
+        );
+        assert_eq!(
+            out.load_unpublished(&store, "p", None).unwrap(),
+            0,
+            "acknowledged, not yet marked: not queued a second time"
+        );
+        assert!(out.should_mark(None), "no link: mark what was acknowledged");
+        assert_eq!(out.mark_acked(&store).unwrap(), 2);
+        assert_eq!(unpublished(&store), vec![3]);
+        assert!(!out.should_mark(None), "nothing left to mark");
+        assert_eq!(
+            out.load_unpublished(&store, "p", None).unwrap(),
+            0,
+            "seq 3 is still in flight"
+        );
+        out.acked(3);
+        assert_eq!(out.mark_acked(&store).unwrap(), 1);
+        assert!(unpublished(&store).is_empty());
+        assert!(out.is_idle());
     }
 }

@@ -289,7 +289,7 @@ fn published_events_leave_the_queue_and_only_done_idempotency_records_are_pruned
         .map(|e| e.seq)
         .collect();
     assert_eq!(queued, vec![1, 2, 3]);
-    s.mark_published(&hub("a"), 2, "2026-12-01T00:00:01Z")
+    s.mark_published(&[(hub("a"), 2)], "2026-12-01T00:00:01Z")
         .unwrap();
     let queued: Vec<u64> = s
         .unpublished(Some(&hub("a")), 100)
@@ -308,4 +308,13 @@ fn published_events_leave_the_queue_and_only_done_idempotency_records_are_pruned
     // Only seq 2's record is done; the in-progress ones outlive any age.
     assert_eq!(s.prune_idempotency(i64::MAX).unwrap(), 1);
     assert_eq!(s.prune_idempotency(i64::MAX).unwrap(), 0);
+    // PUBACKs that arrived together are marked in one call; one marked
+    // twice changes nothing.
+    s.mark_published(
+        &[(hub("a"), 3), (hub("a"), 1), (hub("a"), 2)],
+        "2026-12-01T00:00:02Z",
+    )
+    .unwrap();
+    assert!(s.unpublished(None, 100).unwrap().is_empty());
+    assert_eq!(s.prune_idempotency(i64::MAX).unwrap(), 2);
 }

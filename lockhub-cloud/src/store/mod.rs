@@ -320,9 +320,10 @@ pub trait Store {
     /// (all hubs when `hub` is `None`), at most `limit`.
     fn unpublished(&self, hub: Option<&HubRef>, limit: u32)
     -> Result<Vec<StoredEvent>, StoreError>;
-    /// The broker acknowledged the event: it and its idempotency record
-    /// are done.
-    fn mark_published(&self, hub: &HubRef, seq: u64, now: &str) -> Result<(), StoreError>;
+    /// The broker acknowledged these events: they and their idempotency
+    /// records are done. One transaction for all of them: `serve` marks
+    /// the PUBACKs that arrived together in one commit, not one each.
+    fn mark_published(&self, events: &[(HubRef, u64)], now: &str) -> Result<(), StoreError>;
     /// Stored events with `seq >= from_seq`, in order, at most `limit`.
     fn events_from(
         &self,

@@ -537,18 +537,23 @@ impl Store for SqliteStore {
         })
     }
 
-    fn mark_published(&self, hub: &HubRef, seq: u64, now: &str) -> Result<(), StoreError> {
+    fn mark_published(&self, events: &[(HubRef, u64)], now: &str) -> Result<(), StoreError> {
+        if events.is_empty() {
+            return Ok(());
+        }
         self.write(|tx| {
-            tx.execute(
+            let mut event = tx.prepare_cached(
                 "UPDATE events SET published_at = ?4 \
                  WHERE site_id = ?1 AND hub_id = ?2 AND seq = ?3 AND published_at IS NULL",
-                params![hub.site_id, hub.hub_id, i(seq), now],
             )?;
-            tx.execute(
+            let mut idempotency = tx.prepare_cached(
                 "UPDATE idempotency SET state = 'done' \
                  WHERE site_id = ?1 AND hub_id = ?2 AND seq = ?3",
-                params![hub.site_id, hub.hub_id, i(seq)],
             )?;
+            for (hub, seq) in events {
+                event.execute(params![hub.site_id, hub.hub_id, i(*seq), now])?;
+                idempotency.execute(params![hub.site_id, hub.hub_id, i(*seq)])?;
+            }
             Ok(())
         })
     }
