@@ -12,7 +12,8 @@
 //!   their original ids and bodies, byte for byte, then a checkpoint.
 //! - **Every hub output is verified** under the hub's registered key
 //!   before it is recorded; one that fails is refused: a `warn` line, a
-//!   counter and a `refused` row (never its payload).
+//!   counter and a `refused` row (never its payload). The messages already
+//!   waiting are recorded in one commit, then answered and acknowledged.
 //! - Checkpoints go to every hub every `checkpoint_every` (5 minutes), and
 //!   to a hub as soon as its status says it is online: a hub back from a
 //!   long absence learns at once that its broker queue dropped events, and
@@ -420,6 +421,8 @@ pub async fn serve(
     let mut subscriber: Option<Link> = None;
     let mut subscribed_sites = BTreeSet::new();
     let mut out = Outbox::default();
+    // Hub messages received, not yet handled (at most a window's worth).
+    let mut inbox: Vec<rumqttc::Publish> = Vec::new();
     let (mut pub_backoff, mut sub_backoff) = (backoff(), backoff());
     let (mut pub_retry, mut sub_retry) = (Instant::now(), Instant::now());
     let mut next_poll = Instant::now();
@@ -483,54 +486,9 @@ pub async fn serve(
                 LinkEvent::Subscribed { granted: false } => {
                     tracing::warn!("the broker refused a subscription: check the cloud's ACL");
                 }
-                LinkEvent::Message(p) => {
-                    let topic_name = p.topic.clone();
-                    let mut verdict = judge(&hubs, &prefix, &topic_name, &p.payload);
-                    if matches!(&verdict, Verdict::Refuse(_, _, why) if why == UNKNOWN_HUB) {
-                        // Perhaps a hub added since the last poll.
-                        hubs = Hubs::read(store)?;
-                        verdict = judge(&hubs, &prefix, &topic_name, &p.payload);
-                    }
-                    match verdict {
-                        Verdict::Record(rec, need) => {
-                            store.record_output(&rec)?;
-                            counters.recorded += 1;
-                            match need {
-                                Some(SyncNeed::From(from)) => {
-                                    answer_sync(store, active, &prefix, &rec.hub, from, &mut out)?;
-                                    counters.sync_answers += 1;
-                                }
-                                Some(SyncNeed::Checkpoint) => {
-                                    queue_checkpoint(store, active, &prefix, &rec.hub, &mut out)?;
-                                    counters.checkpoints += 1;
-                                }
-                                Some(SyncNeed::Past(watermark)) => {
-                                    let moved = store.advance_seq(&rec.hub, watermark)?;
-                                    if moved {
-                                        tracing::warn!(
-                                            hub = %rec.hub, watermark,
-                                            "the hub has seen seqs this cloud does not hold (restored from a backup?): the counter moves past them"
-                                        );
-                                    }
-                                }
-                                None => {}
-                            }
-                        }
-                        Verdict::Refuse(hub, leaf, why) => {
-                            counters.refused += 1;
-                            tracing::warn!(
-                                hub = %hub.as_ref().map(ToString::to_string).unwrap_or_default(),
-                                topic = %leaf, reason = %why, refused = counters.refused,
-                                "refused a hub message"
-                            );
-                            let at = Timestamp::now_system().to_rfc3339();
-                            store.record_refused(hub.as_ref(), &leaf, &why, &at)?;
-                        }
-                    }
-                    if let Some(s) = &subscriber {
-                        s.ack(&p);
-                    }
-                }
+                // Handled with those already waiting, below: one commit
+                // records them all.
+                LinkEvent::Message(p) => inbox.push(p),
                 LinkEvent::Down(e) => {
                     subscriber = None;
                     let d = sub_backoff.next_delay();
@@ -543,6 +501,66 @@ pub async fn serve(
         }
         if out.should_mark(publisher.as_ref()) {
             counters.published += out.mark_acked(store)?;
+        }
+        // The hub messages that arrived together, once nothing more is
+        // waiting (or a window's worth is): verified, recorded in one
+        // commit, answered, then acknowledged. Those of a connection that
+        // failed are handled too (the broker redelivers them, unacked).
+        if !inbox.is_empty()
+            && (inbox.len() >= WINDOW || subscriber.as_ref().is_none_or(|l| l.events.is_empty()))
+        {
+            let mut records = Vec::with_capacity(inbox.len());
+            for p in &inbox {
+                let mut verdict = judge(&hubs, &prefix, &p.topic, &p.payload);
+                if matches!(&verdict, Verdict::Refuse(_, _, why) if why == UNKNOWN_HUB) {
+                    // Perhaps a hub added since the last poll.
+                    hubs = Hubs::read(store)?;
+                    verdict = judge(&hubs, &prefix, &p.topic, &p.payload);
+                }
+                match verdict {
+                    Verdict::Record(rec, need) => records.push((rec, need)),
+                    Verdict::Refuse(hub, leaf, why) => {
+                        counters.refused += 1;
+                        tracing::warn!(
+                            hub = %hub.as_ref().map(ToString::to_string).unwrap_or_default(),
+                            topic = %leaf, reason = %why, refused = counters.refused,
+                            "refused a hub message"
+                        );
+                        let at = Timestamp::now_system().to_rfc3339();
+                        store.record_refused(hub.as_ref(), &leaf, &why, &at)?;
+                    }
+                }
+            }
+            let outputs: Vec<OutputRecord> = records.iter().map(|(r, _)| r.clone()).collect();
+            store.record_outputs(&outputs)?;
+            counters.recorded += outputs.len() as u64;
+            for (rec, need) in records {
+                match need {
+                    Some(SyncNeed::From(from)) => {
+                        answer_sync(store, active, &prefix, &rec.hub, from, &mut out)?;
+                        counters.sync_answers += 1;
+                    }
+                    Some(SyncNeed::Checkpoint) => {
+                        queue_checkpoint(store, active, &prefix, &rec.hub, &mut out)?;
+                        counters.checkpoints += 1;
+                    }
+                    Some(SyncNeed::Past(watermark)) => {
+                        let moved = store.advance_seq(&rec.hub, watermark)?;
+                        if moved {
+                            tracing::warn!(
+                                hub = %rec.hub, watermark,
+                                "the hub has seen seqs this cloud does not hold (restored from a backup?): the counter moves past them"
+                            );
+                        }
+                    }
+                    None => {}
+                }
+            }
+            for p in inbox.drain(..) {
+                if let Some(s) = &subscriber {
+                    s.ack(&p);
+                }
+            }
         }
         let now = Instant::now();
         if now >= next_poll {

@@ -318,3 +318,39 @@ fn published_events_leave_the_queue_and_only_done_idempotency_records_are_pruned
     assert!(s.unpublished(None, 100).unwrap().is_empty());
     assert_eq!(s.prune_idempotency(i64::MAX).unwrap(), 2);
 }
+
+#[test]
+fn outputs_recorded_together_keep_one_row_per_audit_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(&dir.path().join("cloud.db"));
+    add(&s, "a");
+    let out = |topic: &str, audit_id: Option<&str>| OutputRecord {
+        hub: hub("a"),
+        topic: topic.into(),
+        body: "{}".into(),
+        audit_id: audit_id.map(str::to_owned),
+        received_at: "2026-12-01T00:00:00Z".into(),
+    };
+    let batch = [
+        out("sync", None),
+        out("audit", Some("0193a5a0-0000-7000-8000-000000000001")),
+        out("audit", Some("0193a5a0-0000-7000-8000-000000000001")),
+        out("sync", None),
+    ];
+    assert_eq!(
+        s.record_outputs(&batch).unwrap(),
+        3,
+        "the second copy of the audit row is a repeat"
+    );
+    assert_eq!(s.record_outputs(&batch[1..2]).unwrap(), 0);
+    assert_eq!(s.record_outputs(&[]).unwrap(), 0);
+    let rows = s
+        .outputs(&OutputFilter {
+            hub: Some(hub("a")),
+            limit: 100,
+            ..OutputFilter::default()
+        })
+        .unwrap();
+    let topics: Vec<&str> = rows.iter().map(|r| r.topic.as_str()).collect();
+    assert_eq!(topics, vec!["sync", "audit", "sync"]);
+}

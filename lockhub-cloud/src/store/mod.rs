@@ -341,9 +341,10 @@ pub trait Store {
     /// is published; returns how many.
     fn prune_idempotency(&self, before_unix: i64) -> Result<usize, StoreError>;
 
-    /// Records a verified output; `false` when it was a repeat (an audit
-    /// row already recorded).
-    fn record_output(&self, out: &OutputRecord) -> Result<bool, StoreError>;
+    /// Records verified outputs, in one transaction (`serve` records the
+    /// messages that arrived together in one commit); returns how many
+    /// were new (an audit row already recorded is a repeat).
+    fn record_outputs(&self, outs: &[OutputRecord]) -> Result<usize, StoreError>;
     /// Records a refused hub message (never its payload).
     fn record_refused(
         &self,

@@ -612,22 +612,28 @@ impl Store for SqliteStore {
         })
     }
 
-    fn record_output(&self, out: &OutputRecord) -> Result<bool, StoreError> {
+    fn record_outputs(&self, outs: &[OutputRecord]) -> Result<usize, StoreError> {
+        if outs.is_empty() {
+            return Ok(0);
+        }
         self.write(|tx| {
-            let n = tx.execute(
+            let mut insert = tx.prepare_cached(
                 "INSERT INTO outputs (site_id, hub_id, topic, body, audit_id, received_at) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
                  ON CONFLICT (site_id, hub_id, audit_id) WHERE audit_id IS NOT NULL DO NOTHING",
-                params![
+            )?;
+            let mut new = 0;
+            for out in outs {
+                new += insert.execute(params![
                     out.hub.site_id,
                     out.hub.hub_id,
                     out.topic,
                     out.body,
                     out.audit_id,
                     out.received_at
-                ],
-            )?;
-            Ok(n == 1)
+                ])?;
+            }
+            Ok(new)
         })
     }
 
