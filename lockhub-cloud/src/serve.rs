@@ -2,7 +2,9 @@
 //!
 //! - **The database is the queue.** An event is published only after the
 //!   transaction that stored it committed, and marked published only on the
-//!   broker's PUBACK. On start, after every reconnect and on every poll
+//!   broker's PUBACK. The PUBACKs already waiting are marked together, in
+//!   one commit (at most [`WINDOW`]), so the disk's `fsync` bounds commits,
+//!   not events. On start, after every reconnect and on every poll
 //!   tick, whatever is still unpublished goes out first, in seq order: a
 //!   crash between storing and publishing is followed by publishing the
 //!   stored event, never by signing a second one.
@@ -10,7 +12,8 @@
 //!   their original ids and bodies, byte for byte, then a checkpoint.
 //! - **Every hub output is verified** under the hub's registered key
 //!   before it is recorded; one that fails is refused: a `warn` line, a
-//!   counter and a `refused` row (never its payload).
+//!   counter and a `refused` row (never its payload). The messages already
+//!   waiting are recorded in one commit, then answered and acknowledged.
 //! - Checkpoints go to every hub every `checkpoint_every` (5 minutes), and
 //!   to a hub as soon as its status says it is online: a hub back from a
 //!   long absence learns at once that its broker queue dropped events, and
@@ -95,6 +98,10 @@ struct Outbox {
     /// request order on one connection).
     requested: VecDeque<Option<Tracked>>,
     inflight: HashMap<u16, Option<Tracked>>,
+    /// Stored events the broker acknowledged, to mark published in one
+    /// commit ([`Outbox::mark_acked`]); still in `tracked` until then, so
+    /// the poll does not queue them again.
+    acked: Vec<Tracked>,
     /// Hubs whose sync answer is still queued, with its first seq: a
     /// repeated request it already covers is not answered twice (a hub
     /// repeats with backoff; a flood of requests must not multiply sends).
@@ -102,12 +109,18 @@ struct Outbox {
 }
 
 impl Outbox {
+    /// Forgets the queue and what is in flight (the connection was
+    /// replaced). PUBACKs already received must be marked first.
     fn clear(&mut self) {
+        debug_assert!(self.acked.is_empty(), "mark_acked before clear");
         *self = Outbox::default();
     }
 
     fn is_idle(&self) -> bool {
-        self.queue.is_empty() && self.requested.is_empty() && self.inflight.is_empty()
+        self.queue.is_empty()
+            && self.requested.is_empty()
+            && self.inflight.is_empty()
+            && self.acked.is_empty()
     }
 
     /// Queues every unpublished event of `hub` (or all hubs) not yet queued.
@@ -162,16 +175,34 @@ impl Outbox {
         }
     }
 
-    /// The broker acked `pkid`: marks the stored event published.
-    fn acked(&mut self, store: &dyn Store, pkid: u16) -> Result<bool, CloudError> {
-        match self.inflight.remove(&pkid) {
-            Some(Some((hub, seq))) => {
-                store.mark_published(&hub, seq, &Timestamp::now_system().to_rfc3339())?;
-                self.tracked.remove(&(hub, seq));
-                Ok(true)
-            }
-            _ => Ok(false),
+    /// The broker acked `pkid`: its window slot is free at once; a stored
+    /// event is marked published by the next [`Outbox::mark_acked`].
+    fn acked(&mut self, pkid: u16) {
+        if let Some(Some(track)) = self.inflight.remove(&pkid) {
+            self.acked.push(track);
         }
+    }
+
+    /// Whether to mark now: nothing more is waiting on `link` (the PUBACKs
+    /// that arrived together are all in), the link is gone, or a window's
+    /// worth is waiting.
+    fn should_mark(&self, link: Option<&Link>) -> bool {
+        !self.acked.is_empty()
+            && (self.acked.len() >= WINDOW || link.is_none_or(|l| l.events.is_empty()))
+    }
+
+    /// Marks the acknowledged events published, in one transaction.
+    /// Returns how many.
+    fn mark_acked(&mut self, store: &dyn Store) -> Result<u64, CloudError> {
+        if self.acked.is_empty() {
+            return Ok(0);
+        }
+        store.mark_published(&self.acked, &Timestamp::now_system().to_rfc3339())?;
+        let n = self.acked.len() as u64;
+        for t in self.acked.drain(..) {
+            self.tracked.remove(&t);
+        }
+        Ok(n)
     }
 }
 
@@ -199,6 +230,7 @@ pub async fn publish_pending(
         let ev = tokio::select! {
             ev = link.events.recv() => ev,
             _ = sleep_until(deadline) => {
+                published += out.mark_acked(store)? as usize;
                 return Err(crate::mqtt::MqttError::Timeout(format!(
                     "{published} published, the rest stay stored for `serve` or a retry"
                 ))
@@ -211,12 +243,19 @@ pub async fn publish_pending(
                 out.load_unpublished(store, &broker.topic_prefix, hub)?;
             }
             Some(LinkEvent::Sent(pkid)) => out.sent(pkid),
-            Some(LinkEvent::Acked(pkid)) => published += usize::from(out.acked(store, pkid)?),
+            Some(LinkEvent::Acked(pkid)) => out.acked(pkid),
             Some(LinkEvent::Down(e)) => {
+                out.mark_acked(store)?;
                 return Err(crate::mqtt::MqttError::Connection(e).into());
             }
             Some(_) => {}
-            None => return Err(crate::mqtt::MqttError::Connection("closed".into()).into()),
+            None => {
+                out.mark_acked(store)?;
+                return Err(crate::mqtt::MqttError::Connection("closed".into()).into());
+            }
+        }
+        if out.should_mark(Some(&link)) {
+            published += out.mark_acked(store)? as usize;
         }
         out.pump(&link);
         if out.is_idle() && (published > 0 || store.unpublished(hub, 1)?.is_empty()) {
@@ -410,6 +449,8 @@ pub async fn serve(
     let mut subscriber: Option<Link> = None;
     let mut subscribed_sites = BTreeSet::new();
     let mut out = Outbox::default();
+    // Hub messages received, not yet handled (at most a window's worth).
+    let mut inbox: Vec<rumqttc::Publish> = Vec::new();
     let (mut pub_backoff, mut sub_backoff) = (backoff(), backoff());
     let (mut pub_retry, mut sub_retry) = (Instant::now(), Instant::now());
     let mut next_poll = Instant::now();
@@ -443,7 +484,10 @@ pub async fn serve(
             .min()
             .unwrap_or(now + settings.poll_every);
         tokio::select! {
-            _ = &mut shutdown => break,
+            _ = &mut shutdown => {
+                counters.published += out.mark_acked(store)?;
+                break;
+            }
             ev = recv(&mut publisher) => match ev {
                 LinkEvent::Up { .. } => {
                     pub_backoff.reset();
@@ -453,8 +497,9 @@ pub async fn serve(
                     out.load_unpublished(store, &prefix, None)?;
                 }
                 LinkEvent::Sent(pkid) => out.sent(pkid),
-                LinkEvent::Acked(pkid) => counters.published += u64::from(out.acked(store, pkid)?),
+                LinkEvent::Acked(pkid) => out.acked(pkid),
                 LinkEvent::Down(e) => {
+                    counters.published += out.mark_acked(store)?;
                     publisher = None;
                     publisher_up = false;
                     let d = pub_backoff.next_delay();
@@ -471,72 +516,9 @@ pub async fn serve(
                 LinkEvent::Subscribed { granted: false } => {
                     tracing::warn!("the broker refused a subscription: check the cloud's ACL");
                 }
-                LinkEvent::Message(p) => {
-                    let topic_name = p.topic.clone();
-                    let mut verdict = judge(&hubs, &prefix, &topic_name, &p.payload);
-                    if matches!(&verdict, Verdict::Refuse(_, _, why) if why == UNKNOWN_HUB) {
-                        // Perhaps a hub added since the last poll.
-                        hubs = Hubs::read(store)?;
-                        verdict = judge(&hubs, &prefix, &topic_name, &p.payload);
-                    }
-                    match verdict {
-                        Verdict::Record(rec, need) => {
-                            store.record_output(&rec)?;
-                            counters.recorded += 1;
-                            match need {
-                                Some(Follow::From(from)) => {
-                                    answer_sync(store, active, &prefix, &rec.hub, from, &mut out)?;
-                                    counters.sync_answers += 1;
-                                }
-                                Some(Follow::Checkpoint) => {
-                                    queue_checkpoint(store, active, &prefix, &rec.hub, &mut out)?;
-                                    counters.checkpoints += 1;
-                                }
-                                Some(Follow::Result(r)) => {
-                                    mirror.result(store, &rec.hub, &r)?;
-                                }
-                                Some(Follow::Matched) => mirror.matched(&rec.hub),
-                                Some(Follow::Diverged(p)) => {
-                                    counters.mirror_requests +=
-                                        mirror.diverged(store, active, &prefix, &rec.hub, &p, &mut out)?;
-                                }
-                                Some(Follow::Bucket(b)) => {
-                                    let n = mirror.bucket(store, active, &rec.hub, &b)?;
-                                    counters.repairs += n;
-                                    if n > 0 && publisher_up {
-                                        out.load_unpublished(store, &prefix, Some(&rec.hub))?;
-                                    }
-                                }
-                                Some(Follow::Past(watermark)) => {
-                                    let moved = store.advance_seq(&rec.hub, watermark)?;
-                                    if moved {
-                                        tracing::warn!(
-                                            hub = %rec.hub, watermark,
-                                            "the hub has seen seqs this cloud does not hold (restored from a backup?): the counter moves past them"
-                                        );
-                                        // Its mirror is compared at once:
-                                        // what the lost events did is repaired.
-                                        mirror.want_proof(&rec.hub);
-                                    }
-                                }
-                                None => {}
-                            }
-                        }
-                        Verdict::Refuse(hub, leaf, why) => {
-                            counters.refused += 1;
-                            tracing::warn!(
-                                hub = %hub.as_ref().map(ToString::to_string).unwrap_or_default(),
-                                topic = %leaf, reason = %why, refused = counters.refused,
-                                "refused a hub message"
-                            );
-                            let at = Timestamp::now_system().to_rfc3339();
-                            store.record_refused(hub.as_ref(), &leaf, &why, &at)?;
-                        }
-                    }
-                    if let Some(s) = &subscriber {
-                        s.ack(&p);
-                    }
-                }
+                // Handled with those already waiting, below: one commit
+                // records them all.
+                LinkEvent::Message(p) => inbox.push(p),
                 LinkEvent::Down(e) => {
                     subscriber = None;
                     let d = sub_backoff.next_delay();
@@ -546,6 +528,87 @@ pub async fn serve(
                 _ => {}
             },
             _ = sleep_until(wake) => {}
+        }
+        if out.should_mark(publisher.as_ref()) {
+            counters.published += out.mark_acked(store)?;
+        }
+        // The hub messages that arrived together, once nothing more is
+        // waiting (or a window's worth is): verified, recorded in one
+        // commit, answered, then acknowledged. Those of a connection that
+        // failed are handled too (the broker redelivers them, unacked).
+        if !inbox.is_empty()
+            && (inbox.len() >= WINDOW || subscriber.as_ref().is_none_or(|l| l.events.is_empty()))
+        {
+            let mut records = Vec::with_capacity(inbox.len());
+            for p in &inbox {
+                let mut verdict = judge(&hubs, &prefix, &p.topic, &p.payload);
+                if matches!(&verdict, Verdict::Refuse(_, _, why) if why == UNKNOWN_HUB) {
+                    // Perhaps a hub added since the last poll.
+                    hubs = Hubs::read(store)?;
+                    verdict = judge(&hubs, &prefix, &p.topic, &p.payload);
+                }
+                match verdict {
+                    Verdict::Record(rec, need) => records.push((rec, need)),
+                    Verdict::Refuse(hub, leaf, why) => {
+                        counters.refused += 1;
+                        tracing::warn!(
+                            hub = %hub.as_ref().map(ToString::to_string).unwrap_or_default(),
+                            topic = %leaf, reason = %why, refused = counters.refused,
+                            "refused a hub message"
+                        );
+                        let at = Timestamp::now_system().to_rfc3339();
+                        store.record_refused(hub.as_ref(), &leaf, &why, &at)?;
+                    }
+                }
+            }
+            let outputs: Vec<OutputRecord> = records.iter().map(|(r, _)| r.clone()).collect();
+            store.record_outputs(&outputs)?;
+            counters.recorded += outputs.len() as u64;
+            for (rec, need) in records {
+                match need {
+                    Some(Follow::From(from)) => {
+                        answer_sync(store, active, &prefix, &rec.hub, from, &mut out)?;
+                        counters.sync_answers += 1;
+                    }
+                    Some(Follow::Checkpoint) => {
+                        queue_checkpoint(store, active, &prefix, &rec.hub, &mut out)?;
+                        counters.checkpoints += 1;
+                    }
+                    Some(Follow::Result(r)) => {
+                        mirror.result(store, &rec.hub, &r)?;
+                    }
+                    Some(Follow::Matched) => mirror.matched(&rec.hub),
+                    Some(Follow::Diverged(p)) => {
+                        counters.mirror_requests +=
+                            mirror.diverged(store, active, &prefix, &rec.hub, &p, &mut out)?;
+                    }
+                    Some(Follow::Bucket(b)) => {
+                        let n = mirror.bucket(store, active, &rec.hub, &b)?;
+                        counters.repairs += n;
+                        if n > 0 && publisher_up {
+                            out.load_unpublished(store, &prefix, Some(&rec.hub))?;
+                        }
+                    }
+                    Some(Follow::Past(watermark)) => {
+                        let moved = store.advance_seq(&rec.hub, watermark)?;
+                        if moved {
+                            tracing::warn!(
+                                hub = %rec.hub, watermark,
+                                "the hub has seen seqs this cloud does not hold (restored from a backup?): the counter moves past them"
+                            );
+                            // Its mirror is compared at once: what the
+                            // lost events did is repaired.
+                            mirror.want_proof(&rec.hub);
+                        }
+                    }
+                    None => {}
+                }
+            }
+            for p in inbox.drain(..) {
+                if let Some(s) = &subscriber {
+                    s.ack(&p);
+                }
+            }
         }
         let now = Instant::now();
         if now >= next_poll {
@@ -912,8 +975,8 @@ mod tests {
     use super::*;
     use crate::store::{HubRecord, KeyChange, Mint, PinKey, Signed, SqliteStore};
 
-    #[test]
-    fn a_repeated_sync_request_is_not_answered_twice_while_the_first_answer_is_queued() {
+    /// A store with one hub and `n` stored, unpublished events.
+    fn store_with_events(n: u64) -> (tempfile::TempDir, SqliteStore, HubRef) {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(&dir.path().join("c.db"), true).unwrap();
         let hub = HubRef {
@@ -931,7 +994,7 @@ mod tests {
             next_seq: 1,
         };
         store.add_hub(&record, "2026-12-01T00:00:00Z").unwrap();
-        for _ in 0..3 {
+        for _ in 0..n {
             let m = Mint {
                 hub: hub.clone(),
                 idempotency: None,
@@ -949,6 +1012,12 @@ mod tests {
                 })
                 .unwrap();
         }
+        (dir, store, hub)
+    }
+
+    #[test]
+    fn a_repeated_sync_request_is_not_answered_twice_while_the_first_answer_is_queued() {
+        let (_dir, store, hub) = store_with_events(3);
         let active = ActiveSigner {
             id: "s".into(),
             key: ed25519_dalek::SigningKey::from_bytes(&[5; 32]),
@@ -960,5 +1029,51 @@ mod tests {
         assert_eq!(out.queue.len(), 3, "covered by the queued answer");
         answer_sync(&store, &active, "p", &hub, 1, &mut out).unwrap();
         assert_eq!(out.queue.len(), 7, "an earlier start is answered");
+    }
+
+    #[test]
+    fn pubacks_are_marked_published_together_and_the_acked_events_are_not_queued_again_meanwhile() {
+        let (_dir, store, _hub) = store_with_events(3);
+        let mut out = Outbox::default();
+        assert_eq!(out.load_unpublished(&store, "p", None).unwrap(), 3);
+        // What `pump` and the link do: requested in order, then packet ids.
+        while let Some(o) = out.queue.pop_front() {
+            out.requested.push_back(o.track);
+        }
+        for pkid in 1..=3 {
+            out.sent(pkid);
+        }
+        out.acked(1);
+        out.acked(2);
+        let unpublished = |s: &SqliteStore| -> Vec<u64> {
+            s.unpublished(None, 10)
+                .unwrap()
+                .iter()
+                .map(|e| e.seq)
+                .collect()
+        };
+        assert_eq!(
+            unpublished(&store),
+            vec![1, 2, 3],
+            "not marked before mark_acked"
+        );
+        assert_eq!(
+            out.load_unpublished(&store, "p", None).unwrap(),
+            0,
+            "acknowledged, not yet marked: not queued a second time"
+        );
+        assert!(out.should_mark(None), "no link: mark what was acknowledged");
+        assert_eq!(out.mark_acked(&store).unwrap(), 2);
+        assert_eq!(unpublished(&store), vec![3]);
+        assert!(!out.should_mark(None), "nothing left to mark");
+        assert_eq!(
+            out.load_unpublished(&store, "p", None).unwrap(),
+            0,
+            "seq 3 is still in flight"
+        );
+        out.acked(3);
+        assert_eq!(out.mark_acked(&store).unwrap(), 1);
+        assert!(unpublished(&store).is_empty());
+        assert!(out.is_idle());
     }
 }

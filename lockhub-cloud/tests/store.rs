@@ -289,7 +289,7 @@ fn published_events_leave_the_queue_and_only_done_idempotency_records_are_pruned
         .map(|e| e.seq)
         .collect();
     assert_eq!(queued, vec![1, 2, 3]);
-    s.mark_published(&hub("a"), 2, "2026-12-01T00:00:01Z")
+    s.mark_published(&[(hub("a"), 2)], "2026-12-01T00:00:01Z")
         .unwrap();
     let queued: Vec<u64> = s
         .unpublished(Some(&hub("a")), 100)
@@ -308,4 +308,49 @@ fn published_events_leave_the_queue_and_only_done_idempotency_records_are_pruned
     // Only seq 2's record is done; the in-progress ones outlive any age.
     assert_eq!(s.prune_idempotency(i64::MAX).unwrap(), 1);
     assert_eq!(s.prune_idempotency(i64::MAX).unwrap(), 0);
+    // PUBACKs that arrived together are marked in one call; one marked
+    // twice changes nothing.
+    s.mark_published(
+        &[(hub("a"), 3), (hub("a"), 1), (hub("a"), 2)],
+        "2026-12-01T00:00:02Z",
+    )
+    .unwrap();
+    assert!(s.unpublished(None, 100).unwrap().is_empty());
+    assert_eq!(s.prune_idempotency(i64::MAX).unwrap(), 2);
+}
+
+#[test]
+fn outputs_recorded_together_keep_one_row_per_audit_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(&dir.path().join("cloud.db"));
+    add(&s, "a");
+    let out = |topic: &str, audit_id: Option<&str>| OutputRecord {
+        hub: hub("a"),
+        topic: topic.into(),
+        body: "{}".into(),
+        audit_id: audit_id.map(str::to_owned),
+        received_at: "2026-12-01T00:00:00Z".into(),
+    };
+    let batch = [
+        out("sync", None),
+        out("audit", Some("0193a5a0-0000-7000-8000-000000000001")),
+        out("audit", Some("0193a5a0-0000-7000-8000-000000000001")),
+        out("sync", None),
+    ];
+    assert_eq!(
+        s.record_outputs(&batch).unwrap(),
+        3,
+        "the second copy of the audit row is a repeat"
+    );
+    assert_eq!(s.record_outputs(&batch[1..2]).unwrap(), 0);
+    assert_eq!(s.record_outputs(&[]).unwrap(), 0);
+    let rows = s
+        .outputs(&OutputFilter {
+            hub: Some(hub("a")),
+            limit: 100,
+            ..OutputFilter::default()
+        })
+        .unwrap();
+    let topics: Vec<&str> = rows.iter().map(|r| r.topic.as_str()).collect();
+    assert_eq!(topics, vec!["sync", "audit", "sync"]);
 }

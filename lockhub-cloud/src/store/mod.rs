@@ -346,9 +346,10 @@ pub trait Store {
     /// (all hubs when `hub` is `None`), at most `limit`.
     fn unpublished(&self, hub: Option<&HubRef>, limit: u32)
     -> Result<Vec<StoredEvent>, StoreError>;
-    /// The broker acknowledged the event: it and its idempotency record
-    /// are done.
-    fn mark_published(&self, hub: &HubRef, seq: u64, now: &str) -> Result<(), StoreError>;
+    /// The broker acknowledged these events: they and their idempotency
+    /// records are done. One transaction for all of them: `serve` marks
+    /// the PUBACKs that arrived together in one commit, not one each.
+    fn mark_published(&self, events: &[(HubRef, u64)], now: &str) -> Result<(), StoreError>;
     /// Stored events with `seq >= from_seq`, in order, at most `limit`.
     fn events_from(
         &self,
@@ -393,9 +394,10 @@ pub trait Store {
     /// is published; returns how many.
     fn prune_idempotency(&self, before_unix: i64) -> Result<usize, StoreError>;
 
-    /// Records a verified output; `false` when it was a repeat (an audit
-    /// row already recorded).
-    fn record_output(&self, out: &OutputRecord) -> Result<bool, StoreError>;
+    /// Records verified outputs, in one transaction (`serve` records the
+    /// messages that arrived together in one commit); returns how many
+    /// were new (an audit row already recorded is a repeat).
+    fn record_outputs(&self, outs: &[OutputRecord]) -> Result<usize, StoreError>;
     /// Records a refused hub message (never its payload).
     fn record_refused(
         &self,

@@ -622,18 +622,23 @@ impl Store for SqliteStore {
         })
     }
 
-    fn mark_published(&self, hub: &HubRef, seq: u64, now: &str) -> Result<(), StoreError> {
+    fn mark_published(&self, events: &[(HubRef, u64)], now: &str) -> Result<(), StoreError> {
+        if events.is_empty() {
+            return Ok(());
+        }
         self.write(|tx| {
-            tx.execute(
+            let mut event = tx.prepare_cached(
                 "UPDATE events SET published_at = ?4 \
                  WHERE site_id = ?1 AND hub_id = ?2 AND seq = ?3 AND published_at IS NULL",
-                params![hub.site_id, hub.hub_id, i(seq), now],
             )?;
-            tx.execute(
+            let mut idempotency = tx.prepare_cached(
                 "UPDATE idempotency SET state = 'done' \
                  WHERE site_id = ?1 AND hub_id = ?2 AND seq = ?3",
-                params![hub.site_id, hub.hub_id, i(seq)],
             )?;
+            for (hub, seq) in events {
+                event.execute(params![hub.site_id, hub.hub_id, i(*seq), now])?;
+                idempotency.execute(params![hub.site_id, hub.hub_id, i(*seq)])?;
+            }
             Ok(())
         })
     }
@@ -833,22 +838,28 @@ impl Store for SqliteStore {
         })
     }
 
-    fn record_output(&self, out: &OutputRecord) -> Result<bool, StoreError> {
+    fn record_outputs(&self, outs: &[OutputRecord]) -> Result<usize, StoreError> {
+        if outs.is_empty() {
+            return Ok(0);
+        }
         self.write(|tx| {
-            let n = tx.execute(
+            let mut insert = tx.prepare_cached(
                 "INSERT INTO outputs (site_id, hub_id, topic, body, audit_id, received_at) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
                  ON CONFLICT (site_id, hub_id, audit_id) WHERE audit_id IS NOT NULL DO NOTHING",
-                params![
+            )?;
+            let mut new = 0;
+            for out in outs {
+                new += insert.execute(params![
                     out.hub.site_id,
                     out.hub.hub_id,
                     out.topic,
                     out.body,
                     out.audit_id,
                     out.received_at
-                ],
-            )?;
-            Ok(n == 1)
+                ])?;
+            }
+            Ok(new)
         })
     }
 
