@@ -48,8 +48,8 @@ use trust::*;
 pub use hub::time_zone;
 pub use mqtt::{IdentityError, MqttUrl, parse_mqtt_url, read_client_identity, read_roots};
 pub use osdp::SCBK_D;
-pub use secrets::with_reader_key;
 pub use secrets::with_board_key;
+pub use secrets::with_reader_key;
 
 /// The SQLite file's name inside `data_dir`.
 pub const DATABASE_FILE: &str = "lockhub.db";

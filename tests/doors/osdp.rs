@@ -791,7 +791,7 @@ use testkit::cloud::{CloudClient, cloud, pin_key};
 pub(crate) const PIN: &str = "482913";
 
 /// Issues an active key for `door` with `pin` and waits until it is applied.
-async fn issue(broker: &Mosquitto, hub: &mut Daemon, door: &str, pin: &str) {
+pub(crate) async fn issue(broker: &Mosquitto, hub: &mut Daemon, door: &str, pin: &str) {
     let grant = GrantSpec::active("k-1", "c-1", door, pin, ("k1", &pin_key()));
     issue_grant(broker, hub, &grant).await;
 }

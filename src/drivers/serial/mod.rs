@@ -194,7 +194,9 @@ const BOARD_UNLOCK_QUEUE: usize = 16;
 /// Starts one task per port and its recorder. (The `keypad_lockout` alert
 /// of a lockout that ended is cleared by [`crate::runtime::maintenance`].)
 /// `outbox_wake` is notified after audit rows and alerts commit, so
-/// the publisher sends them at once.
+/// the publisher sends them at once. (The daemon uses
+/// [`spawn_with_unlocks`]; this is for test fixtures.)
+#[cfg(any(test, feature = "testing"))]
 pub fn spawn(
     settings: SerialSettings,
     store: Store,

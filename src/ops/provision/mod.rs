@@ -652,7 +652,7 @@ mod tests {
                 name: name.into(),
                 port: "/dev/ttyAMA0".into(),
                 baud: DEFAULT_SERIAL_BAUD,
-                    insecure_plaintext: true,
+                insecure_plaintext: true,
             });
             r.doors.push(DoorSpec {
                 name: name.into(),
