@@ -159,10 +159,18 @@ async fn building(opts: BrokerOptions) -> Building {
         "lockhub provision refused the cloud's bundle: {}",
         String::from_utf8_lossy(&provisioned.stderr)
     );
-    let public = json(&String::from_utf8(provisioned.stdout).unwrap())["hub_public_key"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let out = json(&String::from_utf8(provisioned.stdout).unwrap());
+    let public = out["hub_public_key"].as_str().unwrap().to_owned();
+    // The board's link key, as `lockhub board pair` would have written it
+    // (tests/cli covers pairing itself): the link is sealed, as shipped.
+    assert_eq!(out["boards_to_pair"], serde_json::json!(["board-a"]));
+    let secrets = std::path::PathBuf::from(out["secrets"].as_str().unwrap());
+    let mut text = std::fs::read_to_string(&secrets).unwrap();
+    text.push_str(&testkit::files::board_key_toml(
+        "board-a",
+        &testkit::files::board_key_for("board-a"),
+    ));
+    testkit::files::write_private(&secrets, &text).unwrap();
     let hub = hub_ref("lobby");
     cloud.ok(&["hub", "set-key", &hub, &public]);
 

@@ -15,7 +15,7 @@ use testkit::board::*;
 use testkit::broker::Mosquitto;
 use testkit::daemon::Daemon;
 use testkit::db::{K, insert_key, regrant};
-use testkit::files::{HubToml, secrets_toml, write_private};
+use testkit::files::{HubToml, board_key_for, board_key_toml, secrets_toml, write_private};
 
 const MAX_USES: i64 = 8;
 const ROUNDS: u64 = 14;
@@ -45,10 +45,15 @@ async fn a_use_limited_key_grants_at_most_its_uses_across_sigkills_and_each_use_
         ..HubToml::vectors()
     }
     .write(dir.path());
-    // The PIN keys the key rows below are tagged with (testkit::db).
+    // The PIN keys the key rows below are tagged with (testkit::db), and
+    // the sealed board's link key.
     write_private(
         &dir.path().join("secrets.toml"),
-        &secrets_toml(&[7; 32], &[("k1", &[1; 32]), ("k2", &[2; 32])], ""),
+        &secrets_toml(
+            &[7; 32],
+            &[("k1", &[1; 32]), ("k2", &[2; 32])],
+            &board_key_toml("board-a", &board_key_for("board-a")),
+        ),
     )
     .unwrap();
 
