@@ -10,7 +10,6 @@ use common::*;
 use ed25519_dalek::SigningKey;
 use lockhub_proto::crypto::{b64u_encode, hub_envelope};
 use lockhub_proto::time::Timestamp;
-use lockhub_proto::verify::{Signer, VerifyContext, verify_envelope};
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 use std::time::{Duration, Instant};
 use testkit::broker::Mosquitto;
@@ -86,43 +85,6 @@ impl Hub {
 
 fn hub_key() -> SigningKey {
     SigningKey::from_bytes(&[42; 32])
-}
-
-/// Checks a cloud envelope the way the hub does (step 1) and returns its
-/// body as JSON.
-fn verified_body(cloud: &Cloud, envelope: &[u8]) -> serde_json::Value {
-    let c = rusqlite::Connection::open(cloud.db()).unwrap();
-    let (id, key): (String, String) = c
-        .query_row(
-            "SELECT id, public_key FROM signers WHERE active = 1",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
-        .unwrap();
-    let ring = [Signer {
-        id,
-        public_key: lockhub_proto::crypto::parse_public_key(&key).unwrap(),
-        not_after: None,
-    }];
-    let ctx = VerifyContext {
-        ring: &ring,
-        site_id: SITE.parse().unwrap(),
-        hub_id: "hub-1",
-        now: Timestamp::now_system(),
-    };
-    let v = verify_envelope(envelope, &ctx).expect("the hub accepts what serve sends");
-    serde_json::from_slice(&v.body).unwrap()
-}
-
-/// A child process killed when the test ends, also when it fails (else its
-/// inherited stderr would keep the test harness waiting).
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// `serve` with checkpoints every `checkpoint_every_s`, killed at the end.
