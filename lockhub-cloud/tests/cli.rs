@@ -495,12 +495,6 @@ fn bundle_trust(cloud: &Cloud, hub: &str) -> Vec<lockhub_proto::bundle::TrustSpe
         .trust
 }
 
-/// The `signer` field of a stored envelope.
-fn envelope_signer(envelope: &[u8]) -> String {
-    let v: serde_json::Value = serde_json::from_slice(envelope).unwrap();
-    v["signer"].as_str().unwrap().to_owned()
-}
-
 #[test]
 fn after_signer_rotate_new_events_verify_only_under_the_new_key_and_the_ring_keeps_the_old_one_until_its_not_after()
  {

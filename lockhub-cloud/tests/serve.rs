@@ -634,3 +634,41 @@ async fn an_event_whose_result_never_came_is_sent_again_and_the_claim_waits_for_
     };
     assert_eq!(claim["count"], 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_serve_signs_with_the_new_signer_once_signer_rotate_has_run() {
+    let broker = Mosquitto::start();
+    let cloud = Cloud::new();
+    let public = b64u_encode(hub_key().verifying_key().as_bytes());
+    cloud.ok(&["hub", "set-key", &hub_ref("hub-1"), &public]);
+    let old = json(&cloud.ok(&["--json", "signer", "list"]))["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    issue_n(&cloud, 1, "48291");
+    let mut hub = Hub::connect(broker.port).await;
+    let url = broker.url();
+    let _serve = serve(&cloud, &url, "3600");
+    assert_eq!(envelope_signer(&hub.next().await), old, "the stored event");
+    let online =
+        br#"{"state":"online","hub_id":"hub-1","version":"0.1.0","at":"2026-12-04T00:00:00Z"}"#;
+    hub.send("status", online.to_vec()).await;
+    assert_eq!(envelope_signer(&hub.next().await), old);
+
+    // The operator rotates; serve keeps running. Its checkpoints must move
+    // to the new signer: the old one ends at its not_after, and the hubs
+    // refuse what it signs after that.
+    cloud.ok(&["signer", "rotate", "--signer-id", "cloud-next"]);
+    let mut signers = Vec::new();
+    for _ in 0..20 {
+        hub.send("status", online.to_vec()).await;
+        let cp = hub.next().await;
+        signers.push(envelope_signer(&cp));
+        if signers.last().unwrap() == "cloud-next" {
+            assert_eq!(verified_body(&cloud, &cp)["type"], "checkpoint");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    panic!("serve still signs as {signers:?} after the rotation");
+}

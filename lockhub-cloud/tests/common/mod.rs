@@ -183,3 +183,9 @@ pub fn verified_body(cloud: &Cloud, envelope: &[u8]) -> serde_json::Value {
     let v = verify(envelope, &ring, Timestamp::now_system()).expect("the hub accepts it");
     serde_json::from_slice(&v.body).unwrap()
 }
+
+/// The `signer` field of a cloud envelope: the trust-ring id that signed it.
+pub fn envelope_signer(envelope: &[u8]) -> String {
+    let v: serde_json::Value = serde_json::from_slice(envelope).unwrap();
+    v["signer"].as_str().unwrap().to_owned()
+}
