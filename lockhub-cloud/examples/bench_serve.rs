@@ -473,6 +473,7 @@ fn main() {
         checkpoint_every: Duration::from_secs(3600),
         poll_every: a.poll,
         idempotency_retention_days: 30,
+        signer_db: None,
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let serve_db = db.clone();

@@ -512,6 +512,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CloudError> {
                 checkpoint_every: Duration::from_secs(args.checkpoint_every_s.max(1)),
                 poll_every: Duration::from_millis(args.poll_ms.max(10)),
                 idempotency_retention_days: args.idempotency_retention_days,
+                signer_db: Some(db.to_owned()),
             };
             runtime()?.block_on(async {
                 serve::serve(&store, &active, &settings, shutdown_signal()).await

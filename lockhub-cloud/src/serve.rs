@@ -26,11 +26,17 @@
 //!   checkpoint, so its proof follows in seconds; a proof that differs is
 //!   answered with `mirror.request` for the buckets that differ, and the
 //!   hub's bucket answers with repairs (`reconcile`), ordinary events.
+//! - **It follows the signer ring.** Given the database's path
+//!   (`signer_db`), each poll tick looks at which signer is active: after
+//!   `signer rotate`, what `serve` signs from then on (checkpoints,
+//!   `mirror.request`, repairs) is signed by the new signer, without a
+//!   restart. The old one ends at its `not_after`, and hubs refuse what it
+//!   signs after that.
 
 use crate::mqtt::{Backoff, BrokerSettings, Link, LinkEvent, Role, WINDOW, options};
 use crate::ops::{self, CloudError};
 use crate::reconcile;
-use crate::signer::ActiveSigner;
+use crate::signer::{self, ActiveSigner};
 use crate::store::{HubRef, OutputRecord, Store};
 use lockhub_proto::crypto::{open_hub_envelope, parse_public_key};
 use lockhub_proto::event::EventResult;
@@ -60,6 +66,11 @@ pub struct ServeSettings {
     /// How often the database is read for events other commands stored.
     pub poll_every: Duration,
     pub idempotency_retention_days: u32,
+    /// The database the signer ring's seed files sit beside
+    /// (`signer::key_dir`). When given, `serve` follows a `signer rotate`
+    /// at its next poll tick; without it, it signs with the signer it was
+    /// started with.
+    pub signer_db: Option<std::path::PathBuf>,
 }
 
 /// What `serve` counted since it started.
@@ -457,9 +468,36 @@ pub async fn serve(
     let mut next_checkpoint = Instant::now() + settings.checkpoint_every;
     let mut next_prune = Instant::now();
     let mut mirror = Mirror::default();
+    // The signer after a `signer rotate` (None: still the one given).
+    let mut rotated: Option<ActiveSigner> = None;
+    let mut next_signer_check = Instant::now() + settings.poll_every;
     tokio::pin!(shutdown);
     tracing::info!(hubs = hubs.keys.len(), "serve started");
     loop {
+        if let Some(db) = &settings.signer_db
+            && Instant::now() >= next_signer_check
+        {
+            next_signer_check = Instant::now() + settings.poll_every;
+            let current = rotated.as_ref().unwrap_or(active).id.clone();
+            if store.signers()?.iter().any(|s| s.active && s.id != current) {
+                match signer::load_active(store, db) {
+                    Ok(next) => {
+                        tracing::info!(
+                            from = %current,
+                            to = %next.id,
+                            "signer rotated: signing with the new signer"
+                        );
+                        rotated = Some(next);
+                    }
+                    // A seed file not (yet) readable: keep signing with
+                    // the current one and look again at the next tick.
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the rotated signer cannot be loaded");
+                    }
+                }
+            }
+        }
+        let active = rotated.as_ref().unwrap_or(active);
         // (Re)connect what is down and due.
         let now = Instant::now();
         if publisher.is_none() && now >= pub_retry {

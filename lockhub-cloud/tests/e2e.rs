@@ -14,20 +14,10 @@ mod common;
 use common::*;
 use firmware_bridge::Downlink;
 use lockhub::sim::board::SimEvent;
-use std::process::Child;
 use testkit::board::pty::Pty;
 use testkit::board::{Sim, board, count, relay_opened, until_linked};
 use testkit::broker::{BrokerOptions, Mosquitto};
 use testkit::daemon::{Daemon, WAIT};
-
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// The hub's `Deny` for `door` reached the board (a relay still open from
 /// the grant a moment ago hides the board's own deny feedback).

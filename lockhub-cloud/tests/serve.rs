@@ -10,7 +10,6 @@ use common::*;
 use ed25519_dalek::SigningKey;
 use lockhub_proto::crypto::{b64u_encode, hub_envelope};
 use lockhub_proto::time::Timestamp;
-use lockhub_proto::verify::{Signer, VerifyContext, verify_envelope};
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 use std::time::{Duration, Instant};
 use testkit::broker::Mosquitto;
@@ -86,43 +85,6 @@ impl Hub {
 
 fn hub_key() -> SigningKey {
     SigningKey::from_bytes(&[42; 32])
-}
-
-/// Checks a cloud envelope the way the hub does (step 1) and returns its
-/// body as JSON.
-fn verified_body(cloud: &Cloud, envelope: &[u8]) -> serde_json::Value {
-    let c = rusqlite::Connection::open(cloud.db()).unwrap();
-    let (id, key): (String, String) = c
-        .query_row(
-            "SELECT id, public_key FROM signers WHERE active = 1",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
-        .unwrap();
-    let ring = [Signer {
-        id,
-        public_key: lockhub_proto::crypto::parse_public_key(&key).unwrap(),
-        not_after: None,
-    }];
-    let ctx = VerifyContext {
-        ring: &ring,
-        site_id: SITE.parse().unwrap(),
-        hub_id: "hub-1",
-        now: Timestamp::now_system(),
-    };
-    let v = verify_envelope(envelope, &ctx).expect("the hub accepts what serve sends");
-    serde_json::from_slice(&v.body).unwrap()
-}
-
-/// A child process killed when the test ends, also when it fails (else its
-/// inherited stderr would keep the test harness waiting).
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// `serve` with checkpoints every `checkpoint_every_s`, killed at the end.
@@ -671,4 +633,42 @@ async fn an_event_whose_result_never_came_is_sent_again_and_the_claim_waits_for_
         }
     };
     assert_eq!(claim["count"], 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_serve_signs_with_the_new_signer_once_signer_rotate_has_run() {
+    let broker = Mosquitto::start();
+    let cloud = Cloud::new();
+    let public = b64u_encode(hub_key().verifying_key().as_bytes());
+    cloud.ok(&["hub", "set-key", &hub_ref("hub-1"), &public]);
+    let old = json(&cloud.ok(&["--json", "signer", "list"]))["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    issue_n(&cloud, 1, "48291");
+    let mut hub = Hub::connect(broker.port).await;
+    let url = broker.url();
+    let _serve = serve(&cloud, &url, "3600");
+    assert_eq!(envelope_signer(&hub.next().await), old, "the stored event");
+    let online =
+        br#"{"state":"online","hub_id":"hub-1","version":"0.1.0","at":"2026-12-04T00:00:00Z"}"#;
+    hub.send("status", online.to_vec()).await;
+    assert_eq!(envelope_signer(&hub.next().await), old);
+
+    // The operator rotates; serve keeps running. Its checkpoints must move
+    // to the new signer: the old one ends at its not_after, and the hubs
+    // refuse what it signs after that.
+    cloud.ok(&["signer", "rotate", "--signer-id", "cloud-next"]);
+    let mut signers = Vec::new();
+    for _ in 0..20 {
+        hub.send("status", online.to_vec()).await;
+        let cp = hub.next().await;
+        signers.push(envelope_signer(&cp));
+        if signers.last().unwrap() == "cloud-next" {
+            assert_eq!(verified_body(&cloud, &cp)["type"], "checkpoint");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    panic!("serve still signs as {signers:?} after the rotation");
 }

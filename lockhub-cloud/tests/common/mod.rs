@@ -3,8 +3,11 @@
 
 #![allow(dead_code)]
 
+use lockhub_proto::bundle::TrustSpec;
+use lockhub_proto::time::Timestamp;
+use lockhub_proto::verify::{Rejection, Signer, VerifiedEvent, VerifyContext, verify_envelope};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 
 pub const SITE: &str = "6f1c1c0e-8a51-4d39-9d2e-6a3c5a7d9e10";
 pub const UNTIL: &str = "2099-01-01T00:00:00Z";
@@ -121,4 +124,68 @@ impl Cloud {
 
 pub fn json(stdout: &str) -> serde_json::Value {
     serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{stdout:?}: {e}"))
+}
+
+/// A child process killed when the test ends, also when it fails (else its
+/// inherited stderr would keep the test harness waiting).
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Checks a cloud envelope for hub-1 the way the hub does (step 1): under
+/// the trust ring `trust` (as a bundle gives it), at the hub's time `now`.
+pub fn verify(
+    envelope: &[u8],
+    trust: &[TrustSpec],
+    now: Timestamp,
+) -> Result<VerifiedEvent, Rejection> {
+    let ring: Vec<Signer> = trust
+        .iter()
+        .map(|t| Signer {
+            id: t.id.clone(),
+            public_key: lockhub_proto::crypto::parse_public_key(&t.public_key).unwrap(),
+            not_after: t
+                .not_after
+                .as_deref()
+                .map(|n| Timestamp::parse_rfc3339(n).unwrap()),
+        })
+        .collect();
+    let ctx = VerifyContext {
+        ring: &ring,
+        site_id: SITE.parse().unwrap(),
+        hub_id: "hub-1",
+        now,
+    };
+    verify_envelope(envelope, &ctx)
+}
+
+/// Checks a cloud envelope under the cloud's active signer the way the hub
+/// does (step 1) and returns its body as JSON.
+pub fn verified_body(cloud: &Cloud, envelope: &[u8]) -> serde_json::Value {
+    let c = rusqlite::Connection::open(cloud.db()).unwrap();
+    let (id, public_key): (String, String) = c
+        .query_row(
+            "SELECT id, public_key FROM signers WHERE active = 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    let ring = [TrustSpec {
+        id,
+        public_key,
+        not_after: None,
+    }];
+    let v = verify(envelope, &ring, Timestamp::now_system()).expect("the hub accepts it");
+    serde_json::from_slice(&v.body).unwrap()
+}
+
+/// The `signer` field of a cloud envelope: the trust-ring id that signed it.
+pub fn envelope_signer(envelope: &[u8]) -> String {
+    let v: serde_json::Value = serde_json::from_slice(envelope).unwrap();
+    v["signer"].as_str().unwrap().to_owned()
 }
