@@ -193,11 +193,126 @@ fn lobby(cloud: &Cloud) -> serde_json::Value {
 /// Issues a key for `check_in` with its own PIN (two live keys may not
 /// share a PIN on a door).
 fn issue(b: &Building, check_in: &str, pin: &str) -> serde_json::Value {
-    let pin = b.cloud.pin_file(pin);
-    let args = b.cloud.issue_args(check_in, &pin, &[]);
+    issue_on(&b.cloud, &b.hub, check_in, pin)
+}
+
+/// [`issue`] with the cloud and hub given apart (while `serve` is down).
+fn issue_on(cloud: &Cloud, hub: &str, check_in: &str, pin: &str) -> serde_json::Value {
+    let pin = cloud.pin_file(pin);
+    let args = cloud.issue_args(check_in, &pin, &[]);
     let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
-    args[2] = &b.hub;
-    json(&b.cloud.ok(&args))
+    args[2] = hub;
+    json(&cloud.ok(&args))
+}
+
+/// Waits (stepping the board) until `f` holds for the hub's daemon.
+async fn until_hub(sim: &mut Sim, daemon: &Daemon, what: &str, f: impl Fn(&Daemon) -> bool) {
+    let ok = sim.run_until(WAIT, |_| f(daemon)).await.unwrap();
+    assert!(ok, "{what}; the hub's log ends:\n{}", daemon.log_tail(30));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_killed_while_publishing_and_restarted_leaves_no_seq_gap_and_no_seq_used_twice() {
+    let mut b = building(BrokerOptions::default()).await;
+    let first = issue(&b, "c-0", "600000");
+    until_cloud(&mut b.sim, &b.cloud, "the first result", |c| {
+        applied(c, &first["seq"])
+    })
+    .await;
+    // 30 events while serve publishes them; SIGKILL right after the last
+    // is stored (some published, some not), 10 more while it is down.
+    for n in 1..=30 {
+        issue(&b, &format!("c-{n}"), &format!("6{n:05}"));
+    }
+    let hub = b.hub.clone();
+    b.restart_serve(|cloud| {
+        for n in 31..=40 {
+            issue_on(cloud, &hub, &format!("c-{n}"), &format!("6{n:05}"));
+        }
+        assert!(
+            cloud.sql::<i64>("SELECT count(*) FROM events WHERE published_at IS NULL") >= 10,
+            "events stored and not published when serve starts again"
+        );
+    });
+    let (sim, daemon) = (&mut b.sim, &b.daemon);
+    until_hub(sim, daemon, "the hub saw every seq to 41", |d| {
+        d.watermark() == 41
+    })
+    .await;
+    let cloud = &b.cloud;
+    assert_eq!(
+        cloud.sql::<String>(
+            "SELECT count(*) || ' ' || count(DISTINCT seq) || ' ' || min(seq) || ' ' || max(seq) \
+             || ' ' || count(DISTINCT event_id) FROM events"
+        ),
+        "41 41 1 41 41",
+        "seqs 1..=41, each once, each one event"
+    );
+    let hub_db = rusqlite::Connection::open(b.daemon.db_path()).unwrap();
+    let active: i64 = hub_db
+        .query_row(
+            "SELECT count(*) FROM keys WHERE state = 'active'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(active, 41, "every event applied once on the hub");
+    let hubs = lobby(cloud);
+    assert_eq!(hubs["head_seq"], 41);
+    assert_eq!(hubs["unpublished"], 0);
+    b.daemon.sigterm();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hub_output_whose_signature_fails_is_refused_and_reported_and_nothing_of_it_recorded() {
+    let mut b = building(BrokerOptions::default()).await;
+    let first = issue(&b, "c-0", "700000");
+    until_cloud(&mut b.sim, &b.cloud, "the first result", |c| {
+        applied(c, &first["seq"])
+    })
+    .await;
+    let real_key = b
+        .cloud
+        .sql::<String>("SELECT public_key FROM hubs WHERE hub_id = 'lobby'");
+    // The cloud now holds another key for the hub (a hub re-provisioned
+    // without telling the cloud, or someone signing as it): every output
+    // the real hub signs fails verification.
+    let other = lockhub_proto::crypto::b64u_encode(
+        ed25519_dalek::SigningKey::from_bytes(&[9; 32])
+            .verifying_key()
+            .as_bytes(),
+    );
+    b.cloud.ok(&["hub", "set-key", &b.hub, &other]);
+    let second = issue(&b, "c-1", "700001");
+    until_cloud(&mut b.sim, &b.cloud, "the hub's result refused", |c| {
+        lobby(c)["refused"].as_u64().unwrap_or(0) > 0
+    })
+    .await;
+    let cloud = &b.cloud;
+    assert!(
+        cloud.sql::<i64>("SELECT count(*) FROM refused WHERE topic = 'results'") > 0,
+        "the refusal is recorded with its topic"
+    );
+    assert!(!applied(cloud, &second["seq"]), "nothing of it recorded");
+    assert_eq!(
+        cloud.sql::<i64>(
+            "SELECT count(*) FROM refused \
+             WHERE reason <> 'the signature does not verify under the hub''s key'"
+        ),
+        0,
+        "every refusal says the signature failed"
+    );
+    // The key set right again: the result the cloud refused comes again
+    // (serve re-sends an event whose result never came) and is recorded.
+    b.cloud.ok(&["hub", "set-key", &b.hub, &real_key]);
+    until_cloud(&mut b.sim, &b.cloud, "the result recorded at last", |c| {
+        c.sql::<i64>(&format!(
+            "SELECT count(*) FROM outputs WHERE topic = 'results' AND json_extract(body, '$.seq') = {}",
+            second["seq"]
+        )) > 0
+    })
+    .await;
+    b.daemon.sigterm();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
