@@ -39,14 +39,7 @@ async fn after_a_hub_restart_the_next_pin_still_unlocks() {
     let db = Db::open();
     db.add_key("k-1", "482913", &["101"]).await;
     let pty = Pty::open();
-    let s = settings(
-        vec![port(
-            "board-a",
-            by_id(&db, "board-a", &pty),
-            vec![door("101", 0)],
-        )],
-        db.policy,
-    );
+    let s = one_door(&db, by_id(&db, "board-a", &pty));
     let hub = start(&db, s.clone());
     let (mut sim, _keep) = board(pty, 1);
     until_linked(&mut sim).await;
@@ -93,10 +86,7 @@ async fn an_unplugged_board_is_offline_and_picked_up_again_when_its_path_returns
     let link = db.dir.path().join("board-a");
     let pty = Pty::open();
     pty::point(&link, &pty.path);
-    let mut s = settings(
-        vec![port("board-a", link.clone(), vec![door("101", 0)])],
-        db.policy,
-    );
+    let mut s = one_door(&db, link.clone());
     s.link = quick_link();
     let hub = start(&db, s);
     let (mut sim, keep) = board(pty, 1);
@@ -191,14 +181,7 @@ async fn when_one_of_two_ports_dies_the_other_keeps_deciding() {
 async fn a_silent_board_is_offline_and_its_next_frame_clears_the_alert() {
     let db = Db::open();
     let pty = Pty::open();
-    let mut s = settings(
-        vec![port(
-            "board-a",
-            by_id(&db, "board-a", &pty),
-            vec![door("101", 0)],
-        )],
-        db.policy,
-    );
+    let mut s = one_door(&db, by_id(&db, "board-a", &pty));
     s.link = quick_link();
     let hub = start(&db, s);
     let (mut sim, _keep) = board(pty, 1);
@@ -219,10 +202,7 @@ async fn a_port_that_is_missing_at_start_is_opened_once_it_appears() {
     let db = Db::open();
     db.add_key("k-1", "482913", &["101"]).await;
     let link = db.dir.path().join("ttyUSB-later");
-    let mut s = settings(
-        vec![port("board-a", link.clone(), vec![door("101", 0)])],
-        db.policy,
-    );
+    let mut s = one_door(&db, link.clone());
     s.link = quick_link();
     let hub = start(&db, s);
     // Absent long enough to count as offline; status shows the port absent.
@@ -252,14 +232,7 @@ async fn a_port_that_is_missing_at_start_is_opened_once_it_appears() {
 async fn a_forced_door_is_remembered_across_hub_restarts_and_its_alert_ends_when_it_closes() {
     let db = Db::open();
     let pty = Pty::open();
-    let s = settings(
-        vec![port(
-            "board-a",
-            by_id(&db, "board-a", &pty),
-            vec![door("101", 0)],
-        )],
-        db.policy,
-    );
+    let s = one_door(&db, by_id(&db, "board-a", &pty));
     let hub = start(&db, s.clone());
     let (mut sim, _keep) = board(pty, 1);
     until_linked(&mut sim).await;
@@ -301,10 +274,7 @@ async fn a_forced_door_is_remembered_across_a_port_reset_and_its_alert_ends_when
     let link = db.dir.path().join("board-a");
     let pty = Pty::open();
     pty::point(&link, &pty.path);
-    let mut s = settings(
-        vec![port("board-a", link.clone(), vec![door("101", 0)])],
-        db.policy,
-    );
+    let mut s = one_door(&db, link.clone());
     s.link = quick_link();
     let hub = start(&db, s);
     let (mut sim, keep) = board(pty, 1);

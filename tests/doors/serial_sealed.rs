@@ -247,14 +247,7 @@ async fn a_restarted_board_gets_a_new_session_and_a_resent_keypad_is_decided_onc
     let db = Db::open();
     db.add_key("k-1", PIN, &["101"]).await;
     let pty = Pty::open();
-    let s = settings(
-        vec![port(
-            "board-a",
-            by_id(&db, "board-a", &pty),
-            vec![door("101", 0)],
-        )],
-        db.policy,
-    );
+    let s = one_door(&db, by_id(&db, "board-a", &pty));
     let hub = start(&db, s);
     let (sim, _keep) = board(pty, 1);
     let mut sim = sim;
@@ -294,14 +287,7 @@ async fn a_board_with_another_key_gets_no_session_no_unlock_and_board_link_fault
     let db = Db::open();
     db.add_key("k-1", PIN, &["101"]).await;
     let pty = Pty::open();
-    let s = settings(
-        vec![port(
-            "board-a",
-            by_id(&db, "board-a", &pty),
-            vec![door("101", 0)],
-        )],
-        db.policy,
-    );
+    let s = one_door(&db, by_id(&db, "board-a", &pty));
     let hub = start(&db, s);
     // The secrets name board-a's key; the board holds another.
     let (mut sim, _keep) = board_keyed(pty, 1, board_key_for("board-z"));

@@ -85,6 +85,12 @@ pub fn settings(ports: Vec<PortSettings>, policy: Policy) -> SerialSettings {
     }
 }
 
+/// The usual one-door hub: serial `board-a` at `path`, door `101` at
+/// index 0, the store's policy.
+pub fn one_door(db: &Db, path: PathBuf) -> SerialSettings {
+    settings(vec![port("board-a", path, vec![door("101", 0)])], db.policy)
+}
+
 pub fn start(db: &Db, settings: SerialSettings) -> SerialHandle {
     start_with_clock(db, settings, Arc::new(Timestamp::now_system))
 }
