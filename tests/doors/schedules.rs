@@ -209,3 +209,118 @@ async fn a_two_use_key_opens_twice_then_is_denied_used_up_with_key_used_up_audit
     assert_eq!((state.as_str(), uses), ("used_up", 2));
     hub.shutdown().await;
 }
+
+/// The same weekly hours at an OSDP reader: the libosdp peer on a pty,
+/// over a Secure Channel, with the OSDP driver deciding on the test's clock
+/// in the hub's time zone (the daemon's own clock cannot be driven, so the
+/// driver runs in this process, as the serial tests above run theirs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_an_osdp_reader_a_scheduled_key_opens_inside_its_hours_and_is_denied_outside_them_by_the_hubs_clock()
+ {
+    use crate::osdp::{KEY_1, PIN, audit_rows, trusted, typed};
+    use lockhub::config::ReaderDoorConfig;
+    use lockhub::drivers::osdp::bus::settings::{BusSettings, OsdpSettings, ReaderSettings};
+    use lockhub::drivers::osdp::cp::{Security, Timing};
+    use std::time::Duration;
+    use testkit::osdp_peer::{Peer, key_hex};
+
+    let db = Db::open_with(Policy::default());
+    key_with(
+        &db,
+        None,
+        Some(r#"[{"days":["mon","tue","wed","thu","fri"],"from":"09:00","until":"17:30"}]"#),
+    )
+    .await;
+    // Friday 09:30 in Berlin.
+    let clock = Arc::new(AtomicI64::new(at("2026-12-04T08:30:00Z").0));
+    let c = clock.clone();
+    let mut peer = Peer::start(&["--key", &key_hex(&KEY_1), "--address", "1"]);
+    let settings = OsdpSettings {
+        buses: vec![BusSettings {
+            name: "bus-a".into(),
+            path: peer.port.clone(),
+            baud: 9600,
+            readers: vec![ReaderSettings {
+                name: "r-1".into(),
+                address: 1,
+                security: Security::Secure(KEY_1),
+                doors: vec![ReaderDoorConfig {
+                    name: "101".into(),
+                    reader: "r-1".into(),
+                    output: 1,
+                    contact_input: None,
+                    contact_inverted: false,
+                    unlock_ms: 2000,
+                }],
+                board_door: None,
+            }],
+        }],
+        policy: db.policy,
+        pin_keys: testkit::db::pin_keys().into(),
+        zone: lockhub::config::time_zone("Europe/Berlin").unwrap(),
+        timing: Timing::CONTRACT,
+        backoff_initial: Duration::from_millis(100),
+        backoff_max: Duration::from_secs(1),
+    };
+    let hub = lockhub::drivers::osdp::bus::spawn(
+        settings,
+        db.store.clone(),
+        Arc::new(move || Timestamp(c.load(Ordering::SeqCst))),
+        None,
+        &Default::default(),
+    );
+    let until = |what: &str, f: &dyn Fn(&rusqlite::Connection) -> bool| {
+        let end = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if f(&db.store.reader().unwrap()) {
+                return;
+            }
+            assert!(std::time::Instant::now() < end, "never: {what}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    until("the reader on a Secure Channel", &|db| trusted(db, "r-1"));
+
+    peer.forget();
+    peer.keys(&typed(PIN));
+    peer.wait("the strike's osdp_OUT", Duration::from_secs(3), |v| {
+        v["cmd"] == "output"
+    });
+    until("the grant and its unlock", &|db| {
+        audit_rows(db, "101") == ["door.granted:k-1", "door.unlocked:k-1"]
+    });
+
+    // Saturday 11:00 in Berlin, a day later on the hub's clock: outside.
+    clock.store(at("2026-12-05T10:00:00Z").0, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    peer.forget();
+    peer.keys(&typed(PIN));
+    let led = peer.wait("the red LED", Duration::from_secs(3), |v| v["cmd"] == "led");
+    assert_eq!(led["on_color"], 1, "{led}");
+    until("the denial outside the schedule", &|db| {
+        audit_rows(db, "101")
+            == [
+                "door.granted:k-1",
+                "door.unlocked:k-1",
+                "door.denied/outside_schedule",
+            ]
+    });
+    assert!(peer.commands("output").is_empty(), "no opening outside");
+
+    // Monday 09:00 sharp in Berlin: inside again.
+    clock.store(at("2026-12-07T08:00:00Z").0, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    peer.forget();
+    peer.keys(&typed(PIN));
+    peer.wait("the strike's osdp_OUT", Duration::from_secs(3), |v| {
+        v["cmd"] == "output"
+    });
+    until("the second grant", &|db| {
+        audit_rows(db, "101")
+            .iter()
+            .filter(|r| *r == "door.granted:k-1")
+            .count()
+            == 2
+    });
+    hub.shutdown().await;
+}
