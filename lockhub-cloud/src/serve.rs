@@ -577,7 +577,9 @@ pub async fn serve(
         if !inbox.is_empty()
             && (inbox.len() >= WINDOW || subscriber.as_ref().is_none_or(|l| l.events.is_empty()))
         {
-            let mut records = Vec::with_capacity(inbox.len());
+            // The outputs to record, and what each asks of serve after.
+            let mut outputs = Vec::with_capacity(inbox.len());
+            let mut follows = Vec::with_capacity(inbox.len());
             for p in &inbox {
                 let mut verdict = judge(&hubs, &prefix, &p.topic, &p.payload);
                 if matches!(&verdict, Verdict::Refuse(_, _, why) if why == UNKNOWN_HUB) {
@@ -586,7 +588,10 @@ pub async fn serve(
                     verdict = judge(&hubs, &prefix, &p.topic, &p.payload);
                 }
                 match verdict {
-                    Verdict::Record(rec, need) => records.push((rec, need)),
+                    Verdict::Record(rec, need) => {
+                        follows.push((rec.hub.clone(), need));
+                        outputs.push(rec);
+                    }
                     Verdict::Refuse(hub, leaf, why) => {
                         counters.refused += 1;
                         tracing::warn!(
@@ -599,44 +604,43 @@ pub async fn serve(
                     }
                 }
             }
-            let outputs: Vec<OutputRecord> = records.iter().map(|(r, _)| r.clone()).collect();
             store.record_outputs(&outputs)?;
             counters.recorded += outputs.len() as u64;
-            for (rec, need) in records {
+            for (hub, need) in follows {
                 match need {
                     Some(Follow::From(from)) => {
-                        answer_sync(store, active, &prefix, &rec.hub, from, &mut out)?;
+                        answer_sync(store, active, &prefix, &hub, from, &mut out)?;
                         counters.sync_answers += 1;
                     }
                     Some(Follow::Checkpoint) => {
-                        queue_checkpoint(store, active, &prefix, &rec.hub, &mut out)?;
+                        queue_checkpoint(store, active, &prefix, &hub, &mut out)?;
                         counters.checkpoints += 1;
                     }
                     Some(Follow::Result(r)) => {
-                        mirror.result(store, &rec.hub, &r)?;
+                        mirror.result(store, &hub, &r)?;
                     }
-                    Some(Follow::Matched) => mirror.matched(&rec.hub),
+                    Some(Follow::Matched) => mirror.matched(&hub),
                     Some(Follow::Diverged(p)) => {
                         counters.mirror_requests +=
-                            mirror.diverged(store, active, &prefix, &rec.hub, &p, &mut out)?;
+                            mirror.diverged(store, active, &prefix, &hub, &p, &mut out)?;
                     }
                     Some(Follow::Bucket(b)) => {
-                        let n = mirror.bucket(store, active, &rec.hub, &b)?;
+                        let n = mirror.bucket(store, active, &hub, &b)?;
                         counters.repairs += n;
                         if n > 0 && publisher_up {
-                            out.load_unpublished(store, &prefix, Some(&rec.hub))?;
+                            out.load_unpublished(store, &prefix, Some(&hub))?;
                         }
                     }
                     Some(Follow::Past(watermark)) => {
-                        let moved = store.advance_seq(&rec.hub, watermark)?;
+                        let moved = store.advance_seq(&hub, watermark)?;
                         if moved {
                             tracing::warn!(
-                                hub = %rec.hub, watermark,
+                                hub = %hub, watermark,
                                 "the hub has seen seqs this cloud does not hold (restored from a backup?): the counter moves past them"
                             );
                             // Its mirror is compared at once: what the
                             // lost events did is repaired.
-                            mirror.want_proof(&rec.hub);
+                            mirror.want_proof(&hub);
                         }
                     }
                     None => {}
