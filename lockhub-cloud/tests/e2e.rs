@@ -193,13 +193,20 @@ fn lobby(cloud: &Cloud) -> serde_json::Value {
 /// Issues a key for `check_in` with its own PIN (two live keys may not
 /// share a PIN on a door).
 fn issue(b: &Building, check_in: &str, pin: &str) -> serde_json::Value {
-    issue_on(&b.cloud, &b.hub, check_in, pin)
+    issue_on(&b.cloud, &b.hub, check_in, pin, &[])
 }
 
-/// [`issue`] with the cloud and hub given apart (while `serve` is down).
-fn issue_on(cloud: &Cloud, hub: &str, check_in: &str, pin: &str) -> serde_json::Value {
+/// [`issue`] with the cloud and hub given apart (while `serve` is down),
+/// and `extra` flags.
+fn issue_on(
+    cloud: &Cloud,
+    hub: &str,
+    check_in: &str,
+    pin: &str,
+    extra: &[&str],
+) -> serde_json::Value {
     let pin = cloud.pin_file(pin);
-    let args = cloud.issue_args(check_in, &pin, &[]);
+    let args = cloud.issue_args(check_in, &pin, extra);
     let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
     args[2] = hub;
     json(&cloud.ok(&args))
@@ -227,7 +234,7 @@ async fn serve_killed_while_publishing_and_restarted_leaves_no_seq_gap_and_no_se
     let hub = b.hub.clone();
     b.restart_serve(|cloud| {
         for n in 31..=40 {
-            issue_on(cloud, &hub, &format!("c-{n}"), &format!("6{n:05}"));
+            issue_on(cloud, &hub, &format!("c-{n}"), &format!("6{n:05}"), &[]);
         }
         assert!(
             cloud.sql::<i64>("SELECT count(*) FROM events WHERE published_at IS NULL") >= 10,
@@ -330,20 +337,7 @@ async fn a_pin_issued_by_the_cloud_opens_the_door_and_after_revoke_it_is_denied(
         ..
     } = &mut b;
     let (cloud, hub) = (&*cloud, hub.as_str());
-    let pin = cloud.pin_file("482913");
-    let issued = json(&cloud.ok(&[
-        "--json",
-        "issue",
-        hub,
-        "--check-in",
-        "c-1",
-        "--door",
-        "101",
-        "--pin-file",
-        pin.to_str().unwrap(),
-        "--valid-until",
-        UNTIL,
-    ]));
+    let issued = issue_on(cloud, hub, "c-1", "482913", &[]);
     until_cloud(sim, cloud, "the hub's applied result", |c| {
         applied(c, &issued["seq"])
     })
@@ -468,26 +462,20 @@ async fn a_one_time_code_issued_with_uses_1_opens_once_and_the_hub_reports_it_us
         ..
     } = &mut b;
     let (cloud, hub) = (&*cloud, hub.as_str());
-    let pin = cloud.pin_file("705318");
-    let issued = json(&cloud.ok(&[
-        "--json",
-        "issue",
+    let issued = issue_on(
+        cloud,
         hub,
-        "--check-in",
         "c-once",
-        "--door",
-        "101",
-        "--pin-file",
-        pin.to_str().unwrap(),
-        "--valid-until",
-        UNTIL,
-        "--uses",
-        "1",
-        // Every hour of every day: the schedule travels and is kept, and
-        // this test does not depend on the hour it runs at.
-        "--schedule",
-        "mon-sun 00:00-24:00",
-    ]));
+        "705318",
+        &[
+            "--uses",
+            "1",
+            // Every hour of every day: the schedule travels and is kept, and
+            // this test does not depend on the hour it runs at.
+            "--schedule",
+            "mon-sun 00:00-24:00",
+        ],
+    );
     until_cloud(sim, cloud, "the hub's applied result", |c| {
         applied(c, &issued["seq"])
     })

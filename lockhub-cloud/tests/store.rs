@@ -79,6 +79,26 @@ fn signer(calls: &mut Vec<u64>) -> impl FnMut(u64) -> Signed + '_ {
     }
 }
 
+/// Mints `key.issued` for a new active key `key_id` of `check_in` on hub
+/// `a`, with the stand-in [`signer`].
+fn issue_key(
+    s: &SqliteStore,
+    idem: Option<(&str, u8)>,
+    key_id: &str,
+    check_in: &str,
+    calls: &mut Vec<u64>,
+) -> Result<Minted, StoreError> {
+    s.mint(
+        &mint(
+            "a",
+            idem,
+            KeyChange::Insert(key(key_id, check_in)),
+            Some(key_id),
+        ),
+        &mut signer(calls),
+    )
+}
+
 #[test]
 fn seqs_are_dense_per_hub_and_never_reused_across_reopens() {
     let dir = tempfile::tempdir().unwrap();
@@ -163,41 +183,11 @@ fn an_idempotency_key_reused_for_another_request_is_a_conflict_that_changes_noth
     let s = open(&dir.path().join("cloud.db"));
     add(&s, "a");
     let mut calls = Vec::new();
-    let first = s
-        .mint(
-            &mint(
-                "a",
-                Some(("k", 1)),
-                KeyChange::Insert(key("k-1", "c-1")),
-                Some("k-1"),
-            ),
-            &mut signer(&mut calls),
-        )
-        .unwrap();
-    let again = s
-        .mint(
-            &mint(
-                "a",
-                Some(("k", 1)),
-                KeyChange::Insert(key("k-1", "c-1")),
-                Some("k-1"),
-            ),
-            &mut signer(&mut calls),
-        )
-        .unwrap();
+    let first = issue_key(&s, Some(("k", 1)), "k-1", "c-1", &mut calls).unwrap();
+    let again = issue_key(&s, Some(("k", 1)), "k-1", "c-1", &mut calls).unwrap();
     assert!(again.replayed);
     assert_eq!((again.seq, &again.event_id), (first.seq, &first.event_id));
-    let err = s
-        .mint(
-            &mint(
-                "a",
-                Some(("k", 2)),
-                KeyChange::Insert(key("k-2", "c-2")),
-                Some("k-2"),
-            ),
-            &mut signer(&mut calls),
-        )
-        .unwrap_err();
+    let err = issue_key(&s, Some(("k", 2)), "k-2", "c-2", &mut calls).unwrap_err();
     assert!(matches!(err, StoreError::IdempotencyConflict(_)), "{err}");
     assert!(err.is_input_problem());
     assert_eq!(calls, vec![1], "nothing signed after the first");
@@ -211,27 +201,8 @@ fn a_second_active_key_for_a_check_in_is_refused_by_the_index_and_takes_no_seq()
     let s = open(&dir.path().join("cloud.db"));
     add(&s, "a");
     let mut calls = Vec::new();
-    s.mint(
-        &mint(
-            "a",
-            Some(("one", 1)),
-            KeyChange::Insert(key("k-1", "c-1")),
-            Some("k-1"),
-        ),
-        &mut signer(&mut calls),
-    )
-    .unwrap();
-    let err = s
-        .mint(
-            &mint(
-                "a",
-                Some(("two", 2)),
-                KeyChange::Insert(key("k-2", "c-1")),
-                Some("k-2"),
-            ),
-            &mut signer(&mut calls),
-        )
-        .unwrap_err();
+    issue_key(&s, Some(("one", 1)), "k-1", "c-1", &mut calls).unwrap();
+    let err = issue_key(&s, Some(("two", 2)), "k-2", "c-1", &mut calls).unwrap_err();
     assert!(
         matches!(err, StoreError::ActiveKeyExists(ref c) if c == "c-1"),
         "{err}"
@@ -249,17 +220,7 @@ fn a_second_active_key_for_a_check_in_is_refused_by_the_index_and_takes_no_seq()
         &mut signer(&mut calls),
     )
     .unwrap();
-    let third = s
-        .mint(
-            &mint(
-                "a",
-                Some(("two", 2)),
-                KeyChange::Insert(key("k-2", "c-1")),
-                Some("k-2"),
-            ),
-            &mut signer(&mut calls),
-        )
-        .unwrap();
+    let third = issue_key(&s, Some(("two", 2)), "k-2", "c-1", &mut calls).unwrap();
     assert_eq!(calls, vec![1, 2, 3]);
     assert_eq!(third.seq, 3);
 }
